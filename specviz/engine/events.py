@@ -1,0 +1,108 @@
+"""Typed events: everything a consumer (UI, bench, trace) may know about a run.
+
+Plain dataclasses of ints, floats and strings, so `dataclasses.asdict` gives JSON directly.
+Consumers read these and nothing else; they never touch the engine's tensors or caches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+ACCEPTED, REJECTED, NOT_VERIFIED = "accepted", "rejected", "not_verified"
+CORRECTION, BONUS, TARGET = "correction", "bonus", "target"
+Finish = Literal["eos", "length", "stopped"] | None
+
+
+@dataclass
+class Candidate:
+    """One entry of a top-n list: a token and its probability."""
+
+    id: int
+    text: str
+    prob: float
+
+
+@dataclass
+class DraftedToken:
+    id: int
+    text: str
+    q: float  # q(x): probability under the distribution the draft sampled from
+    p: float  # p(x): the target's probability under the same warps
+    accept_prob: float  # min(1, p/q)
+    u: float  # the uniform draw; accepted iff u < accept_prob
+    status: str  # accepted | rejected | not_verified (after a rejection or an end)
+    q_soft: float  # softmax(draft logits)(x) at temperature 1: informative even when greedy
+    p_soft: float  # softmax(target logits)(x) at temperature 1
+    target_top2_gap: float  # target's top-1 minus top-2 logit here: near 0 means a near-tie
+    q_top: list[Candidate] = field(default_factory=list)
+    p_top: list[Candidate] = field(default_factory=list)
+    residual_top: list[Candidate] = field(default_factory=list)  # norm(max(0, p - q)): where a correction comes from
+
+
+@dataclass
+class EmittedToken:
+    """A token the target chose itself: a correction, a bonus, or an AR step."""
+
+    id: int
+    text: str
+    kind: str  # correction | bonus | target
+    p: float  # probability of this token under the distribution it was sampled from
+    p_soft: float
+    target_top2_gap: float
+    p_top: list[Candidate] = field(default_factory=list)
+
+
+@dataclass
+class Round:
+    """One draft -> verify -> accept/correct round of speculative decoding."""
+
+    index: int
+    drafter: str
+    k: int  # tokens drafted this round (may be < the configured K near the end or when adaptive)
+    drafted: list[DraftedToken]
+    n_accepted: int
+    emitted: EmittedToken | None  # None when an end-of-sequence among the accepted tokens ended the run
+    new_token_ids: list[int]  # what this round committed to the output, in order
+    position: int  # index in the generated sequence of this round's first new token
+    text: str  # the whole generated text so far
+    draft_time: float  # seconds, device-synchronized
+    verify_time: float  # one target forward + the rule, seconds, device-synchronized
+    overhead_time: float  # building this event on the host, seconds
+    finished: Finish = None
+
+    @property
+    def tokens_emitted(self) -> int:
+        return len(self.new_token_ids)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Step:
+    """One token of plain autoregressive decoding of the target."""
+
+    index: int
+    token: EmittedToken
+    text: str
+    time: float  # seconds for this step, device-synchronized
+    finished: Finish = None
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def round_from_dict(d: dict) -> Round:
+    drafted = [
+        DraftedToken(**{**t, **{k: [Candidate(**c) for c in t[k]] for k in ("q_top", "p_top", "residual_top")}})
+        for t in d["drafted"]
+    ]
+    e = d["emitted"]
+    emitted = None if e is None else EmittedToken(**{**e, "p_top": [Candidate(**c) for c in e["p_top"]]})
+    return Round(**{**d, "drafted": drafted, "emitted": emitted})
+
+
+def step_from_dict(d: dict) -> Step:
+    t = d["token"]
+    return Step(**{**d, "token": EmittedToken(**{**t, "p_top": [Candidate(**c) for c in t["p_top"]]})})

@@ -1,0 +1,56 @@
+"""Small device-side helpers the decoders share: clocks, the per-round host transfer, KV rollback."""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+
+def clock(device: torch.device) -> float:
+    """A timestamp taken after the device has finished its queued work, so intervals are real."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def to_host(**tensors: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Move many small tensors to the host in ONE transfer (one sync per round, not one per value).
+
+    float32 carries token ids exactly (vocabularies are far below 2**24) and is supported everywhere.
+    """
+    names = list(tensors)
+    flat = torch.cat([tensors[n].reshape(-1).to(torch.float32) for n in names]).cpu()
+    parts = flat.split([tensors[n].numel() for n in names])
+    return {n: part.view(tensors[n].shape) for n, part in zip(names, parts)}
+
+
+def rollback(cache, keep: int) -> None:
+    """Crop a KV cache to its first `keep` tokens (transformers 5: crop(-n) removes n)."""
+    excess = cache.get_seq_length() - keep
+    if excess > 0:
+        cache.crop(-excess)
+
+
+def pad_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Models of one family may pad their vocabularies differently; missing ids get probability 0."""
+    missing = vocab_size - logits.shape[-1]
+    if missing <= 0:
+        return logits
+    return torch.nn.functional.pad(logits, (0, missing), value=float("-inf"))
+
+
+class Pieces:
+    """Token id -> text, memoised per run: decoding the same ids every round is pure overhead."""
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.memo: dict[int, str] = {}
+
+    def __call__(self, token_id: int) -> str:
+        if token_id not in self.memo:
+            self.memo[token_id] = self.tokenizer.decode([token_id])
+        return self.memo[token_id]
+
+    def text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=True)

@@ -1,0 +1,59 @@
+"""The accept/reject rule of speculative sampling (Leviathan et al. 2023, Algorithm 1) as pure functions.
+
+For each drafted token x ~ q: accept with probability min(1, p(x)/q(x)). At the first rejection,
+sample from the residual norm(max(0, p - q)); if all K pass, sample a bonus token from the
+target's next distribution. Then for every x:
+    q(x) * min(1, p(x)/q(x)) + P(reject) * residual(x) = min(q, p)(x) + max(0, p - q)(x) = p(x),
+so the emitted token is distributed exactly as the target's p.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from specviz.engine.sampling import sample
+
+
+def acceptance_probs(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+    """min(1, p(x)/q(x)) for each drafted token x; p, q: [K, V], tokens: [K]."""
+    px = p.gather(-1, tokens[:, None]).squeeze(-1)
+    qx = q.gather(-1, tokens[:, None]).squeeze(-1)
+    # qx > 0 whenever x was sampled from q; the guard only keeps the division defined
+    return torch.where(qx > 0, px / qx.clamp_min(torch.finfo(qx.dtype).tiny), torch.ones_like(px)).clamp(max=1.0)
+
+
+def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """norm(max(0, p - q)) row-wise. Where p == q a rejection has probability 0, so any row works: use p."""
+    r = (p - q).clamp_min(0.0)
+    mass = r.sum(-1, keepdim=True)
+    return torch.where(mass > 0, r / mass.clamp_min(torch.finfo(r.dtype).tiny), p)
+
+
+def accepted_prefix(accept_prob: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """Number of leading drafted tokens accepted (u < min(1, p/q)), as a 0-d tensor."""
+    return (u < accept_prob).long().cumprod(0).sum()
+
+
+@dataclass
+class Verdict:
+    n_accepted: torch.Tensor  # 0-d: leading drafted tokens kept
+    next_token: torch.Tensor  # 0-d: the correction (n < K) or the bonus (n == K)
+    next_prob: torch.Tensor  # 0-d: its probability under the distribution it was drawn from
+    accept_prob: torch.Tensor  # [K]
+    u: torch.Tensor  # [K]
+    residual: torch.Tensor  # [K, V]
+
+
+def verify(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, generator) -> Verdict:
+    """Decide a whole round on the device. p: [K+1, V] (target, incl. the bonus row), q: [K, V]."""
+    k = tokens.shape[0]
+    accept_prob = acceptance_probs(p[:k], q, tokens)
+    u = torch.rand(k, generator=generator, device=p.device)
+    n = accepted_prefix(accept_prob, u)
+    res = residual(p[:k], q)
+    # row n of [residuals..., bonus]: the correction at the first rejection, or the bonus if none
+    next_dist = torch.cat([res, p[k:]])[n]
+    next_token = sample(next_dist, generator)
+    return Verdict(n, next_token, next_dist[next_token], accept_prob, u, res)

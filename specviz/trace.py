@@ -1,0 +1,74 @@
+"""Traces: a run's event stream as JSON, to export, replay without models, or diff.
+
+Format (version 1):
+    {"format": "specviz-trace", "version": 1,
+     "meta": {"draft", "target", "device", "dtype", "prompt", "prompt_tokens", "config"},
+     "rounds": [Round, ...],        # speculative decoding, one object per round
+     "ar_steps": [Step, ...]}       # optional: the target alone, one object per token
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
+from specviz.engine.events import round_from_dict, step_from_dict
+from specviz.models import encode_prompt
+
+FORMAT, VERSION = "specviz-trace", 1
+
+
+class TraceError(ValueError):
+    """The file is not a specviz trace (or not one this version can read)."""
+
+
+@dataclass
+class Trace:
+    meta: dict
+    rounds: list[Round]
+    ar_steps: list[Step] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return {"format": FORMAT, "version": VERSION, "meta": self.meta,
+                "rounds": [r.to_dict() for r in self.rounds], "ar_steps": [s.to_dict() for s in self.ar_steps]}
+
+
+def meta_for(pair, prompt: str, prompt_ids: list[int], config: DecodeConfig) -> dict:
+    return {"draft": pair.draft_name, "target": pair.target_name, "device": str(pair.device),
+            "dtype": str(pair.dtype).removeprefix("torch."), "prompt": prompt,
+            "prompt_tokens": len(prompt_ids), "config": asdict(config)}
+
+
+def record(pair, prompt: str, config: DecodeConfig, with_ar: bool = False) -> Trace:
+    ids = encode_prompt(pair.tokenizer, prompt)
+    rounds = list(speculative_generate(pair, ids, config))
+    steps = list(autoregressive_generate(pair, ids, config)) if with_ar else []
+    return Trace(meta_for(pair, prompt, ids, config), rounds, steps)
+
+
+def save(trace: Trace, path: str | Path) -> Path:
+    path = Path(path)
+    path.write_text(json.dumps(trace.to_dict(), ensure_ascii=False))
+    return path
+
+
+def parse(data) -> Trace:
+    if not isinstance(data, dict) or data.get("format") != FORMAT:
+        raise TraceError("this file is not a specviz trace (no \"format\": \"specviz-trace\" field).")
+    if data.get("version") != VERSION:
+        raise TraceError(f"trace version {data.get('version')!r} is not supported (this specviz reads {VERSION}).")
+    try:
+        return Trace(dict(data["meta"]), [round_from_dict(r) for r in data["rounds"]],
+                     [step_from_dict(s) for s in data.get("ar_steps", [])])
+    except (KeyError, TypeError, ValueError) as e:
+        raise TraceError(f"this specviz trace is damaged or incomplete ({type(e).__name__}: {e}).") from e
+
+
+def load(path: str | Path) -> Trace:
+    try:
+        data = json.loads(Path(path).read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise TraceError(f"could not read a trace from {Path(path).name}: {e}") from e
+    return parse(data)

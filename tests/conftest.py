@@ -1,0 +1,23 @@
+"""Shared fixtures. The real embedded pair is loaded once per test session (it takes a minute)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from specviz.models.tiny import tiny_pair
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    """A tiny random-weight float32 pair: fast and deterministic."""
+    return tiny_pair()
+
+
+@pytest.fixture(scope="session")
+def embedded_pair():
+    """The real Qwen2.5-Coder 0.5B -> 1.5B pair in float32, where exactness is proven."""
+    from specviz.models import load_pair
+
+    torch.set_num_threads(max(1, torch.get_num_threads()))
+    return load_pair("embedded", "embedded", device="cpu", dtype="float32", progress=False)

