@@ -71,6 +71,13 @@ def build_parser() -> argparse.ArgumentParser:
     add_model_args(p)
     add_decode_args(p)
     p.set_defaults(func=cmd_trace)
+
+    # each consumer registers its own subcommand next to its code
+    from specviz.bench.command import register as register_bench
+    from specviz.ui.command import register as register_serve
+
+    register_bench(sub)
+    register_serve(sub)
     return parser
 
 

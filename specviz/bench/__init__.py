@@ -1,0 +1,1 @@
+"""Benchmarks: aggregate speculative and AR event streams into measured speedups."""

@@ -1,0 +1,5 @@
+"""`specviz bench` (being built: see issue 4)."""
+
+
+def register(sub) -> None:
+    """Add the `bench` subcommand; filled in by the benchmark work."""

@@ -1,0 +1,1 @@
+"""The Gradio app: renders the engine's event stream."""
