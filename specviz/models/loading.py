@@ -129,37 +129,40 @@ def _from_pretrained(source: str, dtype: torch.dtype, trust_remote_code: bool, d
     return model, tokenizer
 
 
-def _embedded(model: EmbeddedModel, dtype: torch.dtype, status: Status, progress: bool):
-    """Assemble+verify the GGUF, then cache a float32 safetensors copy so later starts take seconds.
+def prepare_embedded(model: EmbeddedModel, status: Status = log.info, progress: bool = True) -> Path:
+    """Assemble + verify the GGUF, then cache a float32 safetensors copy so later starts take seconds.
 
     float32 keeps the dequantized GGUF values exactly; any requested dtype is cast from it.
+    Returns the folder of the converted copy.
     """
     converted = cache_dir() / "converted" / model.role
     stamp = converted / "SOURCE_SHA256"
-    if not (stamp.is_file() and stamp.read_text() == model.sha256):
-        status(f"Assembling and verifying the embedded {model.role} ({model.name})…")
-        gguf = assemble(model, progress=progress)
-        status(f"Converting {model.name} from GGUF once (about a minute)…")
-        m, tok = _from_pretrained(str(gguf), torch.float32, trust_remote_code=False)
-        m.hf_quantizer = None  # the weights are plain float32 now; GGUF was only the container
-        m.config.__dict__.pop("quantization_config", None)
-        shutil.rmtree(converted, ignore_errors=True)
-        m.save_pretrained(converted)
-        tok.save_pretrained(converted)
-        stamp.write_text(model.sha256)
-        del m
-        gc.collect()
-    status(f"Loading the embedded {model.role} ({model.name})…")
-    return _from_pretrained(str(converted), dtype, trust_remote_code=False)
+    if stamp.is_file() and stamp.read_text() == model.sha256:
+        return converted
+    status(f"Assembling and verifying the embedded {model.role} ({model.name})…")
+    gguf = assemble(model, progress=progress)
+    status(f"Converting {model.name} from GGUF once (about a minute)…")
+    m, tok = _from_pretrained(str(gguf), torch.float32, trust_remote_code=False)
+    m.hf_quantizer = None  # the weights are plain float32 now; GGUF was only the container
+    m.config.__dict__.pop("quantization_config", None)
+    shutil.rmtree(converted, ignore_errors=True)
+    m.save_pretrained(converted)
+    tok.save_pretrained(converted)
+    stamp.write_text(model.sha256)
+    del m
+    gc.collect()
+    return converted
 
 
 def load_model(source: str, role: str, dtype: torch.dtype, *, trust_remote_code=False, device_map=None,
                status: Status = log.info, progress: bool = True):
     if source == EMBEDDED:
         try:
-            return _embedded(DRAFT if role == "draft" else TARGET, dtype, status, progress)
+            folder = prepare_embedded(DRAFT if role == "draft" else TARGET, status, progress)
         except EmbeddedModelError as e:
             raise ModelLoadError(str(e)) from e
+        status(f"Loading the embedded {role}…")
+        return _from_pretrained(str(folder), dtype, trust_remote_code=False)
     status(f"Loading {role} {source}…")
     return _from_pretrained(source, dtype, trust_remote_code, device_map=device_map)
 
