@@ -39,8 +39,9 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
     probs = torch.softmax(logits, dim=-1)
     if params.top_p < 1.0:
         sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # drop a token when the mass strictly before it already reaches top_p (the top one always stays)
+        # drop a token when the mass strictly before it already reaches top_p
         drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p
+        drop[..., 0] = False  # even for top_p <= 0 (the CLI does not validate it): never an empty set
         probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
         probs = probs / probs.sum(-1, keepdim=True)
     return probs
