@@ -13,7 +13,7 @@ from typing import Protocol
 import torch
 from transformers import DynamicCache
 
-from specviz.engine.plumbing import pad_vocab, rollback
+from specviz.engine.plumbing import fit_ids, model_vocab, pad_vocab, rollback
 from specviz.engine.sampling import SamplingParams, logits_to_probs, sample
 
 
@@ -56,12 +56,15 @@ class ModelDrafter:
     def __init__(self, model, sampling: SamplingParams, generator, vocab_size: int, stop_below: float = 0.0):
         self.model, self.sampling, self.generator = model, sampling, generator
         self.vocab_size, self.stop_below = vocab_size, stop_below
+        self.rows = model_vocab(model)  # < vocab_size when the target's vocabulary is larger
         self.cache = DynamicCache()
 
     @torch.inference_mode()
     def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft:
         tokens, qs, all_logits = [], [], []
         feed = ids[:, self.cache.get_seq_length():]
+        if self.rows < self.vocab_size:
+            feed = fit_ids(feed, self.rows)
         for _ in range(k):
             out = self.model(feed, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
             logits = pad_vocab(out.logits[0, -1].float(), self.vocab_size)

@@ -40,6 +40,20 @@ def pad_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.nn.functional.pad(logits, (0, missing), value=float("-inf"))
 
 
+def model_vocab(model) -> int:
+    return model.config.get_text_config().vocab_size
+
+
+def fit_ids(ids: torch.Tensor, rows: int) -> torch.Tensor:
+    """Feed ids past a model's embedding table (the other model's larger, padded vocabulary) as 0.
+
+    Exactness is unaffected: for the target such an id is a drafted token with p = 0, so it is
+    rejected and the logits after it are never used; for the draft it only blurs its context, and
+    q stays the distribution it really sampled from.
+    """
+    return ids.masked_fill(ids >= rows, 0)
+
+
 class Pieces:
     """Token id -> text, memoised per run: decoding the same ids every round is pure overhead."""
 

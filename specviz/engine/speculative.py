@@ -16,7 +16,7 @@ from specviz.engine.drafters import Drafter, make_drafter
 from specviz.engine.events import (
     ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, Candidate, DraftedToken, EmittedToken, Round,
 )
-from specviz.engine.plumbing import Pieces, clock, pad_vocab, rollback, to_host
+from specviz.engine.plumbing import Pieces, clock, fit_ids, model_vocab, pad_vocab, rollback, to_host
 from specviz.engine.rules import verify
 from specviz.engine.sampling import logits_to_probs, make_generator
 
@@ -26,6 +26,7 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
                          drafter: Drafter | None = None,
                          should_stop: Callable[[], bool] = lambda: False) -> Iterator[Round]:
     device, vocab = pair.device, pair.vocab_size
+    target_rows = model_vocab(pair.target)
     gen = make_generator(device, config.seed)
     if drafter is None:
         stop_below = config.confidence if config.adaptive == "confidence" else 0.0
@@ -41,7 +42,8 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
         t0 = clock(device)
         draft = drafter.propose(ids, history, k_round)
         t1 = clock(device)
-        feed = torch.cat([ids[:, cache.get_seq_length():], draft.tokens[None]], dim=1)
+        drafted = draft.tokens if target_rows == vocab else fit_ids(draft.tokens, target_rows)
+        feed = torch.cat([ids[:, cache.get_seq_length():], drafted[None]], dim=1)
         logits = pad_vocab(pair.target(feed, past_key_values=cache, use_cache=True,
                                        logits_to_keep=draft.k + 1).logits[0].float(), vocab)
         p = logits_to_probs(logits, config.sampling)
@@ -109,11 +111,14 @@ def _candidates(ids, vals, pieces) -> list[Candidate]:
 
 def _round_event(index, drafter_name, h, n, new, position, pieces, k) -> Round:
     drafted = []
+    kept = min(n, len(new))  # drafted tokens in the output: an end-of-sequence may cut the round short
     for i in range(k):
-        if i < n:  # accepted, unless an end-of-sequence earlier in this round cut the output
-            status = ACCEPTED if i < len(new) else NOT_VERIFIED
-        else:
-            status = REJECTED if i == n else NOT_VERIFIED
+        if i < kept:
+            status = ACCEPTED
+        elif i == n and len(new) > n:  # the rejection whose correction made it into the output
+            status = REJECTED
+        else:  # after a rejection, or past the end of the output
+            status = NOT_VERIFIED
         tid = int(h["tokens"][i])
         drafted.append(DraftedToken(
             id=tid, text=pieces(tid), q=float(h["q"][i]), p=float(h["p"][i]),
@@ -131,6 +136,6 @@ def _round_event(index, drafter_name, h, n, new, position, pieces, k) -> Round:
             p_soft=float(h["next_p_soft"]), target_top2_gap=float(h["gap"][n]),
             p_top=_candidates(h["p_top_ids"][n], h["p_top_vals"][n], pieces),
         )
-    return Round(index=index, drafter=drafter_name, k=k, drafted=drafted, n_accepted=min(n, len(new)),
+    return Round(index=index, drafter=drafter_name, k=k, drafted=drafted, n_accepted=kept,
                  emitted=emitted, new_token_ids=new, position=position, text="",
                  draft_time=0.0, verify_time=0.0, overhead_time=0.0)

@@ -1,0 +1,347 @@
+"""The round loop: greedy output identical to plain decoding, consistent events, seeds, and the edges
+(end-of-sequence from the draft or as a correction, max_new_tokens, one-token prompts, stop requests).
+
+Edges that need an end-of-sequence at a chosen place use `BigramLM`: a stand-in with the call
+signature the engine uses for Hugging Face causal LMs, whose next-token logits depend only on the
+last token, so the test decides exactly what each model wants to say.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import replace
+from types import SimpleNamespace
+
+import pytest
+import torch
+from transformers import PretrainedConfig
+
+from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
+from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, round_from_dict
+from specviz.models.loading import ModelPair
+from specviz.models.tiny import EOS_ID, tiny_pair, tiny_tokenizer
+
+PROMPTS = ["the a of", "she said that", "one", "it was the", "we"]  # "one" ends with an EOS from the target
+KS = [1, 2, 4, 8]
+GREEDY = SamplingParams(0.0)
+SAMPLED = SamplingParams(1.0)
+
+
+def encode(pair, prompt: str) -> list[int]:
+    return pair.tokenizer(prompt)["input_ids"]
+
+
+def spec_tokens(rounds) -> list[int]:
+    return [t for r in rounds for t in r.new_token_ids]
+
+
+def ar_tokens(pair, ids, config: DecodeConfig) -> list[int]:
+    return [s.token.id for s in autoregressive_generate(pair, ids, config)]
+
+
+def without_times(rounds) -> list[dict]:
+    return [{k: v for k, v in r.to_dict().items() if not k.endswith("_time")} for r in rounds]
+
+
+def check_rounds(pair, rounds, config: DecodeConfig) -> None:
+    """Every invariant a consumer relies on, for one complete run."""
+    generated: list[int] = []
+    for i, r in enumerate(rounds):
+        assert r.index == i and r.k == len(r.drafted)
+        assert r.k <= config.k and r.k <= config.max_new_tokens - len(generated) - 1
+        statuses = "".join({ACCEPTED: "A", REJECTED: "R", NOT_VERIFIED: "N"}[d.status] for d in r.drafted)
+        assert re.fullmatch("A*R?N*", statuses), statuses
+        assert r.n_accepted == statuses.count("A")
+        accepted = [d.id for d in r.drafted[:r.n_accepted]]
+        if r.emitted is None:  # only an end-of-sequence among the accepted drafts drops the correction/bonus
+            assert r.finished == "eos" and accepted and accepted[-1] in pair.eos_token_ids and "R" not in statuses
+        else:
+            assert r.emitted.kind == (CORRECTION if "R" in statuses else BONUS)
+            assert (r.emitted.kind == BONUS) == (r.n_accepted == r.k)
+        assert r.new_token_ids == accepted + ([r.emitted.id] if r.emitted else [])
+        assert r.position == len(generated)
+        generated += r.new_token_ids
+        assert r.text == pair.tokenizer.decode(generated, skip_special_tokens=True)
+        assert min(r.draft_time, r.verify_time, r.overhead_time) >= 0
+        for d in r.drafted[:r.n_accepted + ("R" in statuses)]:  # the tokens the rule decided
+            assert d.accept_prob == pytest.approx(min(1.0, d.p / d.q) if d.q > 0 else 1.0, rel=1e-5, abs=1e-6)
+            assert (d.u < d.accept_prob) == (d.status == ACCEPTED)
+            assert 0 <= d.u < 1
+        for t in [*r.drafted, *([r.emitted] if r.emitted else [])]:
+            assert math.isfinite(t.target_top2_gap) and t.target_top2_gap >= 0
+            assert len(t.p_top) <= config.top_n
+        if config.sampling.greedy:  # point masses: accepted tokens are the target's argmax, rejected are not
+            assert all(d.p == 1.0 for d in r.drafted[:r.n_accepted])
+            assert all(d.p == 0.0 for d in r.drafted if d.status == REJECTED)
+        assert round_from_dict(json.loads(json.dumps(r.to_dict()))) == r
+        assert (r.finished is not None) == (i == len(rounds) - 1)
+    assert len(generated) <= config.max_new_tokens
+    assert not any(t in pair.eos_token_ids for t in generated[:-1])  # nothing after an end-of-sequence
+    last = rounds[-1].finished
+    assert (last == "eos") == (generated[-1] in pair.eos_token_ids)
+    if last == "length":
+        assert len(generated) == config.max_new_tokens
+
+
+@pytest.fixture(scope="module")
+def ar_greedy(tiny):
+    config = DecodeConfig(max_new_tokens=24, sampling=GREEDY)
+    return {p: ar_tokens(tiny, encode(tiny, p), config) for p in PROMPTS}
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_speculative_equals_autoregressive(tiny, ar_greedy, prompt, k):
+    config = DecodeConfig(k=k, max_new_tokens=24, sampling=GREEDY)
+    rounds = list(speculative_generate(tiny, encode(tiny, prompt), config))
+    assert spec_tokens(rounds) == ar_greedy[prompt]
+    check_rounds(tiny, rounds, config)
+
+
+def test_the_tiny_pair_exercises_both_acceptance_and_rejection(tiny):
+    config = DecodeConfig(k=4, max_new_tokens=24, sampling=GREEDY)
+    rounds = [r for p in PROMPTS for r in speculative_generate(tiny, encode(tiny, p), config)]
+    statuses = {d.status for r in rounds for d in r.drafted}
+    kinds = {r.emitted.kind for r in rounds if r.emitted}
+    assert statuses == {ACCEPTED, REJECTED, NOT_VERIFIED} and kinds == {CORRECTION, BONUS}
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("drafter", ["lookup", "hybrid"])
+def test_greedy_exact_with_model_free_drafters(tiny, ar_greedy, drafter, k):
+    config = DecodeConfig(k=k, max_new_tokens=24, sampling=GREEDY, drafter=drafter)
+    for prompt in PROMPTS:
+        rounds = list(speculative_generate(tiny, encode(tiny, prompt), config))
+        assert spec_tokens(rounds) == ar_greedy[prompt], prompt
+        assert {r.drafter for r in rounds} == {drafter}
+        check_rounds(tiny, rounds, config)
+
+
+@pytest.mark.parametrize("k", KS)
+@pytest.mark.parametrize("adaptive", ["confidence", "acceptance"])
+def test_greedy_exact_with_adaptive_k(tiny, ar_greedy, adaptive, k):
+    config = DecodeConfig(k=k, max_new_tokens=24, sampling=GREEDY, adaptive=adaptive, confidence=0.1)
+    ks = []
+    for prompt in PROMPTS:
+        rounds = list(speculative_generate(tiny, encode(tiny, prompt), config))
+        assert spec_tokens(rounds) == ar_greedy[prompt], prompt
+        check_rounds(tiny, rounds, config)
+        ks += [r.k for r in rounds[:-1]]  # the last round may be cut by max_new_tokens
+    if k > 1:
+        assert len(set(ks)) > 1  # K really adapts
+
+
+@pytest.mark.parametrize("draft_vocab", [80, 128])
+def test_draft_with_a_different_vocabulary_size(draft_vocab):
+    """A draft padded larger (it may propose ids the target lacks: never accepted) or smaller
+    (the output may hold ids the draft cannot embed)."""
+    pair = tiny_pair(draft_vocab=draft_vocab)
+    target_vocab = pair.target.config.vocab_size
+    assert pair.vocab_size == max(draft_vocab, target_vocab)
+    drafted_outside = 0
+    for prompt in PROMPTS:
+        ids = encode(pair, prompt)
+        for k in (1, 4):
+            config = DecodeConfig(k=k, max_new_tokens=24, sampling=GREEDY)
+            rounds = list(speculative_generate(pair, ids, config))
+            assert spec_tokens(rounds) == ar_tokens(pair, ids, config)
+            check_rounds(pair, rounds, config)
+        config = DecodeConfig(k=4, max_new_tokens=24, sampling=SAMPLED, seed=1)
+        rounds = list(speculative_generate(pair, ids, config))
+        check_rounds(pair, rounds, config)
+        assert all(t < target_vocab for t in spec_tokens(rounds))
+        drafted_outside += sum(d.id >= target_vocab for r in rounds for d in r.drafted)
+        assert all(d.status != ACCEPTED for r in rounds for d in r.drafted if d.id >= target_vocab)
+    if draft_vocab > target_vocab:
+        assert drafted_outside > 0  # the path was exercised
+
+
+# --- events under sampling, seeds -------------------------------------------------------------
+
+
+@pytest.mark.parametrize("sampling", [SAMPLED, SamplingParams(0.8, 20, 0.9)])
+def test_sampled_rounds_are_consistent(tiny, sampling):
+    for prompt in PROMPTS:
+        for k in (1, 3, 8):
+            config = DecodeConfig(k=k, max_new_tokens=20, sampling=sampling, seed=k)
+            check_rounds(tiny, list(speculative_generate(tiny, encode(tiny, prompt), config)), config)
+
+
+def test_the_same_seed_gives_the_same_run(tiny):
+    ids = encode(tiny, "the a of")
+    runs = [list(speculative_generate(tiny, ids, DecodeConfig(k=4, max_new_tokens=30, sampling=SAMPLED, seed=s)))
+            for s in (5, 5, 6)]
+    assert without_times(runs[0]) == without_times(runs[1])  # tokens, u values, accept/reject decisions
+    assert spec_tokens(runs[0]) != spec_tokens(runs[2])
+    assert [d.u for r in runs[0] for d in r.drafted] != [d.u for r in runs[2] for d in r.drafted]
+    steps = [[s.token.id for s in autoregressive_generate(tiny, ids, DecodeConfig(max_new_tokens=30, sampling=SAMPLED,
+                                                                                 seed=s))] for s in (5, 5, 6)]
+    assert steps[0] == steps[1] != steps[2]
+
+
+# --- the caches: one target forward per round, the prefix never recomputed ----------------------
+
+
+class Recording(torch.nn.Module):
+    """Wraps a model and records (cache length before the call, tokens fed) for each forward."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner, self.config, self.calls = inner, inner.config, []
+
+    def forward(self, input_ids, past_key_values=None, **kw):
+        self.calls.append((past_key_values.get_seq_length(), input_ids.shape[1]))
+        return self.inner(input_ids, past_key_values=past_key_values, **kw)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED])
+def test_each_round_feeds_only_new_tokens(tiny, sampling):
+    pair = replace(tiny, target=Recording(tiny.target), draft=Recording(tiny.draft))
+    ids = encode(pair, "she said that")
+    rounds = list(speculative_generate(pair, ids, DecodeConfig(k=4, max_new_tokens=30, sampling=sampling)))
+    assert len(pair.target.calls) == len(rounds)  # ONE target forward per round
+    for r, (cached, fed) in zip(rounds, pair.target.calls):
+        context = len(ids) + r.position  # tokens committed before this round
+        if r.index == 0:
+            assert (cached, fed) == (0, len(ids) + r.k)
+        else:  # the cache holds all but the last committed token; that one and the drafts are new
+            assert (cached, fed) == (context - 1, 1 + r.k)
+    fed_to_draft = [fed for cached, fed in pair.draft.calls]
+    assert fed_to_draft[0] == len(ids) and max(fed_to_draft[1:]) <= 2  # x_K and the bonus, at most
+    assert sum(r.k for r in rounds) == len(pair.draft.calls)  # one draft forward per drafted token
+
+
+# --- edges: end of sequence, lengths, tiny prompts, stop requests -------------------------------
+
+
+V = len(tiny_tokenizer().get_vocab())
+
+
+class BigramLM(torch.nn.Module):
+    """Next-token logits = table[last token]; keeps a real DynamicCache so cropping is exercised."""
+
+    def __init__(self, table: torch.Tensor):
+        super().__init__()
+        self.table, self.config = table, PretrainedConfig(vocab_size=table.shape[1])
+
+    def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0):
+        n = input_ids.shape[1]
+        if past_key_values is not None:
+            dummy = torch.zeros(1, 1, n, 1)
+            past_key_values.update(dummy, dummy, 0)
+        logits = self.table[input_ids]
+        return SimpleNamespace(logits=logits[:, -logits_to_keep:] if logits_to_keep else logits)
+
+
+def chain(successor: dict[int, int], default: int = 40) -> torch.Tensor:
+    """Logits that make `successor[t]` (else `default`) the clear favourite after token t."""
+    table = torch.zeros(V, V)
+    table[:, default] = 5.0
+    for t, nxt in successor.items():
+        table[t] = 0.0
+        table[t, nxt] = 5.0
+    return table
+
+
+def scripted_pair(target: dict[int, int], draft: dict[int, int]) -> ModelPair:
+    return ModelPair(draft=BigramLM(chain(draft)), target=BigramLM(chain(target)), tokenizer=tiny_tokenizer(),
+                     device=torch.device("cpu"), dtype=torch.float32, eos_token_ids=frozenset({EOS_ID}))
+
+
+TARGET = {5: 6, 6: 7, 7: EOS_ID, EOS_ID: 8, 8: 9}  # after the prompt [5]: 6 7 <eos>
+
+
+def run(pair, k, max_new_tokens=20, prompt=(5,), **kw):
+    config = DecodeConfig(k=k, max_new_tokens=max_new_tokens, sampling=GREEDY, **kw)
+    rounds = list(speculative_generate(pair, list(prompt), config))
+    check_rounds(pair, rounds, config)
+    return rounds
+
+
+def test_eos_drafted_and_accepted_ends_the_output_there():
+    rounds = run(scripted_pair(TARGET, TARGET), k=4)  # the draft goes on past <eos>: 6 7 <eos> 8
+    assert len(rounds) == 1 and spec_tokens(rounds) == [6, 7, EOS_ID] == ar_tokens(
+        scripted_pair(TARGET, TARGET), [5], DecodeConfig(max_new_tokens=20))
+    r = rounds[0]
+    assert [d.status for d in r.drafted] == [ACCEPTED] * 3 + [NOT_VERIFIED]
+    assert r.emitted is None and r.finished == "eos" and r.n_accepted == 3
+
+
+def test_eos_accepted_before_a_rejection_leaves_nothing_rejected():
+    """The rule accepts 6 7 <eos> and rejects the 4th draft, but the output already ended at <eos>."""
+    rounds = run(scripted_pair(TARGET, {**TARGET, EOS_ID: 30}), k=4)
+    assert spec_tokens(rounds) == [6, 7, EOS_ID]
+    assert [d.status for d in rounds[0].drafted] == [ACCEPTED] * 3 + [NOT_VERIFIED]
+    assert rounds[0].emitted is None
+
+
+def test_eos_as_the_correction():
+    rounds = run(scripted_pair(TARGET, {**TARGET, 7: 30}), k=4)  # the draft says 30 where the target ends
+    assert spec_tokens(rounds) == [6, 7, EOS_ID]
+    r = rounds[-1]
+    assert [d.status for d in r.drafted] == [ACCEPTED, ACCEPTED, REJECTED, NOT_VERIFIED]
+    assert r.emitted.kind == CORRECTION and r.emitted.id == EOS_ID and r.finished == "eos"
+
+
+def test_eos_as_the_bonus():
+    rounds = run(scripted_pair(TARGET, TARGET), k=2)
+    assert spec_tokens(rounds) == [6, 7, EOS_ID]
+    assert rounds[0].emitted.kind == BONUS and rounds[0].emitted.id == EOS_ID and rounds[0].finished == "eos"
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_eos_as_the_first_token(k):
+    rounds = run(scripted_pair(TARGET, TARGET), k=k, prompt=(7,))
+    assert spec_tokens(rounds) == [EOS_ID] and rounds[0].finished == "eos"
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, 4, 8, 16])
+@pytest.mark.parametrize("max_new_tokens", [1, 2, 3, 4, 7, 10])
+def test_max_new_tokens_is_exact(tiny, k, max_new_tokens):
+    ids = encode(tiny, "the a of")  # no end-of-sequence in its first 24 greedy tokens
+    for sampling in (GREEDY, SAMPLED):
+        config = DecodeConfig(k=k, max_new_tokens=max_new_tokens, sampling=sampling)
+        rounds = list(speculative_generate(tiny, ids, config))
+        check_rounds(tiny, rounds, config)
+        tokens = spec_tokens(rounds)
+        assert len(tokens) == max_new_tokens or rounds[-1].finished == "eos"
+        if sampling.greedy:
+            assert tokens == ar_tokens(tiny, ids, config)
+            assert rounds[-1].finished == "length"
+
+
+def test_max_new_tokens_with_a_draft_that_is_always_right():
+    pair = scripted_pair(TARGET, TARGET)
+    for k in (1, 2, 5, 9):
+        for max_new in (1, 2, 3):
+            rounds = run(pair, k=k, max_new_tokens=max_new)
+            assert spec_tokens(rounds) == [6, 7, EOS_ID][:max_new]
+
+
+@pytest.mark.parametrize("k", KS)
+def test_prompt_of_one_token(tiny, k):
+    ids = encode(tiny, "we")
+    assert len(ids) == 1
+    config = DecodeConfig(k=k, max_new_tokens=16, sampling=GREEDY)
+    rounds = list(speculative_generate(tiny, ids, config))
+    assert spec_tokens(rounds) == ar_tokens(tiny, ids, config)
+    check_rounds(tiny, rounds, config)
+
+
+def test_a_stop_request_ends_the_run():
+    calls = []
+
+    def should_stop():
+        calls.append(1)
+        return len(calls) >= 2
+
+    pair = scripted_pair({}, {})  # no end-of-sequence anywhere
+    config = DecodeConfig(k=3, max_new_tokens=50, sampling=GREEDY)
+    rounds = list(speculative_generate(pair, [5], config, should_stop=should_stop))
+    assert len(rounds) == 2 and rounds[-1].finished == "stopped" and rounds[0].finished is None
+    assert spec_tokens(rounds) == [40] * 8  # two clean sweeps of 3 drafts + bonus
+    calls.clear()
+    steps = list(autoregressive_generate(pair, [5], config, should_stop=should_stop))
+    assert len(steps) == 2 and steps[-1].finished == "stopped"
