@@ -26,6 +26,7 @@ from specviz.models.embedded import (
 log = logging.getLogger(__name__)
 
 EMBEDDED = "embedded"
+TINY = "tiny"  # the in-process random pair (specviz.models.tiny): no files, for quick looks and tests
 Status = Callable[[str], None]
 
 
@@ -198,6 +199,12 @@ def load_pair(draft: str | None = EMBEDDED, target: str = EMBEDDED, *, device: s
 
     `device_map="auto"` lets accelerate spread a target too big for one GPU over several.
     """
+    if TINY in (draft, target):
+        if (draft, target) != (TINY, TINY):
+            raise ModelLoadError("'tiny' is a pair of its own: pass it as both --draft and --target.")
+        from specviz.models.tiny import tiny_pair
+
+        return tiny_pair(device=device, dtype=DTYPES.get(dtype, torch.float32))
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
     t_model, t_tok = load_model(target, "target", dt, trust_remote_code=trust_remote_code,

@@ -1,0 +1,126 @@
+"""Drafters: prompt lookup by hand, the model drafter's q is the distribution it really sampled from,
+early stopping, the hybrid's choice, adaptive K, and a target-only pair with a model-free drafter."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+import torch
+
+from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
+from specviz.engine.config import next_k
+from specviz.engine.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter, make_drafter
+from specviz.engine.sampling import logits_to_probs, make_generator
+
+CPU = torch.device("cpu")
+
+
+@pytest.mark.parametrize("history,k,expected", [
+    ([1, 2, 3, 4, 1, 2], 3, [3, 4, 1]),  # the 3-gram [4, 1, 2] never occurred before; the 2-gram [1, 2] did
+    ([5, 6, 7, 5, 6, 8, 5, 6], 2, [8, 5]),  # the LATEST earlier occurrence wins
+    ([1, 2, 9, 1, 2], 5, [9, 1, 2]),  # fewer than k tokens follow
+    ([7, 3, 1, 2, 3], 2, [1, 2]),  # longest n-gram first: [2, 3] is new, [3] occurred at index 1
+    ([1, 2, 3, 4], 3, []),  # nothing repeats
+    ([4], 3, []),
+    ([4, 4], 3, [4]),
+])
+def test_prompt_lookup_continuation(history, k, expected):
+    assert PromptLookupDrafter(vocab_size=10, device=CPU).continuation(history, k) == expected
+
+
+def test_prompt_lookup_proposes_point_masses():
+    drafter = PromptLookupDrafter(vocab_size=10, device=CPU)
+    draft = drafter.propose(torch.tensor([[1, 2, 3, 1, 2]]), [1, 2, 3, 1, 2], 2)
+    assert draft.tokens.tolist() == [3, 1] and draft.k == 2
+    torch.testing.assert_close(draft.q, torch.eye(10)[[3, 1]])
+    assert drafter.propose(torch.tensor([[1, 2, 3]]), [1, 2, 3], 4).k == 0
+    assert drafter.propose(torch.tensor([[1, 2, 3, 1, 2]]), [1, 2, 3, 1, 2], 0).k == 0
+
+
+@torch.inference_mode()
+def full_forward_probs(model, ids: list[int], sampling: SamplingParams) -> torch.Tensor:
+    """The draft's warped next-token distribution after `ids`, by one cache-free forward."""
+    return logits_to_probs(model(torch.tensor([ids])).logits[0, -1].float(), sampling)
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(0.0), SamplingParams(1.0), SamplingParams(0.7, 10, 0.9)])
+def test_model_drafter_q_is_the_distribution_it_sampled_from(tiny, sampling):
+    """The transformers #32867 trap: a greedy draft must report a point mass, not its softmax."""
+    ids = tiny.tokenizer("she said that")["input_ids"]
+    drafter = ModelDrafter(tiny.draft, sampling, make_generator(CPU, 0), tiny.vocab_size)
+    draft = drafter.propose(torch.tensor([ids]), ids, 5)
+    assert draft.k == 5
+    for j in range(5):
+        expected = full_forward_probs(tiny.draft, ids + draft.tokens[:j].tolist(), sampling)
+        torch.testing.assert_close(draft.q[j], expected, atol=1e-5, rtol=1e-4)
+        assert draft.q[j, draft.tokens[j]] > 0
+    if sampling.greedy:
+        assert set(draft.q.flatten().tolist()) == {0.0, 1.0}
+
+
+def test_model_drafter_continues_from_its_cache_after_rollback(tiny):
+    """After a rollback the next proposal is what a fresh drafter would propose from the same context."""
+    greedy = SamplingParams(0.0)
+    ids = tiny.tokenizer("the a of")["input_ids"]
+    drafter = ModelDrafter(tiny.draft, greedy, make_generator(CPU, 0), tiny.vocab_size)
+    first = drafter.propose(torch.tensor([ids]), ids, 4).tokens.tolist()
+    drafter.rollback(len(ids) + 1)  # keep one drafted token, then the "target" says 7
+    context = ids + first[:1] + [7]
+    again = drafter.propose(torch.tensor([context]), context, 3).tokens.tolist()
+    fresh = ModelDrafter(tiny.draft, greedy, make_generator(CPU, 0), tiny.vocab_size)
+    assert again == fresh.propose(torch.tensor([context]), context, 3).tokens.tolist()
+
+
+def test_model_drafter_stops_below_the_confidence_threshold(tiny):
+    ids = tiny.tokenizer("the a of")["input_ids"]
+    never = ModelDrafter(tiny.draft, SamplingParams(0.0), make_generator(CPU, 0), tiny.vocab_size, stop_below=1.01)
+    assert never.propose(torch.tensor([ids]), ids, 6).k == 1  # the token that fell below is still proposed
+    always = ModelDrafter(tiny.draft, SamplingParams(0.0), make_generator(CPU, 0), tiny.vocab_size, stop_below=1e-9)
+    assert always.propose(torch.tensor([ids]), ids, 6).k == 6
+
+
+def test_hybrid_uses_lookup_when_the_context_repeats(tiny):
+    gen = make_generator(CPU, 0)
+    hybrid = HybridDrafter(PromptLookupDrafter(tiny.vocab_size, CPU),
+                           ModelDrafter(tiny.draft, SamplingParams(0.0), gen, tiny.vocab_size))
+    repeating = [5, 6, 7, 8, 5, 6]
+    draft = hybrid.propose(torch.tensor([repeating]), repeating, 3)
+    assert draft.tokens.tolist() == [7, 8, 5]
+    fresh = [5, 6, 7, 8]
+    draft = hybrid.propose(torch.tensor([fresh]), fresh, 3)
+    assert draft.k == 3 and draft.q.sum(-1).allclose(torch.ones(3))
+
+
+def test_make_drafter_checks_its_arguments(tiny):
+    args = (SamplingParams(), make_generator(CPU, 0), tiny.vocab_size, CPU)
+    assert make_drafter("model", tiny.draft, *args).name == "model"
+    assert make_drafter("hybrid", tiny.draft, *args).name == "hybrid"
+    assert make_drafter("lookup", None, *args).name == "lookup"
+    with pytest.raises(ValueError, match="unknown drafter"):
+        make_drafter("ngram", tiny.draft, *args)
+    with pytest.raises(ValueError, match="needs a draft model"):
+        make_drafter("model", None, *args)
+
+
+def test_target_only_pair_with_prompt_lookup(tiny):
+    pair = replace(tiny, draft=None)
+    ids = tiny.tokenizer("the a of")["input_ids"]
+    config = DecodeConfig(k=4, max_new_tokens=24, sampling=SamplingParams(0.0), drafter="lookup")
+    rounds = list(speculative_generate(pair, ids, config))
+    assert [t for r in rounds for t in r.new_token_ids] == [s.token.id for s in autoregressive_generate(pair, ids, config)]
+    with pytest.raises(ValueError, match="needs a draft model"):
+        next(speculative_generate(pair, ids, replace(config, drafter="model")))
+
+
+@pytest.mark.parametrize("adaptive,k,drafted,accepted,expected", [
+    ("fixed", 3, 3, 0, 3),
+    ("confidence", 3, 2, 2, 3),
+    ("acceptance", 3, 3, 3, 5),  # a clean sweep grows K by 2 ...
+    ("acceptance", 7, 7, 7, 8),  # ... up to the configured K
+    ("acceptance", 5, 5, 2, 4),  # a rejection shrinks it by 1 ...
+    ("acceptance", 1, 1, 0, 1),  # ... down to 1
+    ("acceptance", 4, 0, 0, 4),  # nothing drafted: no evidence either way
+])
+def test_next_k(adaptive, k, drafted, accepted, expected):
+    assert next_k(DecodeConfig(k=8, adaptive=adaptive), k, drafted, accepted) == expected

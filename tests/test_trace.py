@@ -1,0 +1,107 @@
+"""Traces: record -> save -> load gives back the same events; anything else is a clear TraceError;
+`specviz trace` works end to end on the tiny pair."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from specviz import cli, trace
+from specviz.engine import DecodeConfig, SamplingParams
+from specviz.trace import TraceError
+
+
+@pytest.fixture(scope="module")
+def recorded(tiny):
+    config = DecodeConfig(k=3, max_new_tokens=20, sampling=SamplingParams(0.8, 20, 0.95), seed=4)
+    return trace.record(tiny, "she said that", config, with_ar=True)
+
+
+def test_record_save_load_roundtrip(recorded, tmp_path):
+    path = trace.save(recorded, tmp_path / "t.json")
+    loaded = trace.load(path)
+    assert loaded == recorded
+    assert loaded.meta["config"]["sampling"] == {"temperature": 0.8, "top_k": 20, "top_p": 0.95}
+    assert loaded.meta["prompt"] == "she said that" and loaded.meta["prompt_tokens"] == 3
+    assert len(loaded.ar_steps) == 20 or loaded.ar_steps[-1].finished == "eos"
+    assert sum(r.tokens_emitted for r in loaded.rounds) <= 20
+
+
+def test_a_trace_without_the_target_alone(tiny, tmp_path):
+    t = trace.record(tiny, "one", DecodeConfig(k=2, max_new_tokens=8))
+    assert t.ar_steps == [] and trace.load(trace.save(t, tmp_path / "t.json")) == t
+
+
+def test_the_file_is_plain_json_with_a_format_tag(recorded, tmp_path):
+    data = json.loads(trace.save(recorded, tmp_path / "t.json").read_text())
+    assert data["format"] == "specviz-trace" and data["version"] == 1
+    assert set(data) == {"format", "version", "meta", "rounds", "ar_steps"}
+    assert set(data["rounds"][0]) >= {"drafted", "n_accepted", "emitted", "new_token_ids", "draft_time", "verify_time"}
+
+
+def write(tmp_path, text: str | bytes):
+    path = tmp_path / "x.json"
+    (path.write_bytes if isinstance(text, bytes) else path.write_text)(text)
+    return path
+
+
+@pytest.mark.parametrize("content,message", [
+    ('{"rounds": []}', "not a specviz trace"),
+    ("[1, 2, 3]", "not a specviz trace"),
+    ('"specviz-trace"', "not a specviz trace"),
+    ('{"format": "specviz-trace", "version": 99, "meta": {}, "rounds": []}', "version 99 is not supported"),
+    ("{not json", "could not read a trace from x.json"),
+    ("", "could not read a trace"),
+    (b"\xff\xfe\x00garbage", "could not read a trace"),
+])
+def test_files_that_are_not_traces(tmp_path, content, message):
+    with pytest.raises(TraceError, match=message):
+        trace.load(write(tmp_path, content))
+
+
+def damaged(data: dict, how: str) -> dict:
+    data = json.loads(json.dumps(data))
+    if how == "no rounds":
+        del data["rounds"]
+    elif how == "round lacks a field":
+        del data["rounds"][0]["n_accepted"]
+    elif how == "unknown field":
+        data["rounds"][0]["drafted"][0]["colour"] = "red"
+    elif how == "wrong type":
+        data["rounds"][0]["drafted"] = 7
+    elif how == "step lacks its token":
+        del data["ar_steps"][0]["token"]
+    elif how == "meta is not an object":
+        data["meta"] = 5
+    return data
+
+
+@pytest.mark.parametrize("how", ["no rounds", "round lacks a field", "unknown field", "wrong type",
+                                 "step lacks its token", "meta is not an object"])
+def test_damaged_traces(recorded, tmp_path, how):
+    path = write(tmp_path, json.dumps(damaged(recorded.to_dict(), how)))
+    with pytest.raises(TraceError, match="damaged or incomplete"):
+        trace.load(path)
+
+
+def test_a_missing_file(tmp_path):
+    with pytest.raises(TraceError, match="could not read a trace from nope.json"):
+        trace.load(tmp_path / "nope.json")
+
+
+def test_cli_trace_on_the_tiny_pair(tmp_path, capsys):
+    out = tmp_path / "trace.json"
+    rc = cli.main(["trace", "--draft", "tiny", "--target", "tiny", "--device", "cpu", "--prompt", "the a of",
+                   "--out", str(out), "--max-new-tokens", "16", "--k", "3", "--with-ar"])
+    assert rc == 0
+    assert f"wrote {out}" in capsys.readouterr().out
+    t = trace.load(out)
+    spec = [x for r in t.rounds for x in r.new_token_ids]
+    assert len(spec) == 16 and spec == [s.token.id for s in t.ar_steps]  # greedy by default: identical
+    assert t.meta["draft"] == "tiny-draft" and t.meta["config"]["k"] == 3
+
+
+def test_cli_rejects_half_a_tiny_pair(tmp_path, capsys):
+    rc = cli.main(["trace", "--draft", "tiny", "--target", "embedded", "--prompt", "x", "--out", str(tmp_path / "t.json")])
+    assert rc == 2 and "both --draft and --target" in capsys.readouterr().err
