@@ -1,0 +1,133 @@
+"""The race: the target alone (AR) against speculative decoding, both really run, on one device.
+
+Running both at once on one device would slow both, so the race alternates: it always advances the
+lane whose own clock is behind. A lane's clock is the sum of the wall time spent inside that lane's
+`next()` (the engine synchronizes the device before yielding), so each clock counts only its own
+compute, and neither lane is charged for the other's turns.
+
+Replay uses the same loop with the times recorded in a trace instead of a stopwatch.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
+from specviz.engine.compare import Divergence, first_divergence
+
+Timed = Callable[[Iterator], tuple[object | None, float]]
+
+
+def stopwatch(timer: Callable[[], float] = time.perf_counter) -> Timed:
+    """Advance an iterator by one event and measure the wall time it took."""
+    def timed(it: Iterator):
+        t0 = timer()
+        event = next(it, None)
+        return event, timer() - t0
+    return timed
+
+
+def recorded(it: Iterator) -> tuple[object | None, float]:
+    """Advance by one event and charge the time the trace recorded for it (replay)."""
+    event = next(it, None)
+    if event is None:
+        return None, 0.0
+    if isinstance(event, Step):
+        return event, event.time
+    return event, event.draft_time + event.verify_time + event.overhead_time
+
+
+@dataclass
+class Lane:
+    key: str  # "ar" | "spec"
+    title: str
+    clock: float = 0.0  # seconds of this lane's own compute
+    token_ids: list[int] = field(default_factory=list)
+    text: str = ""
+    events: list = field(default_factory=list)
+    points: list[tuple[float, int]] = field(default_factory=list)  # (clock, tokens) after each event
+    finished: str | None = None
+
+    @property
+    def tokens(self) -> int:
+        return len(self.token_ids)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.clock if self.clock > 0 else 0.0
+
+    def add(self, event, seconds: float) -> None:
+        self.clock += seconds
+        self.events.append(event)
+        self.token_ids += [event.token.id] if isinstance(event, Step) else event.new_token_ids
+        self.text = event.text
+        self.points.append((self.clock, self.tokens))
+        self.finished = event.finished
+
+
+@dataclass
+class RaceState:
+    ar: Lane
+    spec: Lane
+    greedy: bool
+    divergence: Divergence | None = None
+
+    @property
+    def lanes(self) -> tuple[Lane, Lane]:
+        return self.ar, self.spec
+
+    @property
+    def done(self) -> bool:
+        return self.ar.finished is not None and self.spec.finished is not None
+
+    @property
+    def speedup(self) -> float | None:
+        """Speculative tokens/s over AR tokens/s, once both lanes have finished."""
+        if not self.done or not self.ar.tokens_per_s:
+            return None
+        return self.spec.tokens_per_s / self.ar.tokens_per_s
+
+    def check_divergence(self) -> None:
+        """Greedy lanes should agree token for token; mark the first difference as soon as both passed it
+        (sampled lanes draw different random numbers, so different texts are expected there)."""
+        if not self.greedy or self.divergence is not None:
+            return
+        differs = any(x != y for x, y in zip(self.ar.token_ids, self.spec.token_ids))
+        if differs or self.done:
+            self.divergence = first_divergence(self.spec.events, self.ar.events)
+
+
+def run_race(ar_events: Iterator[Step], spec_events: Iterator[Round], greedy: bool,
+             timed: Timed) -> Iterator[RaceState]:
+    """Alternate the two event streams, always advancing the lane whose own clock is behind."""
+    state = RaceState(Lane("ar", "Target alone (autoregressive)"), Lane("spec", "Speculative decoding"), greedy)
+    iterators = {"ar": ar_events, "spec": spec_events}
+    try:
+        while not state.done:
+            lane = min((ln for ln in state.lanes if ln.finished is None), key=lambda ln: ln.clock)
+            event, seconds = timed(iterators[lane.key])
+            if event is None:  # a stream that ends without a finished event (a truncated trace)
+                lane.finished = lane.finished or "stopped"
+            else:
+                lane.add(event, seconds)
+            state.check_divergence()
+            yield state
+    finally:
+        for it in iterators.values():
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+
+
+def race(pair, prompt_ids: list[int], config: DecodeConfig,
+         timer: Callable[[], float] = time.perf_counter) -> Iterator[RaceState]:
+    """Race the real decoders on the same prompt and settings (same seed for both)."""
+    return run_race(autoregressive_generate(pair, prompt_ids, config), speculative_generate(pair, prompt_ids, config),
+                    config.sampling.greedy, stopwatch(timer))
+
+
+def replay_race(rounds: list[Round], steps: list[Step], greedy: bool) -> Iterator[RaceState]:
+    """The same race over a recorded trace, each lane charged its recorded times."""
+    return run_race(iter(steps), iter(rounds), greedy, recorded)

@@ -1,0 +1,154 @@
+"""Plotly figures built from events (pure: events in, figure out)."""
+
+from __future__ import annotations
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from specviz.engine.events import BONUS, CORRECTION, TARGET, Candidate, DraftedToken, EmittedToken, Round
+from specviz.ui.render import COLORS
+from specviz.ui.stats import RunStats
+
+FONT = dict(family="Inter, system-ui, sans-serif", size=12)
+
+
+def _layout(fig: go.Figure, title: str, height: int = 330) -> go.Figure:
+    fig.update_layout(title=dict(text=title, font=dict(size=14), x=0.01, xanchor="left"), template="plotly_white",
+                      height=height, margin=dict(l=50, r=15, t=70, b=45), font=FONT,
+                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0.0, xanchor="left",
+                                  font=dict(size=11)))
+    return fig
+
+
+def short(text: str, n: int = 10) -> str:
+    r = repr(text)[1:-1]
+    return r if len(r) <= n else r[: n - 1] + "…"
+
+
+def position_label(i: int, text: str) -> str:
+    return f"{i + 1}: '{short(text)}'"
+
+
+def empty_figure(message: str, height: int = 330) -> go.Figure:
+    fig = go.Figure()
+    fig.add_annotation(text=message, showarrow=False, x=0.5, y=0.5, xref="paper", yref="paper",
+                       font=dict(size=13, color="#64748b"))
+    fig.update_xaxes(visible=False)
+    fig.update_yaxes(visible=False)
+    return _layout(fig, "", height)
+
+
+def pq_figure(r: Round | None, greedy: bool, *, verdict: bool = True) -> go.Figure:
+    """q(x) and p(x) of each drafted token, the threshold min(1, p/q) and the draw u, by outcome.
+
+    Greedy decoding warps both models to point masses, so the bars show the temperature-1 softmax
+    instead (the rule itself is then "accept iff the draft's token is the target's argmax").
+    `verdict=False` (step mode, draft stage) shows only what the draft proposed.
+    """
+    if r is None or (not r.drafted and r.emitted is None):
+        return empty_figure("p/q bars of the current round appear here")
+    x = [position_label(i, t.text) for i, t in enumerate(r.drafted)]
+    colors = [COLORS["drafted"] if not verdict else COLORS[t.status] for t in r.drafted]
+    q = [t.q_soft if greedy else t.q for t in r.drafted]
+    p = [t.p_soft if greedy else t.p for t in r.drafted]
+    fig = go.Figure()
+    fig.add_bar(x=x, y=q, name="q(x) draft", marker=dict(color=colors, opacity=0.45, pattern_shape="/",
+                                                          line=dict(color=colors, width=1.5)),
+                hovertemplate="q(x) = %{y:.4f}<extra></extra>")
+    if verdict:
+        fig.add_bar(x=x, y=p, name="p(x) target", marker=dict(color=colors),
+                    hovertemplate="p(x) = %{y:.4f}<extra></extra>")
+        fig.add_scatter(x=x, y=[t.accept_prob for t in r.drafted], mode="markers", name="min(1, p/q)",
+                        marker=dict(symbol="line-ew-open", size=34, line=dict(width=3, color="#0f172a")),
+                        hovertemplate="min(1, p/q) = %{y:.4f}<extra></extra>")
+        fig.add_scatter(x=x, y=[t.u for t in r.drafted], mode="markers", name="u (accept iff u < min(1, p/q))",
+                        marker=dict(symbol="x-thin-open", size=13, line=dict(width=2.5, color="#f59e0b")),
+                        hovertemplate="u = %{y:.4f}<extra></extra>")
+        if r.emitted is not None:
+            e = r.emitted
+            label = f"{e.kind}: '{short(e.text)}'"
+            fig.add_bar(x=[label], y=[e.p_soft if greedy else e.p], name=e.kind,
+                        marker=dict(color=COLORS[e.kind]), hovertemplate=f"{e.kind} p = %{{y:.4f}}<extra></extra>")
+    note = " · greedy: bars show softmax at T=1" if greedy else ""
+    stage = "" if verdict else " (drafted, not yet verified)"
+    fig.update_yaxes(range=[0, 1.05], title="probability")
+    fig.update_layout(barmode="group", bargap=0.25)
+    return _layout(fig, f"Round {r.index + 1}: draft q vs target p{stage}{note}")
+
+
+def _hbar(fig, cands: list[Candidate], col: int, color: str, highlight: int | None, name: str):
+    cands = list(reversed(cands))
+    colors = [COLORS[CORRECTION] if c.id == highlight else color for c in cands]
+    fig.add_bar(x=[c.prob for c in cands], y=[f"'{short(c.text, 12)}' ·{j}" for j, c in enumerate(cands)],
+                orientation="h", marker=dict(color=colors), name=name, showlegend=False,
+                hovertemplate="%{y}: %{x:.4f}<extra></extra>", row=1, col=col)
+
+
+def drilldown_figure(token: DraftedToken | EmittedToken | None, greedy: bool, emitted_id: int | None = None
+                     ) -> go.Figure:
+    """Top candidates at one position: q, p and the residual max(0, p − q) a correction is drawn from."""
+    if token is None:
+        return empty_figure("pick a position to see the top-k of q, p and the residual", height=300)
+    dist = " (softmax, T=1)" if greedy else ""
+    if isinstance(token, EmittedToken):
+        fig = make_subplots(rows=1, cols=1, subplot_titles=[f"p{dist}: the target's distribution"])
+        _hbar(fig, token.p_top, 1, COLORS[token.kind if token.kind != TARGET else BONUS], token.id, "p")
+        return _layout(fig, f"{token.kind} '{short(token.text, 16)}'", height=300)
+    fig = make_subplots(rows=1, cols=3, horizontal_spacing=0.16,
+                        subplot_titles=[f"q{dist} (draft)", f"p{dist} (target)", "residual norm(max(0, p−q))"])
+    _hbar(fig, token.q_top, 1, "#94a3b8", token.id, "q")
+    _hbar(fig, token.p_top, 2, "#475569", token.id, "p")
+    if token.residual_top:
+        _hbar(fig, token.residual_top, 3, "#93c5fd", emitted_id, "residual")
+    fig.update_annotations(font=dict(size=12))
+    return _layout(fig, f"'{short(token.text, 16)}' ({token.status.replace('_', ' ')}); highlighted: the drafted "
+                        "token, and in the residual the correction", height=300)
+
+
+def stats_figure(s: RunStats) -> go.Figure:
+    if not s.rounds:
+        return empty_figure("acceptance by position and accepted lengths appear after a run", height=280)
+    fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
+                        subplot_titles=["acceptance by draft position (when tested)",
+                                        "accepted drafts per round"])
+    positions = [str(i + 1) for i in range(len(s.per_position))]
+    fig.add_bar(x=positions, y=s.per_position, marker_color=COLORS["accepted"], showlegend=False,
+                customdata=s.per_position_n, hovertemplate="position %{x}: %{y:.2f} (n=%{customdata})<extra></extra>",
+                row=1, col=1)
+    counts = s.accepted_lengths
+    fig.add_bar(x=[str(n) for n in range(len(counts))], y=counts, marker_color="#64748b", showlegend=False,
+                hovertemplate="%{x} accepted: %{y} rounds<extra></extra>", row=1, col=2)
+    fig.update_yaxes(range=[0, 1.05], row=1, col=1)
+    fig.update_xaxes(title_text="position in the round", row=1, col=1)
+    fig.update_xaxes(title_text="accepted drafts", row=1, col=2)
+    fig.update_annotations(font=dict(size=12))
+    return _layout(fig, "", height=280)
+
+
+def race_figure(lanes) -> go.Figure:
+    """Tokens against each lane's own compute clock: the steeper line is the faster decoder."""
+    if not any(lane.points for lane in lanes):
+        return empty_figure("tokens over each lane's own clock appear here", height=260)
+    fig = go.Figure()
+    colors = {"ar": COLORS[TARGET], "spec": COLORS["accepted"]}
+    for lane in lanes:
+        xs, ys = zip(*lane.points) if lane.points else ((), ())
+        fig.add_scatter(x=[0.0, *xs], y=[0, *ys], mode="lines", name=lane.title, line_shape="hv",
+                        line=dict(color=colors.get(lane.key, "#0f172a"), width=2.5))
+    fig.update_xaxes(title="seconds of the lane's own compute", rangemode="tozero")
+    fig.update_yaxes(title="tokens", rangemode="tozero")
+    return _layout(fig, "", height=260)
+
+
+def distribution_figure(labels: list[str], exact: list[float], ar: list[float], spec: list[float],
+                        n_ar: int, n_spec: int) -> go.Figure:
+    if not labels:
+        return empty_figure("empirical vs exact first-token distributions appear here", height=340)
+    fig = go.Figure()
+    fig.add_bar(x=labels, y=exact, name="exact p (target)", marker=dict(color="rgba(15,23,42,0.12)",
+                line=dict(color="#0f172a", width=1.5)))
+    fig.add_bar(x=labels, y=ar, name=f"target alone (n={n_ar})", marker_color=COLORS[TARGET])
+    fig.add_bar(x=labels, y=spec, name=f"speculative (n={n_spec})", marker_color=COLORS["accepted"])
+    fig.update_layout(barmode="group", bargap=0.2)
+    fig.update_yaxes(title="probability", rangemode="tozero")
+    return _layout(fig, "First generated token: empirical frequencies vs the exact target distribution", 360)

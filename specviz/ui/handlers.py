@@ -1,0 +1,609 @@
+"""What the app's buttons do: plain functions and generators, values in, values out.
+
+They take the session (the loaded pair), the limits and raw control values; they yield view
+dataclasses (`MainView`, `RaceView`, `DistributionView`) that app.py maps onto components. Bad input
+raises `gr.Error` with one sentence, so the app keeps serving. Only events are read, never tensors.
+"""
+
+from __future__ import annotations
+
+import functools
+import gc
+import json
+import queue
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import gradio as gr
+import torch
+
+from specviz import trace as tracefile
+from specviz.engine import DecodeConfig, Round, Step, speculative_generate
+from specviz.engine.events import CORRECTION, REJECTED, EmittedToken
+from specviz.engine.exact import next_token_distribution
+from specviz.limits import InputError, Limits, _number, check_prompt_tokens, clean_prompt, decode_config
+from specviz.models import ModelLoadError, encode_prompt
+from specviz.race import RaceState, race, replay_race
+from specviz.trace import Trace, TraceError
+from specviz.ui import figures, render, teach
+from specviz.ui.distribution import Comparison, compare, sample_both
+from specviz.ui.session import Session
+from specviz.ui.stats import RunStats, summarize
+
+USER_ERRORS = (InputError, ModelLoadError, TraceError)
+
+
+def user_errors(fn: Callable) -> Callable:
+    """Turn the errors a user can cause into gr.Error (one sentence in the UI, a clean API error)."""
+    def convert(e: BaseException) -> gr.Error:
+        if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
+            gc.collect()
+            return gr.Error("out of memory: try fewer new tokens, a smaller K, or a smaller model pair.")
+        return gr.Error(str(e))
+
+    if hasattr(fn, "__code__") and fn.__code__.co_flags & 0x20:  # a generator function
+        @functools.wraps(fn)
+        def gen(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except (*USER_ERRORS, torch.OutOfMemoryError, MemoryError) as e:
+                raise convert(e) from e
+        return gen
+
+    @functools.wraps(fn)
+    def plain(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (*USER_ERRORS, torch.OutOfMemoryError, MemoryError) as e:
+            raise convert(e) from e
+    return plain
+
+
+@dataclass(frozen=True)
+class Settings:
+    """The decoding controls, as raw values from the UI or the API (validated by `config`)."""
+
+    k: object = 4
+    adaptive: object = "fixed"
+    drafter: object = "model"
+    temperature: object = 0.0
+    top_k: object = 0
+    top_p: object = 1.0
+    seed: object = 0
+    max_new_tokens: object = 64
+
+    def config(self, limits: Limits) -> DecodeConfig:
+        return decode_config(limits, k=self.k, max_new_tokens=self.max_new_tokens, temperature=self.temperature,
+                             top_k=self.top_k, top_p=self.top_p, seed=self.seed, drafter=self.drafter,
+                             adaptive=self.adaptive)
+
+
+@dataclass(frozen=True)
+class Options:
+    """Pacing of the live views: tests set everything to 0."""
+
+    min_interval: float = 0.08  # seconds between streamed updates (fast devices make many events)
+    stage_delay: float = 0.7  # step mode: pause between the draft, verify and accept stages
+    trace_dir: Path | None = None  # where exported traces are written (a temp dir by default)
+    assets_dir: Path | None = None  # shipped traces for replay
+
+
+@dataclass
+class RunRecord:
+    """What the last run produced: browsable, exportable as a trace."""
+
+    meta: dict
+    rounds: list[Round] = field(default_factory=list)
+    ar_steps: list[Step] = field(default_factory=list)
+    source: str = "run"
+
+    @property
+    def greedy(self) -> bool:
+        return float(self.meta.get("config", {}).get("sampling", {}).get("temperature", 0.0)) == 0.0
+
+    def trace(self) -> Trace:
+        return Trace(self.meta, self.rounds, self.ar_steps)
+
+
+@dataclass
+class Prepared:
+    pair: object
+    prompt: str
+    ids: list[int]
+    config: DecodeConfig
+    meta: dict
+
+
+def prepare(session: Session, limits: Limits, prompt, settings: Settings) -> Prepared:
+    """Validate everything before any model runs."""
+    prompt = clean_prompt(prompt, limits)
+    config = settings.config(limits)
+    pair = session.require()
+    if pair.draft is None and config.drafter != "lookup":
+        raise InputError(f"this pair has no draft model: use the 'lookup' drafter (got {config.drafter!r}).")
+    ids = encode_prompt(pair.tokenizer, prompt)
+    check_prompt_tokens(len(ids), config.max_new_tokens, limits, session.context_length())
+    return Prepared(pair, prompt, ids, config, tracefile.meta_for(pair, prompt, ids, config))
+
+
+# ---------------------------------------------------------------- the main view
+
+
+@dataclass
+class MainView:
+    tokens: str  # HTML
+    caption: str  # Markdown
+    pq: object  # plotly figure
+    rounds: dict  # gr.update for the round slider
+    positions: dict  # gr.update for the position dropdown
+    drill: object  # plotly figure
+    stats: str  # Markdown
+    stats_fig: object
+    record: RunRecord | None
+
+
+def position_choices(r: Round | None) -> list[tuple[str, int]]:
+    if r is None:
+        return []
+    choices = [(f"{i + 1}: {t.text!r} ({t.status.replace('_', ' ')})", i) for i, t in enumerate(r.drafted)]
+    if r.emitted is not None:
+        choices.append((f"{r.emitted.kind}: {r.emitted.text!r}", len(r.drafted)))
+    return choices
+
+
+def default_position(r: Round | None) -> int | None:
+    """Where to look first: the rejected draft if any, else the correction/bonus, else the last draft."""
+    if r is None:
+        return None
+    for i, t in enumerate(r.drafted):
+        if t.status == REJECTED:
+            return i
+    return len(r.drafted) if r.emitted is not None else (len(r.drafted) - 1 if r.drafted else None)
+
+
+def token_at(r: Round | None, position) -> object | None:
+    if r is None or position is None:
+        return None
+    try:
+        i = int(position)
+    except (TypeError, ValueError):
+        return None
+    if 0 <= i < len(r.drafted):
+        return r.drafted[i]
+    return r.emitted if i == len(r.drafted) else None
+
+
+def drill(r: Round | None, position, greedy: bool):
+    token = token_at(r, position)
+    emitted = r.emitted.id if r is not None and r.emitted is not None and r.emitted.kind == CORRECTION else None
+    return figures.drilldown_figure(token, greedy, emitted if not isinstance(token, EmittedToken) else None)
+
+
+def main_view(record: RunRecord | None, *, show_rejected: bool = True, selected: int | None = None,
+              stage: str = "done", stats: RunStats | None = None, stats_source: str = "") -> MainView:
+    rounds = record.rounds if record else []
+    greedy = record.greedy if record else True
+    n = len(rounds)
+    i = n - 1 if selected is None else max(0, min(int(selected) - 1, n - 1))
+    current = rounds[i] if rounds else None
+    pos = default_position(current)
+    s = stats if stats is not None else summarize(rounds, record.ar_steps if record else None)
+    return MainView(
+        tokens=render.rounds_html(rounds, greedy, show_rejected=show_rejected, stage=stage),
+        caption=teach.step_caption(current, greedy, stage) if current else "",
+        pq=figures.pq_figure(current, greedy, verdict=stage == "done" or stage == "verify"),
+        rounds=gr.update(minimum=1, maximum=max(n, 2), value=i + 1 if n else 1, interactive=n > 1),  # a slider needs min < max
+        positions=gr.update(choices=position_choices(current) if stage == "done" else [],
+                            value=pos if stage == "done" else None),
+        drill=drill(current, pos, greedy) if stage == "done" else figures.drilldown_figure(None, greedy),
+        stats=teach.stats_markdown(s, stats_source or (record.source if record else "")),
+        stats_fig=figures.stats_figure(s),
+        record=record,
+    )
+
+
+def paced(events: Iterator, min_interval: float, clock: Callable[[], float] = time.monotonic) -> Iterator[tuple]:
+    """(event, show) pairs: show is True at most every min_interval seconds, and for the last event."""
+    last = None
+    for event in events:
+        now = clock()
+        show = last is None or now - last >= min_interval or bool(getattr(event, "finished", None))
+        if show:
+            last = now
+        yield event, show
+
+
+def locked(session: Session, events_of: Callable[[object], Iterator]) -> Iterator:
+    """Run an event stream while holding the pair. Stop closes this generator between two events,
+    which closes the engine's generator and releases the lock."""
+    with session.using() as pair:
+        yield from events_of(pair)
+
+
+@user_errors
+def run(session: Session, limits: Limits, prompt, settings: Settings, show_rejected: bool = True,
+        options: Options = Options()) -> Iterator[MainView]:
+    """Stream a speculative run round by round."""
+    job = prepare(session, limits, prompt, settings)
+    record = RunRecord(job.meta, source="Run")
+    yield main_view(record, show_rejected=show_rejected)
+    rounds = locked(session, lambda pair: speculative_generate(pair, job.ids, job.config))
+    for r, show in paced(rounds, options.min_interval):
+        record.rounds.append(r)
+        if show:
+            yield main_view(record, show_rejected=show_rejected)
+
+
+def browse(record: RunRecord | None, round_number, show_rejected: bool = True) -> MainView:
+    """Look at an earlier round of the last run (slider), without running anything."""
+    return main_view(record, show_rejected=show_rejected, selected=round_number)
+
+
+def pick_position(record: RunRecord | None, round_number, position):
+    if record is None or not record.rounds:
+        return figures.drilldown_figure(None, True)
+    i = max(0, min(int(round_number or 1) - 1, len(record.rounds) - 1))
+    return drill(record.rounds[i], position, record.greedy)
+
+
+# ---------------------------------------------------------------- step mode
+
+
+@dataclass
+class Stepper:
+    """A paused speculative run: step mode advances it one round per click."""
+
+    events: Iterator[Round]
+    record: RunRecord
+    key: tuple
+    generation: int
+    done: bool = False
+
+
+@user_errors
+def step(session: Session, limits: Limits, stepper: Stepper | None, prompt, settings: Settings,
+         show_rejected: bool = True, options: Options = Options()) -> Iterator[tuple[MainView, Stepper | None]]:
+    """One round per call, shown in three captioned stages: draft → verify → accept/correct.
+
+    A new run starts when there is none, the last one finished, or the prompt, settings or pair changed.
+    """
+    job = prepare(session, limits, prompt, settings)
+    key = (job.prompt, job.config)
+    if stepper is None or stepper.done or stepper.key != key or stepper.generation != session.generation:
+        reset_step(stepper)
+        record = RunRecord(job.meta, source="Step mode")
+        stepper = Stepper(speculative_generate(job.pair, job.ids, job.config), record, key, session.generation)
+    with session.using():
+        r = next(stepper.events, None)
+    if r is None:
+        stepper.done = True
+        yield main_view(stepper.record, show_rejected=show_rejected), stepper
+        return
+    stepper.record.rounds.append(r)
+    stepper.done = r.finished is not None
+    for stage in ("draft", "verify", "done"):
+        yield main_view(stepper.record, show_rejected=show_rejected, stage=stage), stepper
+        if stage != "done" and options.stage_delay:
+            time.sleep(options.stage_delay)
+
+
+def reset_step(stepper: Stepper | None) -> None:
+    if stepper is not None:
+        stepper.events.close()
+    return None
+
+
+# ---------------------------------------------------------------- the race
+
+
+@dataclass
+class RaceView:
+    ar: str  # HTML lane
+    spec: str
+    fig: object
+    result: str  # Markdown
+    stats: str
+    record: RunRecord | None
+
+
+def lane_html(lane, body: str, recorded: bool) -> str:
+    state = (f'<span class="sv-done">finished ({lane.finished})</span>' if lane.finished
+             else '<span class="sv-running">running…</span>')
+    clock = "s, recorded" if recorded else "s of own compute"
+    return (f'<div class="sv-lane" id="sv-lane-{lane.key}"><h4><span>{lane.title}</span>{state}</h4>'
+            f'<div class="sv-clock" data-lane="{lane.key}">'
+            f'<div><b class="sv-elapsed">{lane.clock:.2f}</b><span>{clock}</span></div>'
+            f'<div><b class="sv-rate">{lane.tokens_per_s:.1f}</b><span>tokens/s</span></div>'
+            f'<div><b class="sv-count">{lane.tokens}</b><span>tokens</span></div></div>{body}</div>')
+
+
+def gap(v: float | None) -> str:
+    return "—" if v is None else f"{v:.3f}"
+
+
+def race_result(state: RaceState) -> str:
+    if state.speedup is None:
+        return "Both lanes are running, taking turns on the device…"
+    s = state.speedup
+    word = "faster" if s >= 1 else "slower"
+    lines = [f'<span class="sv-speedup">Speculative decoding: {s:.2f}× {word}</span> '
+             f"({state.spec.tokens_per_s:.1f} vs {state.ar.tokens_per_s:.1f} tokens/s, measured on each lane's own clock)"]
+    if state.greedy:
+        d = state.divergence
+        if d is None:
+            same = state.ar.token_ids == state.spec.token_ids
+            lines.append("Greedy texts are **identical**." if same else
+                         "Greedy texts agree on their common length (one lane stopped earlier).")
+        else:
+            lines.append(
+                f"⚠ Greedy texts **differ from token {d.position + 1}** (outlined). The target's top-2 logit gap "
+                f"there is {d.target_top2_gap:.3f} (target alone) / {gap(d.spec_top2_gap)} (verify pass): a near-tie that "
+                "low precision can flip when the target scores K+1 tokens at once instead of one. The rule is "
+                "exact; the arithmetic of a batched forward is not bit-identical.")
+    return "\n\n".join(lines)
+
+
+def race_view(state: RaceState, record: RunRecord, recorded: bool = False) -> RaceView:
+    at = state.divergence.position if state.divergence else None
+    s = summarize(state.spec.events, state.ar.events, spec_seconds=state.spec.clock, ar_seconds=state.ar.clock)
+    return RaceView(
+        ar=lane_html(state.ar, render.steps_html(state.ar.events, at), recorded),
+        spec=lane_html(state.spec, render.spec_lane_html(state.spec.events, state.greedy, at), recorded),
+        fig=figures.race_figure(state.lanes),
+        result=race_result(state),
+        stats=teach.stats_markdown(s, "Race, speculative lane") if state.done else "",
+        record=record,
+    )
+
+
+@user_errors
+def run_race(session: Session, limits: Limits, prompt, settings: Settings,
+             options: Options = Options()) -> Iterator[RaceView]:
+    job = prepare(session, limits, prompt, settings)
+    record = RunRecord(job.meta, source="Race")
+    states = locked(session, lambda pair: race(pair, job.ids, job.config))
+    for state, show in paced(states, options.min_interval):
+        if state.done:
+            record.rounds, record.ar_steps = list(state.spec.events), list(state.ar.events)
+            show = True
+        if show:
+            yield race_view(state, record)
+
+
+# ---------------------------------------------------------------- same distribution
+
+
+@dataclass
+class DistributionView:
+    fig: object
+    summary: str
+
+
+def distribution_summary(c, done: bool) -> str:
+    def p(v):
+        return "not testable (one outcome carries almost all the mass)" if v is None else f"{v:.3f}"
+    state = "" if done else " (sampling…)"
+    return "\n".join([
+        f"**{c.n_spec} speculative and {c.n_ar} target-alone samples{state}**",
+        "",
+        "| | target alone | speculative |",
+        "|---|---|---|",
+        f"| total variation to exact | {c.tv_ar:.3f} | {c.tv_spec:.3f} |",
+        f"| χ² goodness-of-fit p-value | {p(c.p_ar)} | {p(c.p_spec)} |",
+        "",
+        f"TV of {min(c.n_ar, c.n_spec)} samples drawn from the exact distribution itself is about "
+        f"{c.tv_noise:.3f}: finite samples never match exactly. Both samplers should sit at that level, and "
+        "their p-values should look like any uniform draw (a p-value below 0.01 would be suspicious).",
+    ])
+
+
+def token_labels(texts: list[str], ids: list[int]) -> list[str]:
+    labels = [f"'{figures.short(x, 12)}'" for x in texts]
+    return [f"{x} #{t}" if labels.count(x) > 1 else x for x, t in zip(labels, ids)]
+
+
+def sample_distributions(session: Session, limits: Limits, prompt, settings: Settings, n, temperature
+                         ) -> Iterator[tuple[Comparison, list[str], bool]]:
+    """(comparison, the shown tokens' texts, done) every n/20 sample pairs."""
+    n = _number("samples", n, int)
+    if not 1 <= n <= limits.max_samples:
+        raise InputError(f"samples must be between 1 and {limits.max_samples}, got {n}.")
+    job = prepare(session, limits, prompt, replace(settings, temperature=temperature, max_new_tokens=2))
+    if job.config.sampling.greedy:
+        raise InputError("the same-distribution test needs sampling: set a temperature above 0.")
+    with session.using() as pair:
+        exact = next_token_distribution(pair, job.ids, job.config.sampling)
+    samples = locked(session, lambda pair: sample_both(pair, job.ids, job.config, n, max(1, n // 20)))
+    for counts_ar, counts_spec, done in samples:
+        c = compare(exact, counts_ar, counts_spec)
+        yield c, [job.pair.tokenizer.decode([t]) for t in c.token_ids], done == n
+
+
+@user_errors
+def same_distribution(session: Session, limits: Limits, prompt, settings: Settings, n, temperature,
+                      options: Options = Options()) -> Iterator[DistributionView]:
+    for c, texts, done in sample_distributions(session, limits, prompt, settings, n, temperature):
+        labels = token_labels(texts, c.token_ids)
+        yield DistributionView(figures.distribution_figure(labels, c.exact, c.ar, c.spec, c.n_ar, c.n_spec),
+                               distribution_summary(c, done))
+
+
+# ---------------------------------------------------------------- traces: export and replay
+
+
+def export(record: RunRecord | None, options: Options = Options()) -> str:
+    if record is None or not record.rounds:
+        raise gr.Error("nothing to export yet: press Run, Step or Run race first.")
+    folder = options.trace_dir or Path(tempfile.gettempdir()) / "specviz-traces"
+    folder.mkdir(parents=True, exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path = folder / f"specviz-trace-{record.source.lower().replace(' ', '-')}-{stamp}.json"
+    return str(tracefile.save(record.trace(), path))
+
+
+def shipped_traces(assets_dir: Path | None) -> list[str]:
+    """Names of the traces shipped in assets/ (the only server files replay may read)."""
+    if assets_dir is None or not assets_dir.is_dir():
+        return []
+    return sorted(p.name for p in assets_dir.glob("*.json") if p.is_file())
+
+
+def open_trace(upload, shipped: str | None, options: Options = Options()) -> tuple[Trace, str]:
+    """An uploaded file wins; otherwise a shipped trace chosen by name from the listing (never a path)."""
+    if upload:
+        path = Path(upload if isinstance(upload, str) else getattr(upload, "name", upload))
+        return tracefile.load(path), path.name
+    if shipped:
+        names = shipped_traces(options.assets_dir)
+        if shipped not in names:
+            raise InputError(f"{shipped!r} is not one of the shipped traces ({', '.join(names) or 'none'}).")
+        return tracefile.load(options.assets_dir / shipped), shipped
+    raise InputError("choose a shipped trace or upload a trace file (.json) first.")
+
+
+def trace_text_or_name(value: str, options: Options = Options()) -> tuple[Trace, str]:
+    """For the API: a shipped trace's name, or a whole trace as JSON text."""
+    value = (value or "").strip()
+    if value.startswith("{"):
+        try:
+            return tracefile.parse(json.loads(value)), "uploaded JSON"
+        except json.JSONDecodeError as e:
+            raise TraceError(f"the text is not valid JSON: {e}") from e
+    return open_trace(None, value, options)
+
+
+def wait(seconds: float, speed: float) -> None:
+    if speed and speed > 0 and seconds > 0:
+        time.sleep(min(seconds / speed, 5.0))
+
+
+@user_errors
+def replay(upload, shipped, speed, show_rejected: bool = True, options: Options = Options()
+           ) -> Iterator[MainView]:
+    """Stream a recorded run round by round, at its recorded pace divided by `speed` (0: at once)."""
+    t, name = open_trace(upload, shipped, options)
+    record = RunRecord(t.meta, [], t.ar_steps, source=f"Replay of {name}")
+    yield main_view(record, show_rejected=show_rejected)
+    for r in t.rounds:
+        wait(r.draft_time + r.verify_time + r.overhead_time, float(speed or 0))
+        record.rounds.append(r)
+        yield main_view(record, show_rejected=show_rejected)
+
+
+@user_errors
+def replay_race_view(upload, shipped, speed, options: Options = Options()) -> Iterator[RaceView]:
+    t, name = open_trace(upload, shipped, options)
+    if not t.ar_steps:
+        raise InputError(f"{name} has no target-alone steps to race against (record it with --with-ar).")
+    record = RunRecord(t.meta, t.rounds, t.ar_steps, source=f"Replay of {name}")
+    greedy = record.greedy
+    shown = 0.0
+    for state in replay_race(t.rounds, t.ar_steps, greedy):
+        wait(state.ar.clock + state.spec.clock - shown, float(speed or 0))
+        shown = state.ar.clock + state.spec.clock
+        yield race_view(state, record, recorded=True)
+
+
+# ---------------------------------------------------------------- model loading
+
+
+def load_pair(session: Session, draft, target, dtype) -> Iterator[str]:
+    """Load in a worker thread and stream its status lines; errors end as gr.Error."""
+    lines: queue.Queue = queue.Queue()
+    outcome: dict = {}
+
+    def work():
+        try:
+            outcome["name"] = session.load(draft, target, dtype or "auto", status=lines.put)
+        except BaseException as e:  # handed to the caller's thread below
+            outcome["error"] = e
+        finally:
+            lines.put(None)
+
+    worker = threading.Thread(target=work, name="specviz-load", daemon=True)
+    log: list[str] = []
+    worker.start()
+    while (line := lines.get()) is not None:
+        log.append(f"- {line}")
+        yield "\n".join(log)
+    worker.join()
+    if "error" in outcome:
+        e = outcome["error"]
+        raise gr.Error(str(e)) if isinstance(e, USER_ERRORS) else e
+    yield "\n".join(log + [f"**Loaded:** {outcome['name']}"])
+
+
+# ---------------------------------------------------------------- the JSON API (gradio_client)
+
+
+def lane_dict(lane) -> dict:
+    return {"tokens": lane.tokens, "clock_s": lane.clock, "tokens_per_s": lane.tokens_per_s,
+            "text": lane.text, "finished": lane.finished}
+
+
+def stats_dict(s: RunStats) -> dict:
+    return asdict(s)
+
+
+def rounds_summary(meta: dict, rounds: list[Round], steps: list[Step] | None = None) -> dict:
+    s = summarize(rounds, steps)
+    return {"event": "done", "text": rounds[-1].text if rounds else "", "rounds": len(rounds),
+            "finished": rounds[-1].finished if rounds else None, "stats": stats_dict(s), "meta": meta}
+
+
+@user_errors
+def api_generate(session: Session, limits: Limits, prompt, settings: Settings) -> Iterator[dict]:
+    job = prepare(session, limits, prompt, settings)
+    rounds: list[Round] = []
+    for r in locked(session, lambda pair: speculative_generate(pair, job.ids, job.config)):
+        rounds.append(r)
+        yield {"event": "round", "round": r.to_dict()}
+    yield rounds_summary(job.meta, rounds)
+
+
+def race_dict(state: RaceState, meta: dict | None = None) -> dict:
+    d = state.divergence
+    out = {"event": "done" if state.done else "race", "ar": lane_dict(state.ar), "spec": lane_dict(state.spec),
+           "speedup": state.speedup, "greedy": state.greedy,
+           "divergence": None if d is None else asdict(d)}
+    if state.done:
+        out["stats"] = stats_dict(summarize(state.spec.events, state.ar.events, spec_seconds=state.spec.clock,
+                                            ar_seconds=state.ar.clock))
+        out["identical"] = state.ar.token_ids == state.spec.token_ids
+        out["meta"] = meta
+    return out
+
+
+@user_errors
+def api_race(session: Session, limits: Limits, prompt, settings: Settings,
+             options: Options = Options()) -> Iterator[dict]:
+    job = prepare(session, limits, prompt, settings)
+    for state, show in paced(locked(session, lambda pair: race(pair, job.ids, job.config)), options.min_interval):
+        if show or state.done:
+            yield race_dict(state, job.meta)
+
+
+@user_errors
+def api_replay(trace: str, options: Options = Options()) -> Iterator[dict]:
+    t, _ = trace_text_or_name(trace, options)
+    for r in t.rounds:
+        yield {"event": "round", "round": r.to_dict()}
+    out = rounds_summary(t.meta, t.rounds, t.ar_steps or None)
+    if t.ar_steps:
+        *_, final = replay_race(t.rounds, t.ar_steps, RunRecord(t.meta).greedy)
+        out["race"] = race_dict(final, t.meta)
+    yield out
+
+
+@user_errors
+def api_same_distribution(session: Session, limits: Limits, prompt, settings: Settings, n, temperature
+                          ) -> Iterator[dict]:
+    for c, texts, done in sample_distributions(session, limits, prompt, settings, n, temperature):
+        yield {"event": "done" if done else "progress", "samples": min(c.n_ar, c.n_spec), "tv_ar": c.tv_ar,
+               "tv_spec": c.tv_spec, "p_ar": c.p_ar, "p_spec": c.p_spec, "tv_noise": c.tv_noise,
+               "tokens": [{"id": t, "text": x, "exact": e, "ar": a, "spec": sp}
+                          for t, x, e, a, sp in zip(c.token_ids, texts, c.exact, c.ar, c.spec)]}

@@ -1,0 +1,174 @@
+"""HTML for tokens: pure functions from events to markup (no models, no Gradio).
+
+Every drafted token is a <span class="sv-tok sv-{status}"> inside one <span class="sv-round"> per
+round, so "draft → verify → accept/correct" reads left to right. Token text is HTML-escaped and
+whitespace made visible: newlines as ↵ followed by a real line break, tabs as →.
+Hovering a token shows its numbers (the title attribute: native, keyboard-accessible, no script).
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from specviz.engine.events import (
+    ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, TARGET, DraftedToken, EmittedToken, Round, Step,
+)
+
+DRAFTED = "drafted"  # step mode, before the verdict is shown
+
+COLORS = {  # one place for the outcome colours, shared with the figures
+    ACCEPTED: "#16a34a",
+    REJECTED: "#dc2626",
+    NOT_VERIFIED: "#9ca3af",
+    CORRECTION: "#2563eb",
+    BONUS: "#9333ea",
+    TARGET: "#475569",
+    DRAFTED: "#d97706",
+}
+
+LABELS = {
+    ACCEPTED: "accepted draft",
+    REJECTED: "rejected draft",
+    NOT_VERIFIED: "not verified (after a rejection)",
+    CORRECTION: "correction (from the residual)",
+    BONUS: "bonus (all drafts accepted)",
+}
+
+CSS = """
+.sv-text { font-family: ui-monospace, SFMono-Regular, Menlo, Consolas, monospace; font-size: 15px;
+  line-height: 2.05; white-space: pre-wrap; word-break: break-word; padding: 10px 12px;
+  border: 1px solid var(--border-color-primary); border-radius: 8px; min-height: 84px;
+  background: var(--background-fill-primary); color: var(--body-text-color); }
+.sv-empty { color: var(--body-text-color-subdued); font-style: italic; font-family: var(--font); }
+.sv-round { border: 1px dashed rgba(100, 116, 139, 0.45); border-radius: 5px; padding: 3px 1px;
+  margin: 0 1px; }
+.sv-round.sv-last { border: 1.5px solid rgba(217, 119, 6, 0.85); }
+.sv-tok { border-radius: 3px; padding: 1px 0; cursor: help; }
+.sv-accepted { background: rgba(22, 163, 74, 0.16); box-shadow: inset 0 -2px 0 #16a34a; }
+.sv-rejected { background: rgba(220, 38, 38, 0.13); color: #b91c1c; text-decoration: line-through;
+  text-decoration-thickness: 2px; box-shadow: inset 0 -2px 0 #dc2626; }
+.sv-not_verified { background: rgba(156, 163, 175, 0.18); color: #9ca3af; text-decoration: line-through; }
+.sv-correction { background: rgba(37, 99, 235, 0.16); box-shadow: inset 0 -2px 0 #2563eb; }
+.sv-bonus { background: rgba(147, 51, 234, 0.16); box-shadow: inset 0 -2px 0 #9333ea; }
+.sv-drafted { background: rgba(217, 119, 6, 0.14); box-shadow: inset 0 -2px 0 #d97706; }
+.sv-target { }
+.sv-ws { color: var(--body-text-color-subdued); opacity: 0.75; }
+.sv-hide-rejected .sv-rejected, .sv-hide-rejected .sv-not_verified { display: none; }
+.sv-diverge { outline: 2px solid #f59e0b; outline-offset: 1px; background: rgba(245, 158, 11, 0.25); }
+.sv-legend { display: flex; flex-wrap: wrap; gap: 6px 14px; font-size: 13px; align-items: center;
+  margin: 2px 0 4px; }
+.sv-legend .sv-tok { padding: 1px 5px; font-family: ui-monospace, monospace; cursor: default; }
+.sv-caption { font-size: 14px; }
+.sv-lane { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 8px 10px;
+  background: var(--background-fill-primary); }
+.sv-lane h4 { margin: 0 0 6px; font-size: 15px; display: flex; justify-content: space-between; gap: 8px; }
+.sv-clock { display: grid; grid-template-columns: repeat(3, 1fr); gap: 8px; margin-bottom: 8px;
+  font-variant-numeric: tabular-nums; }
+.sv-clock div { display: flex; flex-direction: column; white-space: nowrap; }
+.sv-clock b { font-size: 26px; line-height: 1.15; }
+.sv-clock span { color: var(--body-text-color-subdued); font-size: 12px; }
+.sv-lane .sv-text { min-height: 160px; max-height: 340px; overflow-y: auto; font-size: 13px;
+  line-height: 1.8; }
+.sv-done { color: #16a34a; font-weight: 600; font-size: 13px; white-space: nowrap; }
+.sv-running { color: #d97706; font-weight: 600; font-size: 13px; }
+.sv-speedup { font-size: 22px; font-weight: 700; }
+"""
+
+
+def visible(text: str) -> str:
+    """Escape a token's text and make whitespace that would vanish visible."""
+    if text and not text.strip(" "):
+        return f'<span class="sv-ws">{"·" * len(text)}</span>'  # a token made only of spaces
+    out = []
+    for ch in text:
+        if ch == "\n":
+            out.append('<span class="sv-ws">↵</span>\n')
+        elif ch == "\t":
+            out.append('<span class="sv-ws">→</span>\t')
+        elif ch == "\r":
+            out.append('<span class="sv-ws">␍</span>')
+        else:
+            out.append(escape(ch))
+    return "".join(out)
+
+
+def drafted_tip(t: DraftedToken, greedy: bool) -> str:
+    lines = [f"{t.status.replace('_', ' ')}: {t.text!r}"]
+    if greedy:
+        lines += ["greedy: accepted iff it is the target's argmax",
+                  f"p (softmax, T=1) = {t.p_soft:.4f}", f"q (softmax, T=1) = {t.q_soft:.4f}"]
+    else:
+        lines += [f"p(x) = {t.p:.4f}", f"q(x) = {t.q:.4f}"]
+    lines += [f"min(1, p/q) = {t.accept_prob:.4f}", f"u = {t.u:.4f}"]
+    if t.status == NOT_VERIFIED:
+        lines.append("(not tested: an earlier draft was rejected)")
+    lines.append(f"target top-2 logit gap = {t.target_top2_gap:.3f}")
+    return "\n".join(lines)
+
+
+def emitted_tip(t: EmittedToken) -> str:
+    where = {CORRECTION: "sampled from the residual max(0, p − q)",
+             BONUS: "sampled from the target's next distribution (all drafts accepted)",
+             TARGET: "sampled by the target alone"}[t.kind]
+    return "\n".join([f"{t.kind}: {t.text!r}", where, f"probability = {t.p:.4f}",
+                      f"p (softmax, T=1) = {t.p_soft:.4f}", f"target top-2 logit gap = {t.target_top2_gap:.3f}"])
+
+
+def token_span(text: str, cls: str, tip: str, extra: str = "") -> str:
+    return f'<span class="sv-tok sv-{cls}{extra}" title="{escape(tip)}">{visible(text)}</span>'
+
+
+def round_html(r: Round, greedy: bool, stage: str = "done", last: bool = False) -> str:
+    """One round's box. stage "draft" shows the proposal before the verdict (step mode)."""
+    parts = []
+    for t in r.drafted:
+        cls = DRAFTED if stage == "draft" else t.status
+        tip = f"drafted: {t.text!r}\nq = {t.q:.4f}" if stage == "draft" else drafted_tip(t, greedy)
+        parts.append(token_span(t.text, cls, tip))
+    if r.emitted is not None and stage != "draft":
+        parts.append(token_span(r.emitted.text, r.emitted.kind, emitted_tip(r.emitted)))
+    title = f"round {r.index + 1}: drafted {r.k}, accepted {r.n_accepted}"
+    if r.emitted is not None:
+        title += f", then a {r.emitted.kind}"
+    cls = "sv-round sv-last" if last else "sv-round"
+    return f'<span class="{cls}" data-round="{r.index + 1}" title="{escape(title)}">{"".join(parts)}</span>'
+
+
+def rounds_html(rounds: list[Round], greedy: bool, *, show_rejected: bool = True, stage: str = "done",
+                empty: str = "Press Run: tokens appear here round by round.") -> str:
+    if not rounds:
+        return f'<div class="sv-text"><span class="sv-empty">{escape(empty)}</span></div>'
+    body = "".join(round_html(r, greedy, stage if i == len(rounds) - 1 else "done", last=i == len(rounds) - 1)
+                   for i, r in enumerate(rounds))
+    hide = "" if show_rejected else " sv-hide-rejected"
+    return f'<div class="sv-text{hide}" id="sv-tokens-body">{body}</div>'
+
+
+def steps_html(steps: list[Step], diverge_at: int | None = None) -> str:
+    """The target-alone lane: one span per token, the first divergent one outlined."""
+    if not steps:
+        return '<div class="sv-text"><span class="sv-empty">waiting…</span></div>'
+    spans = [token_span(s.token.text, TARGET, emitted_tip(s.token), " sv-diverge" if i == diverge_at else "")
+             for i, s in enumerate(steps)]
+    return f'<div class="sv-text">{"".join(spans)}</div>'
+
+
+def spec_lane_html(rounds: list[Round], greedy: bool, diverge_at: int | None = None) -> str:
+    """The speculative lane: only what was committed, coloured by where each token came from."""
+    if not rounds:
+        return '<div class="sv-text"><span class="sv-empty">waiting…</span></div>'
+    spans, i = [], 0
+    for r in rounds:
+        committed = [(t.text, ACCEPTED, drafted_tip(t, greedy)) for t in r.drafted[:r.n_accepted]]
+        if r.emitted is not None:
+            committed.append((r.emitted.text, r.emitted.kind, emitted_tip(r.emitted)))
+        for text, cls, tip in committed:
+            spans.append(token_span(text, cls, tip, " sv-diverge" if i == diverge_at else ""))
+            i += 1
+    return f'<div class="sv-text">{"".join(spans)}</div>'
+
+
+def legend_html() -> str:
+    items = "".join(f'<span class="sv-tok sv-{k}">{escape(v)}</span>' for k, v in LABELS.items())
+    return (f'<div class="sv-legend">{items}<span class="sv-empty">dashed box = one round '
+            "(one target forward) · hover a token for p, q, min(1, p/q), u</span></div>")

@@ -1,0 +1,146 @@
+"""The app's one loaded model pair: who holds it, how it is switched, and the lock that guards it.
+
+Created by whoever builds the app (`specviz serve`, app.py, a test) and captured by the handlers;
+nothing here is module-level state.
+"""
+
+from __future__ import annotations
+
+import threading
+import unicodedata
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, replace
+
+from specviz.limits import InputError
+from specviz.models import EMBEDDED, ModelLoadError, ModelPair, load_pair
+
+Loader = Callable[..., ModelPair]
+
+
+@dataclass(frozen=True)
+class PairSpec:
+    """Where a pair comes from: what `load_pair` needs, plus the server's device settings."""
+
+    draft: str | None
+    target: str
+    dtype: str = "auto"
+    device: str = "auto"
+    device_map: str | None = None
+    trust_remote_code: bool = False
+
+    @property
+    def label(self) -> str:
+        return f"{self.draft or 'no draft'} → {self.target}"
+
+
+# Same-family pairs (draft and target share a tokenizer). Hub pairs need the hub (or its cache).
+PRESETS: dict[str, tuple[str | None, str]] = {
+    "Embedded: Qwen2.5-Coder 0.5B → 1.5B Instruct (offline)": (EMBEDDED, EMBEDDED),
+    "Qwen2.5 0.5B → 7B Instruct (hub, GPU)": ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct"),
+    "Qwen2.5-Coder 0.5B → 7B Instruct (hub, GPU)": ("Qwen/Qwen2.5-Coder-0.5B-Instruct",
+                                                     "Qwen/Qwen2.5-Coder-7B-Instruct"),
+    "Llama 3.2 1B → Llama 3.1 8B Instruct (hub, GPU)": ("meta-llama/Llama-3.2-1B-Instruct",
+                                                         "meta-llama/Llama-3.1-8B-Instruct"),
+    "Target only, prompt-lookup drafter (offline)": (None, EMBEDDED),
+}
+
+MAX_SOURCE_CHARS = 400
+
+
+def clean_source(value, role: str, *, optional: bool = False) -> str | None:
+    """A model id, folder or .gguf path as typed: trimmed, printable, of sane length."""
+    value = "" if value is None else str(value).strip()
+    if not value:
+        if optional:
+            return None
+        raise InputError(f"the {role} model is empty: pick a preset or type a hub id, a folder or 'embedded'.")
+    if len(value) > MAX_SOURCE_CHARS or any(unicodedata.category(c).startswith("C") for c in value):
+        raise InputError(f"the {role} model name is not a plausible id or path.")
+    return value
+
+
+class Session:
+    """Holds the current pair. `using()` lends it to one run at a time; `load()` swaps it."""
+
+    def __init__(self, pair: ModelPair | None = None, spec: PairSpec | None = None, *,
+                 loader: Loader = load_pair, allow_any_model: bool = True, busy_timeout: float = 120.0):
+        self.pair, self.spec = pair, spec
+        self.loader = loader
+        self.allow_any_model = allow_any_model  # False: only the presets (and the pair started with)
+        self.busy_timeout = busy_timeout
+        self.generation = 0  # bumps on every load, so a paused step-mode run knows its pair is gone
+        self.lock = threading.Lock()  # a plain Lock: Gradio may resume a generator on another thread
+
+    @property
+    def name(self) -> str:
+        if self.pair is None:
+            return "no model pair loaded"
+        p = self.pair
+        return f"{p.draft_name if p.draft is not None else 'no draft'} → {p.target_name} ({p.device}, " \
+               f"{str(p.dtype).removeprefix('torch.')})"
+
+    def require(self) -> ModelPair:
+        if self.pair is None:
+            raise InputError("no model pair is loaded: pick one under 'Model pair' and press Load.")
+        return self.pair
+
+    @contextmanager
+    def using(self) -> Iterator[ModelPair]:
+        """The pair, for the duration of one decoding call (waits while another call holds it)."""
+        if not self.lock.acquire(timeout=self.busy_timeout):
+            raise InputError("the model is busy with another run; try again when it has finished.")
+        try:
+            yield self.require()
+        finally:
+            self.lock.release()
+
+    def allowed(self, draft: str | None, target: str) -> bool:
+        if self.allow_any_model:
+            return True
+        started = self.spec and (self.spec.draft, self.spec.target) == (draft, target)
+        return bool(started) or (draft, target) in PRESETS.values()
+
+    def load(self, draft, target, dtype: str = "auto", status: Callable[[str], None] = lambda _: None) -> str:
+        """Release the current pair, load the new one; if that fails, bring the previous one back."""
+        draft = clean_source(draft, "draft", optional=True)
+        target = clean_source(target, "target")
+        if dtype not in ("auto", "float32", "bfloat16", "float16"):
+            raise InputError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}.")
+        if not self.allowed(draft, target):
+            raise InputError("this server only serves its preset model pairs.")
+        base = self.spec or PairSpec(draft, target)
+        spec = replace(base, draft=draft, target=target, dtype=dtype)
+        if not self.lock.acquire(timeout=self.busy_timeout):
+            raise InputError("the model is busy with another run; try loading again when it has finished.")
+        try:
+            previous = self.spec if self.pair is not None else None
+            self._release()
+            try:
+                self.pair, self.spec = self._load(spec, status), spec
+                return self.name
+            except (ModelLoadError, InputError) as e:
+                if previous is not None:
+                    status(f"Could not load {spec.label}; restoring {previous.label}…")
+                    try:
+                        self.pair, self.spec = self._load(previous, status), previous
+                    except ModelLoadError:
+                        pass
+                raise ModelLoadError(f"{e} (now serving: {self.name}).") from e
+        finally:
+            self.lock.release()
+
+    def _load(self, spec: PairSpec, status) -> ModelPair:
+        return self.loader(spec.draft, spec.target, device=spec.device, dtype=spec.dtype,
+                           trust_remote_code=spec.trust_remote_code, device_map=spec.device_map,
+                           status=status, progress=False)
+
+    def _release(self) -> None:
+        self.generation += 1
+        if self.pair is not None:
+            self.pair.release()
+        self.pair = None
+
+    def context_length(self) -> int | None:
+        pair = self.require()
+        return getattr(pair.target.config.get_text_config(), "max_position_embeddings", None)

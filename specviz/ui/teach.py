@@ -1,0 +1,157 @@
+"""Teaching text: the formulas panel and the captions of step mode (pure functions of events)."""
+
+from __future__ import annotations
+
+from html import escape
+
+from specviz.engine.events import ACCEPTED, NOT_VERIFIED, REJECTED, Round
+from specviz.ui.stats import RunStats
+
+FORMULAS = r"""
+### One round of speculative decoding
+
+1. **Draft.** The small model proposes $K$ tokens $x_1, \dots, x_K$, each sampled from its
+   distribution $q_i = q(\cdot \mid \text{prefix}, x_{<i})$.
+2. **Verify.** The target scores the prefix plus all $K$ drafts in **one** forward pass, giving
+   $p_1, \dots, p_{K+1}$ (the last one is the distribution after all $K$ drafts).
+3. **Accept / correct.** Going left to right, draw $u_i \sim \mathcal{U}(0,1)$ and
+
+$$\text{accept } x_i \iff u_i < \min\!\left(1, \frac{p_i(x_i)}{q_i(x_i)}\right).$$
+
+   At the first rejection, stop and emit a **correction** drawn from the residual
+
+$$r(x) = \frac{\max(0,\, p_i(x) - q_i(x))}{\sum_y \max(0,\, p_i(y) - q_i(y))}.$$
+
+   If all $K$ are accepted, emit a **bonus** token from $p_{K+1}$. Every round emits at least one token.
+
+**Why the output is exactly the target's distribution.** For any token $x$ at position $i$:
+
+$$q(x)\,\min\!\left(1, \tfrac{p(x)}{q(x)}\right) + P(\text{reject})\, r(x) = \min(p, q)(x) + \max(0, p - q)(x) = p(x).$$
+
+So speculative decoding changes the *speed*, never the distribution (see the "Same distribution"
+tab). Greedy decoding is the special case of point masses: accept iff the draft's token is the
+target's argmax, and the correction is the target's argmax.
+
+### How fast?
+
+With a per-token acceptance probability $\alpha$ (assumed independent across positions), the
+expected number of tokens per round — per target forward — is
+
+$$E = \frac{1 - \alpha^{K+1}}{1 - \alpha}.$$
+
+A round costs $K$ draft steps of relative cost $c = \frac{\text{draft step}}{\text{target step}}$
+plus one verify pass (about one target step when verifying $K+1$ tokens costs as much as one,
+as it does on GPUs), so the speedup over the target alone is about
+
+$$S \approx \frac{E}{K c + 1}.$$
+
+The stats panel measures $\hat\alpha$ (accepted ÷ tested drafts), $K$ and $\hat c$ from the run's
+own draft and verify times and compares this prediction with the measured race.
+"""
+
+RACE_NOTE = (
+    "Both lanes really run on this machine with the same prompt, settings and seed. Running both at "
+    "once on one device would slow both down, so the race **alternates**: it always advances the lane "
+    "whose own clock is behind. Each lane's clock counts **only its own compute** (the wall time spent "
+    "inside that lane's next step, device-synchronized), never the other lane's turns."
+)
+
+
+def ms(seconds: float) -> str:
+    return f"{seconds * 1000:.0f} ms"
+
+
+def tok(text: str) -> str:
+    return f"<code>{escape(repr(text))}</code>"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}{'s' if n != 1 else ''}"
+
+
+def _draft_line(r: Round) -> str:
+    if r.k == 0:
+        return "- **Draft:** nothing proposed this round (no match in the context, or only one token left)."
+    per = f", {ms(r.draft_time / r.k)} per token" if r.k > 1 else ""
+    drafted = " ".join(tok(t.text) for t in r.drafted)
+    return f"- **Draft:** drafted {_plural(r.k, 'token')} in {ms(r.draft_time)}{per}: {drafted}"
+
+
+def _verdict_lines(r: Round, greedy: bool) -> list[str]:
+    accepted = [t for t in r.drafted if t.status == ACCEPTED]
+    rejected = [t for t in r.drafted if t.status == REJECTED]
+    skipped = sum(t.status == NOT_VERIFIED for t in r.drafted)
+    lines = []
+    if r.k:
+        if greedy:
+            rule = " (each is the target's argmax)"
+        else:
+            shown = ", ".join(f"{tok(t.text)} {t.u:.2f} < {t.accept_prob:.2f}" for t in accepted[:4])
+            rule = f" (u < min(1, p/q): {shown}{'…' if len(accepted) > 4 else ''})"
+        lines.append(f"- **Accept:** accepted {len(accepted)} of {r.k}{rule if accepted else ''}")
+    if rejected:
+        t = rejected[0]
+        why = (f"not the target's argmax (p = {t.p_soft:.2f} vs q = {t.q_soft:.2f} at T=1)" if greedy
+               else f"u = {t.u:.2f} ≥ min(1, p/q) = {t.accept_prob:.2f} (p = {t.p:.3f}, q = {t.q:.3f})")
+        tail = f"; the {_plural(skipped, 'draft')} after it {'are' if skipped != 1 else 'is'} dropped unverified"
+        lines.append(f"- **Reject:** {tok(t.text)}: {why}{tail if skipped else ''}")
+    e = r.emitted
+    if e is not None:
+        if e.kind == "correction":
+            src = "the target's argmax" if greedy else f"the residual max(0, p − q) (prob {e.p:.2f})"
+            lines.append(f"- **Correct:** {tok(e.text)}, {src}")
+        elif r.k == 0:
+            lines.append(f"- **Target step:** with nothing to verify, the pass is a plain target step: "
+                         f"{tok(e.text)} (prob {e.p:.2f})")
+        else:
+            lines.append(f"- **Bonus:** all drafts passed, so {tok(e.text)} comes free from the target's last "
+                         f"distribution (prob {e.p:.2f})")
+    return lines
+
+
+def step_caption(r: Round, greedy: bool, stage: str = "done") -> str:
+    """What happened in one round, with its numbers: draft → verify → accept/correct.
+
+    stage "draft" and "verify" stop early (step mode reveals a round in three steps)."""
+    lines = [f"**Round {r.index + 1}** ({r.drafter} drafter)", _draft_line(r)]
+    if stage == "draft":
+        return "\n".join(lines + ["- **Verify:** next, the target checks them all in one forward pass…"])
+    scored = f"all {r.k} drafts (+1 position)" if r.k else "the next position"
+    lines.append(f"- **Verify:** the target scored {scored} in one pass: {ms(r.verify_time)}")
+    if stage == "verify":
+        return "\n".join(lines + ["- **Accept / correct:** next, u against min(1, p/q) for each draft, left to right…"])
+    lines += _verdict_lines(r, greedy)
+    done = f" · finished ({r.finished})" if r.finished else ""
+    lines.append(f"- **Net:** {_plural(r.tokens_emitted, 'token')} for one target forward{done}")
+    return "\n".join(lines)
+
+
+def _x(v: float | None, fmt: str = "{:.2f}×") -> str:
+    return "—" if v is None else fmt.format(v)
+
+
+def stats_markdown(s: RunStats, source: str) -> str:
+    if not s.rounds:
+        return "*Statistics appear after a run.*"
+    if s.target_step_s:
+        target = f"{ms(s.target_step_s)} per target step (measured: target alone)"
+    else:
+        target = f"{ms(s.target_step_used_s)} per verify pass, used as the target step (the race measures it)"
+    if s.measured is not None:
+        measured = f"**{_x(s.measured)}** ({s.tokens_per_s:.1f} vs {s.ar_tokens_per_s:.1f} tokens/s)"
+    else:
+        measured = "— (press **Run race** to measure against the target alone)"
+    return "\n".join([
+        f"**{source}** · {s.tokens} tokens in {s.rounds} rounds · {s.compute_s:.2f} s of compute · "
+        f"{s.tokens_per_s:.1f} tokens/s",
+        "",
+        "| measure | value |",
+        "|---|---|",
+        f"| acceptance rate (accepted ÷ drafted) | {s.acceptance_rate:.2f} ({s.accepted} / {s.drafted}) |",
+        f"| α̂ (accepted ÷ tested drafts) | {s.alpha:.2f} |",
+        f"| tokens per target forward | {s.tokens_per_forward:.2f} |",
+        f"| ĉ (draft step ÷ target step) | {_x(s.c_hat, '{:.2f}')} ({ms(s.draft_step_s)} per draft token; {target}) |",
+        f"| predicted speedup at K = {s.k} | {_x(s.predicted)} (E = {_x(s.expected_tokens, '{:.2f}')} tokens per "
+        "round from the per-position α̂) |",
+        f"| measured speedup | {measured} |",
+    ])

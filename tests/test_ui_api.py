@@ -1,0 +1,74 @@
+"""The named gradio_client endpoints, against the app launched in-process on the real embedded pair."""
+
+from __future__ import annotations
+
+import pytest
+from gradio_client import Client
+from gradio_client.exceptions import AppError
+
+from specviz.limits import Limits
+from specviz.ui import handlers as h
+from specviz.ui.app import ASSETS, build_app, launch
+from specviz.ui.session import PairSpec, Session
+
+PROMPT = "Write a Python function that returns the square of a number."
+ENDPOINTS = {"/generate", "/race", "/replay", "/same_distribution", "/load_pair", "/info"}
+
+pytestmark = pytest.mark.embedded
+
+
+@pytest.fixture(scope="module")
+def client(embedded_pair):
+    session = Session(embedded_pair, PairSpec("embedded", "embedded", dtype="float32"))
+    demo = build_app(session, Limits(), h.Options(min_interval=0.0, stage_delay=0.0, assets_dir=ASSETS))
+    _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
+    try:
+        yield Client(url, verbose=False)
+    finally:
+        demo.close()
+
+
+def test_the_named_endpoints_are_published(client):
+    api = client.view_api(return_format="dict", print_info=False)
+    assert ENDPOINTS <= set(api["named_endpoints"])
+    params = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
+    assert params[:3] == ["prompt", "k", "max_new_tokens"]
+
+
+def test_generate_streams_rounds_then_a_summary(client):
+    job = client.submit(PROMPT, 4, 16, api_name="/generate")
+    messages = list(job)
+    rounds = [m["round"] for m in messages if m["event"] == "round"]
+    done = messages[-1]
+    assert done["event"] == "done" and done["rounds"] == len(rounds) >= 1
+    assert sum(len(r["new_token_ids"]) for r in rounds) == 16 or done["finished"] == "eos"
+    assert done["text"] == rounds[-1]["text"] and done["text"].strip()
+    assert {d["status"] for r in rounds for d in r["drafted"]} <= {"accepted", "rejected", "not_verified"}
+    assert 0.0 <= done["stats"]["acceptance_rate"] <= 1.0
+
+
+def test_race_measures_both_lanes_and_agrees_in_float32(client):
+    final = client.predict(PROMPT, 4, 16, api_name="/race")
+    assert final["event"] == "done"
+    ar, spec = final["ar"], final["spec"]
+    assert ar["clock_s"] > 0 and spec["clock_s"] > 0 and ar["tokens"] == spec["tokens"]
+    assert final["speedup"] == pytest.approx(spec["tokens_per_s"] / ar["tokens_per_s"])
+    assert final["identical"] is True and final["divergence"] is None  # float32 greedy: token-identical
+
+
+def test_replay_a_shipped_trace_by_name(client):
+    info = client.predict(api_name="/info")
+    assert "trace_embedded_code.json" in info["shipped_traces"]
+    final = client.predict("trace_embedded_code.json", api_name="/replay")
+    assert final["event"] == "done" and final["rounds"] > 0 and final["race"]["speedup"] > 0
+
+
+def test_bad_input_is_a_clean_error_and_the_server_keeps_serving(client):
+    with pytest.raises(AppError, match="prompt is empty"):
+        client.predict("", api_name="/generate")
+    with pytest.raises(AppError, match="K must be between"):
+        client.predict(PROMPT, 0, api_name="/race")
+    with pytest.raises(AppError, match="not one of the shipped traces"):
+        client.predict("../README.md", api_name="/replay")
+    again = client.predict(PROMPT, 2, 4, api_name="/generate")
+    assert again["event"] == "done" and again["text"]

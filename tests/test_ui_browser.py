@@ -1,0 +1,74 @@
+"""A real browser (Debian's headless Chromium via Playwright) drives the app on the tiny pair."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from specviz.limits import Limits
+from specviz.ui import handlers as h
+from specviz.ui.app import ASSETS, build_app, launch
+from specviz.ui.session import PairSpec, Session
+
+pytestmark = pytest.mark.browser
+SCREENSHOT = ASSETS / "screenshots" / "browser_test.png"
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+
+
+@pytest.fixture(scope="module")
+def app_url(tiny):
+    demo = build_app(Session(tiny, PairSpec("tiny", "tiny")), Limits(), h.Options(min_interval=0.05, stage_delay=0.0,
+                                                                                 assets_dir=ASSETS))
+    _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
+    try:
+        yield url
+    finally:
+        demo.close()
+
+
+@pytest.fixture(scope="module")
+def page(app_url):
+    from playwright.sync_api import sync_playwright
+
+    chromium = shutil.which("chromium")
+    assert chromium, "Debian's chromium is not installed (scripts/setup.sh test installs it)"
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
+        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+        page.goto(app_url)
+        page.wait_for_selector("#sv-run", timeout=60_000)
+        yield page
+        browser.close()
+
+
+def test_run_shows_coloured_tokens_and_the_pq_plot(page):
+    page.fill("#sv-prompt textarea", "the man said that it was good and")
+    page.click("#sv-run")
+    page.wait_for_selector("#sv-tokens .sv-tok.sv-accepted", timeout=60_000)
+    page.wait_for_function("document.querySelector('#sv-stats')?.innerText.includes('tokens in')", timeout=60_000)
+    classes = page.eval_on_selector_all("#sv-tokens .sv-tok", "els => els.map(e => e.className)")
+    kinds = {c.split()[1] for c in classes}
+    assert "sv-accepted" in kinds and kinds & {"sv-correction", "sv-bonus"}
+    colour = page.eval_on_selector("#sv-tokens .sv-tok.sv-accepted", "e => getComputedStyle(e).backgroundColor")
+    assert colour.startswith("rgba(22, 163, 74")  # the CSS reached the page: accepted is green
+    title = page.get_attribute("#sv-tokens .sv-tok.sv-accepted", "title")
+    assert "min(1, p/q)" in title and "u = " in title
+    page.wait_for_selector("#sv-pq .js-plotly-plot .bars", timeout=30_000)
+    assert page.locator("#sv-drill .js-plotly-plot").count() == 1
+
+
+def test_race_shows_both_timers_running_to_the_end(page):
+    page.click("#sv-race-run")
+    page.wait_for_selector("#sv-lane-ar .sv-done", timeout=120_000)
+    page.wait_for_selector("#sv-lane-spec .sv-done", timeout=120_000)
+    for lane in ("ar", "spec"):
+        elapsed = float(page.inner_text(f"#sv-lane-{lane} .sv-elapsed"))
+        rate = float(page.inner_text(f"#sv-lane-{lane} .sv-rate"))
+        assert elapsed > 0 and rate > 0
+    assert "Speculative decoding:" in page.inner_text("#sv-race-result")
+    page.wait_for_selector("#sv-race-plot .js-plotly-plot .scatterlayer", timeout=30_000)
+    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(SCREENSHOT), full_page=True)
+    assert Path(SCREENSHOT).stat().st_size > 10_000

@@ -1,0 +1,216 @@
+"""The app's handlers on the tiny pair: values in, views out, no browser."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import gradio as gr
+import pytest
+
+from specviz import trace as tracefile
+from specviz.engine import DecodeConfig, speculative_generate
+from specviz.limits import Limits
+from specviz.models import ModelLoadError, encode_prompt
+from specviz.models.tiny import tiny_pair
+from specviz.ui import handlers as h
+from specviz.ui.app import ASSETS
+from specviz.ui.session import PairSpec, Session
+
+PROMPT = "the man said that it was good and"
+FAST = h.Options(min_interval=0.0, stage_delay=0.0, assets_dir=ASSETS)
+SHIPPED = "trace_embedded_code.json"
+
+
+@pytest.fixture(scope="module")
+def session(tiny):
+    return Session(tiny, PairSpec("tiny", "tiny"))
+
+
+def settings(**kw) -> h.Settings:
+    return replace(h.Settings(k=4, max_new_tokens=24), **kw)
+
+
+def test_run_streams_one_view_per_round_and_matches_the_engine(session, tiny):
+    views = list(h.run(session, Limits(), PROMPT, settings(), options=FAST))
+    record = views[-1].record
+    expected = list(speculative_generate(tiny, encode_prompt(tiny.tokenizer, PROMPT),
+                                         DecodeConfig(k=4, max_new_tokens=24)))
+    assert len(views) == len(expected) + 1  # an empty view first, then one per round
+    assert [r.new_token_ids for r in record.rounds] == [r.new_token_ids for r in expected]
+    last = views[-1]
+    assert last.tokens.count("sv-round") == len(expected)
+    assert "sv-accepted" in last.tokens
+    assert last.record.rounds[-1].finished == "length"
+    assert "Round" in last.caption and "tokens in" in last.stats
+    assert len(last.pq.data) >= 1 and last.rounds["maximum"] >= len(expected)
+    assert [v.record is record for v in views] == [True] * len(views)
+
+
+def test_browsing_a_round_and_a_position(session):
+    record = list(h.run(session, Limits(), PROMPT, settings(), options=FAST))[-1].record
+    view = h.browse(record, 1)
+    assert view.rounds["value"] == 1 and "Round 1" in view.caption
+    fig = h.pick_position(record, 1, 0)
+    assert len(fig.data) == 3  # q, p and residual of the first drafted token
+
+
+def test_step_mode_advances_one_round_per_call_in_three_stages(session, tiny):
+    stepper = None
+    for n in (1, 2, 3):
+        stages = list(h.step(session, Limits(), stepper, PROMPT, settings(), options=FAST))
+        assert len(stages) == 3
+        (first, _), (_, _), (done, stepper) = stages
+        assert len(stepper.record.rounds) == n
+        assert "sv-drafted" in first.tokens and "next, the target checks" in first.caption
+        assert "Net:" in done.caption and "sv-drafted" not in done.tokens
+    expected = list(speculative_generate(tiny, encode_prompt(tiny.tokenizer, PROMPT),
+                                         DecodeConfig(k=4, max_new_tokens=24)))[:3]
+    assert [r.new_token_ids for r in stepper.record.rounds] == [r.new_token_ids for r in expected]
+    restarted = list(h.step(session, Limits(), stepper, PROMPT + " then", settings(), options=FAST))[-1][1]
+    assert restarted is not stepper and len(restarted.record.rounds) == 1
+
+
+def test_race_yields_both_lanes_with_growing_clocks_and_a_final_speedup(session):
+    views = list(h.run_race(session, Limits(), PROMPT, settings(), options=FAST))
+    final = views[-1]
+    assert 'id="sv-lane-ar"' in final.ar and 'id="sv-lane-spec"' in final.spec
+    assert "sv-elapsed" in final.ar and "sv-elapsed" in final.spec
+    assert "finished" in final.ar and "finished" in final.spec
+    assert "Speculative decoding:" in final.result and "identical" in final.result  # fp32 greedy: same text
+    assert final.record.ar_steps and final.record.rounds
+    elapsed = [float(v.ar.split('class="sv-elapsed">')[1].split("<")[0]) for v in views]
+    assert elapsed == sorted(elapsed) and elapsed[-1] > 0
+
+
+def test_api_race_reports_speedup_from_lane_clocks(session):
+    final = list(h.api_race(session, Limits(), PROMPT, settings(), FAST))[-1]
+    assert final["event"] == "done" and final["identical"] is True
+    ar, spec = final["ar"], final["spec"]
+    assert final["speedup"] == pytest.approx(spec["tokens_per_s"] / ar["tokens_per_s"])
+    assert final["stats"]["measured"] == pytest.approx(final["speedup"])
+
+
+def test_same_distribution_compares_both_samplers_with_the_exact_distribution(session):
+    views = list(h.same_distribution(session, Limits(), PROMPT, settings(), 40, 1.0, FAST))
+    last = views[-1]
+    assert "40 speculative and 40 target-alone samples" in last.summary
+    assert [t.name for t in last.fig.data] == ["exact p (target)", "target alone (n=40)", "speculative (n=40)"]
+    assert sum(last.fig.data[0].y) <= 1.0 + 1e-9
+    with pytest.raises(gr.Error, match="temperature above 0"):
+        list(h.same_distribution(session, Limits(), PROMPT, settings(), 40, 0.0, FAST))
+    with pytest.raises(gr.Error, match="samples"):
+        list(h.same_distribution(session, Limits(max_samples=10), PROMPT, settings(), 40, 1.0, FAST))
+
+
+def test_export_then_replay_gives_back_the_same_rounds(session, tmp_path):
+    record = list(h.run(session, Limits(), PROMPT, settings(), options=FAST))[-1].record
+    path = h.export(record, replace(FAST, trace_dir=tmp_path))
+    assert Path(path).parent == tmp_path
+    replayed = list(h.replay(path, None, 0, options=FAST))
+    assert [r.new_token_ids for r in replayed[-1].record.rounds] == [r.new_token_ids for r in record.rounds]
+    assert replayed[-1].tokens == h.main_view(record).tokens
+
+
+def test_replay_of_the_shipped_trace_needs_no_models():
+    assert SHIPPED in h.shipped_traces(ASSETS)
+    t = tracefile.load(ASSETS / SHIPPED)
+    views = list(h.replay(None, SHIPPED, 0, options=FAST))
+    assert len(views) == len(t.rounds) + 1
+    assert views[-1].record.rounds[-1].text == t.rounds[-1].text
+    race = list(h.replay_race_view(None, SHIPPED, 0, options=FAST))[-1]
+    assert "finished" in race.ar and "finished" in race.spec and "×" in race.result
+    api = list(h.api_replay(SHIPPED, FAST))
+    assert api[-1]["event"] == "done" and api[-1]["race"]["speedup"] > 0
+    assert len(api) == len(t.rounds) + 1
+
+
+def test_replay_reads_only_uploads_and_shipped_traces(tmp_path):
+    with pytest.raises(gr.Error, match="not one of the shipped traces"):
+        list(h.replay(None, "../pyproject.toml", 0, options=FAST))
+    with pytest.raises(gr.Error, match="not one of the shipped traces"):
+        list(h.api_replay("/etc/passwd", FAST))
+    bogus = tmp_path / "not_a_trace.json"
+    bogus.write_text(json.dumps({"hello": 1}))
+    with pytest.raises(gr.Error, match="not a specviz trace"):
+        list(h.replay(str(bogus), None, 0, options=FAST))
+    garbage = tmp_path / "garbage.json"
+    garbage.write_bytes(b"\xff\x00not json")
+    with pytest.raises(gr.Error, match="could not read a trace"):
+        list(h.replay(str(garbage), None, 0, options=FAST))
+    with pytest.raises(gr.Error, match="choose a shipped trace"):
+        list(h.replay(None, None, 0, options=FAST))
+
+
+@pytest.mark.parametrize("prompt, kw, message", [
+    ("", {}, "prompt is empty"),
+    ("   \n", {}, "prompt is empty"),
+    ("x" * 9000, {}, "characters"),
+    (PROMPT, {"k": 0}, "K must be"),
+    (PROMPT, {"k": 99}, "K must be"),
+    (PROMPT, {"max_new_tokens": 0}, "max new tokens"),
+    (PROMPT, {"temperature": -1}, "temperature"),
+    (PROMPT, {"temperature": float("nan")}, "finite"),
+    (PROMPT, {"top_p": 0}, "top-p"),
+    (PROMPT, {"top_k": -3}, "top-k"),
+    (PROMPT, {"seed": 1.5}, "whole number"),
+    (PROMPT, {"drafter": "oracle"}, "drafter"),
+    (PROMPT, {"adaptive": "sometimes"}, "adaptive"),
+])
+def test_bad_input_is_one_clear_gr_error(session, prompt, kw, message):
+    for handler in (h.run, h.run_race):
+        with pytest.raises(gr.Error, match=message):
+            list(handler(session, Limits(), prompt, settings(**kw), options=FAST))
+    with pytest.raises(gr.Error, match=message):
+        list(h.api_generate(session, Limits(), prompt, settings(**kw)))
+
+
+def test_prompt_over_the_token_limit(session):
+    with pytest.raises(gr.Error, match="tokens long"):
+        list(h.run(session, Limits(max_prompt_tokens=3), PROMPT, settings(), options=FAST))
+
+
+def test_a_session_without_a_pair_says_so():
+    with pytest.raises(gr.Error, match="no model pair is loaded"):
+        list(h.run(Session(), Limits(), PROMPT, settings(), options=FAST))
+
+
+def test_loading_streams_status_and_a_failed_load_restores_the_previous_pair():
+    calls = []
+
+    def loader(draft, target, *, status, **kw):
+        calls.append((draft, target))
+        if target == "missing/model":
+            raise ModelLoadError("could not load 'missing/model' from the model hub.")
+        status(f"Loading {target}…")
+        return tiny_pair()
+
+    s = Session(tiny_pair(), PairSpec("tiny", "tiny"), loader=loader)
+    before = s.generation
+    lines = list(h.load_pair(s, "tiny", "tiny-2", "float32"))
+    assert "Loading tiny-2…" in lines[0] and "Loaded" in lines[-1]
+    assert s.spec.target == "tiny-2" and s.spec.dtype == "float32" and s.generation == before + 1
+    with pytest.raises(gr.Error, match="model hub.*now serving: tiny-draft"):
+        list(h.load_pair(s, "tiny", "missing/model", "auto"))
+    assert calls[-1] == ("tiny", "tiny-2") and s.pair is not None  # the previous pair came back
+    with pytest.raises(gr.Error, match="target model is empty"):
+        list(h.load_pair(s, "tiny", "  ", "auto"))
+    with pytest.raises(gr.Error, match="dtype"):
+        list(h.load_pair(s, "tiny", "tiny", "float8"))
+
+
+def test_a_locked_down_session_serves_only_presets():
+    s = Session(tiny_pair(), PairSpec("tiny", "tiny"), loader=lambda *a, **k: tiny_pair(), allow_any_model=False)
+    with pytest.raises(gr.Error, match="only serves its preset"):
+        list(h.load_pair(s, "some/draft", "some/target", "auto"))
+    assert s.allowed("tiny", "tiny") and s.allowed("embedded", "embedded")
+
+
+def test_the_lookup_drafter_is_required_without_a_draft_model(tiny):
+    target_only = replace(tiny, draft=None)
+    s = Session(target_only, PairSpec(None, "tiny"))
+    with pytest.raises(gr.Error, match="no draft model"):
+        list(h.run(s, Limits(), PROMPT, settings(drafter="model"), options=FAST))
+    views = list(h.run(s, Limits(), PROMPT + " the man said", settings(drafter="lookup"), options=FAST))
+    assert views[-1].record.rounds[-1].drafter == "lookup"
