@@ -1,5 +1,117 @@
-"""`specviz bench` (being built: see issue 4)."""
+"""`specviz bench`: measure speculative decoding against the target alone and transformers.
+
+    specviz bench [--prompts FILE.jsonl] [--k 4 | --k 2,4,6,8] [--compare-hf] [--json OUT] [--html OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import platform
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+DRAFT_QUANT = {"int4": 4, "int8": 8, "none": 16}
+
+
+def parse_ks(text: str) -> tuple[int, ...]:
+    try:
+        ks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--k takes whole numbers separated by commas, got {text!r}") from None
+    if not ks or min(ks) < 1:
+        raise argparse.ArgumentTypeError(f"--k values must be at least 1, got {text!r}")
+    return ks
 
 
 def register(sub) -> None:
-    """Add the `bench` subcommand; filled in by the benchmark work."""
+    from specviz.bench.prompts import DEFAULT_PROMPTS
+    from specviz.cli import add_decode_args, add_model_args
+
+    p = sub.add_parser("bench", help="measure speedups: target alone vs speculative (vs transformers)",
+                       conflict_handler="resolve")
+    p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSON Lines: {\"id\", \"prompt\", \"kind\"} per line")
+    p.add_argument("--compare-hf", action="store_true",
+                   help="also run transformers' generate(assistant_model=...) at each K and at its defaults")
+    p.add_argument("--json", default=None, metavar="OUT.json", help="write the full report as JSON")
+    p.add_argument("--html", default=None, metavar="OUT.html", help="write plots (plotly, self-contained)")
+    p.add_argument("--draft-quant", default="int4", choices=list(DRAFT_QUANT),
+                   help="weight-only quantization of the draft's linears on CPU (the target is never changed)")
+    p.add_argument("--draft-vocab", type=int, default=65536,
+                   help="keep only the first N token ids (plus special tokens) in the draft's head; 0 keeps all")
+    p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    p.add_argument("--no-progress", action="store_true")
+    add_model_args(p)
+    add_decode_args(p)
+    # same flag as decoding's --k, but a comma-separated list here ("resolve" replaces the int one)
+    p.add_argument("--k", type=parse_ks, default=(4,), help="tokens drafted per round; several: --k 2,4,6,8")
+    p.set_defaults(func=cmd_bench)
+
+
+def machine() -> dict:
+    import torch
+    import transformers
+
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
+            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+
+
+def cmd_bench(args) -> int:
+    from specviz.bench.costs import measure_costs
+    from specviz.bench.hf import HFAssisted
+    from specviz.bench.html import write_html
+    from specviz.bench.prompts import PromptFileError, load_prompts
+    from specviz.bench.report import build_report, format_table
+    from specviz.bench.runner import Plan, run_bench
+    from specviz.cli import decode_config, load_from_args
+    from specviz.models import encode_prompt
+    from specviz.models.quantize import DraftQuant, fast_pair
+
+    try:
+        prompts = load_prompts(args.prompts)[:args.limit]
+    except PromptFileError as e:
+        print(f"specviz bench: {e}", file=sys.stderr)
+        return 2
+    info = machine()
+    if info["cpu_count"] and info["torch_threads"] != info["cpu_count"]:
+        log.warning("torch uses %s threads on %s cores", info["torch_threads"], info["cpu_count"])
+    pair = load_from_args(args)
+    if pair.draft is None:
+        print("specviz bench: the benchmark needs a draft model.", file=sys.stderr)
+        return 2
+    quant = DraftQuant(bits=DRAFT_QUANT[args.draft_quant], keep_vocab=args.draft_vocab or None)
+    spec_pair = fast_pair(pair, quant)
+    plan = Plan(ks=args.k, config=decode_config(args, k=args.k[0]), hf=args.compare_hf)
+    hf = None
+    if args.compare_hf:  # HF gets the draft as loaded: what a user would hand it
+        hf = HFAssisted(pair.target, pair.draft, pair.eos_token_ids, pair.tokenizer.pad_token_id, pair.device)
+    cost = measure_costs(spec_pair, encode_prompt(pair.tokenizer, prompts[0].prompt), max(plan.ks) + 1)
+    results = run_bench(spec_pair, prompts, plan, hf, progress=not args.no_progress)
+    meta = {"machine": info, "draft": pair.draft_name, "target": pair.target_name,
+            "draft_quant": {"bits": quant.bits, "keep_vocab": quant.keep_vocab,
+                            "applied": spec_pair.draft is not pair.draft},
+            "prompts": str(args.prompts)}
+    report = build_report(results, plan, cost, device=str(pair.device),
+                          dtype=str(pair.dtype).removeprefix("torch."), meta=meta)
+    print(format_table(report))
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False))
+        print(f"wrote {args.json}")
+    if args.html:
+        write_html(report, args.html)
+        print(f"wrote {args.html}")
+    return 0

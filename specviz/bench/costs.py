@@ -1,0 +1,43 @@
+"""Measure the prediction model's costs on the device: T1, the draft step, the verify-cost curve.
+
+Each model gets its own fresh KV cache holding a real prompt; every timed forward is cropped
+back off, so all are measured at the same context length. Repetitions are interleaved across n
+and the median kept, so a burst of machine noise does not bend the curve.
+"""
+
+from __future__ import annotations
+
+import statistics
+
+import torch
+from transformers import DynamicCache
+
+from specviz.bench.predict import CostModel
+from specviz.engine.plumbing import clock, rollback
+
+
+def _forward_times(model, prompt_ids: list[int], sizes: list[int], reps: int, device) -> dict[int, float]:
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    cache = DynamicCache()
+    model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    keep = ids.shape[1]
+    times: dict[int, list[float]] = {n: [] for n in sizes}
+    for rep in range(reps + 1):  # the first pass warms up and is dropped
+        for n in sizes:
+            feed = ids[:, -n:] if n <= keep else ids[:, :1].repeat(1, n)
+            t0 = clock(device)
+            model(feed, past_key_values=cache, use_cache=True, logits_to_keep=n).logits.float()
+            t1 = clock(device)
+            rollback(cache, keep)
+            if rep:
+                times[n].append(t1 - t0)
+    return {n: statistics.median(ts) for n, ts in times.items()}
+
+
+@torch.inference_mode()
+def measure_costs(pair, prompt_ids: list[int], max_verify: int, reps: int = 5) -> CostModel:
+    """T_verify(n) for n = 1..max_verify, T1 = T_verify(1), and the draft's one-token step."""
+    sizes = list(range(1, max_verify + 1))
+    verify = _forward_times(pair.target, prompt_ids, sizes, reps, pair.device)
+    draft = _forward_times(pair.draft, prompt_ids, [1], reps, pair.device) if pair.draft is not None else {1: 0.0}
+    return CostModel(target_step_s=verify[1], draft_step_s=draft[1], verify_s=tuple(verify[n] for n in sizes))

@@ -1,0 +1,71 @@
+"""transformers' assisted generation, the baseline a user would otherwise pick.
+
+`generate(assistant_model=draft)` keeps its drafting settings on the assistant's generation
+config, and some of them persist across calls (the "heuristic" schedule writes K back; the
+confidence threshold can adapt). So every call restores the assistant's settings first, then
+applies the setting asked for: a constant K with no confidence cut-off, or HF's own defaults.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+ASSISTANT_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+
+
+@dataclass(frozen=True)
+class HFSetting:
+    name: str  # "k=4" or "default"
+    k: int | None  # None: HF's defaults (20 tokens, constant schedule, confidence threshold 0.4)
+
+    @staticmethod
+    def fixed(k: int) -> HFSetting:
+        return HFSetting(f"k={k}", k)
+
+
+HF_DEFAULT = HFSetting("default", None)
+
+
+@dataclass
+class HFResult:
+    tokens: list[int]
+    seconds: float
+
+
+class HFAssisted:
+    """Runs `target.generate(..., assistant_model=draft)` greedily, one setting per call."""
+
+    def __init__(self, target, assistant, eos_token_ids, pad_token_id: int | None, device):
+        self.target, self.assistant, self.device = target, assistant, device
+        self.eos = sorted(eos_token_ids)
+        self.pad = pad_token_id if pad_token_id is not None else self.eos[0]
+        config = assistant.generation_config
+        self.original = {f: getattr(config, f, None) for f in ASSISTANT_FIELDS}
+
+    def _apply(self, setting: HFSetting) -> None:
+        config = self.assistant.generation_config
+        for f, v in self.original.items():
+            setattr(config, f, v)
+        if setting.k is not None:
+            config.num_assistant_tokens = setting.k
+            config.num_assistant_tokens_schedule = "constant"
+            config.assistant_confidence_threshold = 0.0  # no early stop: exactly K drafts per round
+
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, setting: HFSetting) -> HFResult:
+        self._apply(setting)
+        ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        t0 = time.perf_counter()
+        out = self.target.generate(
+            ids, attention_mask=torch.ones_like(ids), assistant_model=self.assistant, do_sample=False,
+            max_new_tokens=max_new_tokens, eos_token_id=self.eos, pad_token_id=self.pad,
+            temperature=None, top_p=None, top_k=None, repetition_penalty=None,
+        )
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        seconds = time.perf_counter() - t0
+        self._apply(HF_DEFAULT)
+        return HFResult(out[0, len(prompt_ids):].tolist(), seconds)

@@ -1,0 +1,49 @@
+"""Benchmark prompt sets: JSON Lines, one {"id", "prompt", "kind"?} object per line."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "prompts.jsonl"
+
+
+class PromptFileError(ValueError):
+    """The prompt file cannot be used; the message says which line and why."""
+
+
+@dataclass(frozen=True)
+class BenchPrompt:
+    id: str
+    prompt: str
+    kind: str = "other"
+
+
+def parse_prompts(lines, source: str = "prompts") -> list[BenchPrompt]:
+    prompts, seen = [], set()
+    for number, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise PromptFileError(f"{source} line {number} is not JSON: {e.msg}.") from None
+        if not isinstance(obj, dict) or not isinstance(obj.get("id"), str) or not isinstance(obj.get("prompt"), str):
+            raise PromptFileError(f"{source} line {number} needs string fields \"id\" and \"prompt\".")
+        if obj["id"] in seen:
+            raise PromptFileError(f"{source} line {number} repeats the id {obj['id']!r}.")
+        seen.add(obj["id"])
+        prompts.append(BenchPrompt(obj["id"], obj["prompt"], str(obj.get("kind") or "other")))
+    if not prompts:
+        raise PromptFileError(f"{source} has no prompts.")
+    return prompts
+
+
+def load_prompts(path: str | Path = DEFAULT_PROMPTS) -> list[BenchPrompt]:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise PromptFileError(f"could not read {path}: {e}") from None
+    return parse_prompts(text.splitlines(), path.name)

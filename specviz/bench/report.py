@@ -1,0 +1,201 @@
+"""Turn benchmark results into the JSON report and a readable table.
+
+Every aggregate is a ratio of totals (tokens summed over prompts / seconds summed over prompts),
+never a mean of per-prompt ratios, so long and short prompts weigh what they cost.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import asdict
+
+from specviz.bench.predict import CostModel, best_k, predicted_speedup
+from specviz.bench.runner import Plan, PromptResult
+from specviz.bench.stats import SpecStats, spec_stats
+from specviz.engine.compare import first_divergence
+
+PREDICT_KS = range(1, 17)
+
+
+def _ratio(a: float, b: float) -> float | None:
+    return a / b if b > 0 else None
+
+
+def _rate(tokens: int, seconds: float) -> float:
+    return tokens / seconds if seconds > 0 else 0.0
+
+
+def pooled_spec(results: Sequence[PromptResult], k: int) -> SpecStats:
+    """All prompts' rounds at K as one stream, timed by the summed wall-clock."""
+    rounds = [r for res in results for r in res.spec[k].rounds]
+    return spec_stats(rounds, sum(res.spec[k].seconds for res in results))
+
+
+def pooled_rate(pairs: Sequence[tuple[int, float]]) -> float:
+    """tokens/s over (tokens, seconds) pairs: Σ tokens / Σ seconds."""
+    return _rate(sum(t for t, _ in pairs), sum(s for _, s in pairs))
+
+
+def ar_rate(results: Sequence[PromptResult]) -> float:
+    return pooled_rate([(len(r.ar.tokens), r.ar.seconds) for r in results])
+
+
+def spec_rate(results: Sequence[PromptResult], k: int) -> float:
+    return pooled_rate([(len(r.spec[k].tokens), r.spec[k].seconds) for r in results])
+
+
+def hf_rate(results: Sequence[PromptResult], setting: str) -> float | None:
+    runs = [r.hf[setting] for r in results if setting in r.hf]
+    return pooled_rate([(len(h.tokens), h.seconds) for h in runs]) if runs else None
+
+
+def _round(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, digits)
+
+
+def run_record(res: PromptResult, k: int, greedy: bool, cost: CostModel | None) -> dict:
+    spec = res.spec[k]
+    stats = spec_stats(spec.rounds, spec.seconds)
+    ar_tps, spec_tps = _rate(len(res.ar.tokens), res.ar.seconds), stats.tokens_per_s
+    hf = res.hf.get(f"k={k}")
+    hf_default = res.hf.get("default")
+    div = first_divergence(spec.rounds, res.ar.steps) if greedy else None
+    return {
+        "id": res.prompt.id, "kind": res.prompt.kind, "k": k, "new_tokens": stats.tokens,
+        "ar_tokens_per_s": _round(ar_tps), "spec_tokens_per_s": _round(spec_tps),
+        "hf_tokens_per_s": _round(_rate(len(hf.tokens), hf.seconds)) if hf else None,
+        "speedup": _round(_ratio(spec_tps, ar_tps)),
+        "acceptance_rate": _round(stats.acceptance_rate), "mean_accepted_tokens": _round(stats.mean_accepted_tokens),
+        "identical_to_ar": (spec.tokens == res.ar.tokens) if greedy else None,
+        "first_divergence": None if div is None else {
+            "position": div.position, "target_top2_gap": _round(div.target_top2_gap),
+            "spec_top2_gap": _round(div.spec_top2_gap)},
+        # extras beyond the issue's keys
+        "prompt_tokens": res.prompt_tokens, "ar_new_tokens": len(res.ar.tokens),
+        "hf_default_tokens_per_s": _round(_rate(len(hf_default.tokens), hf_default.seconds)) if hf_default else None,
+        "hf_identical_to_ar": (hf.tokens == res.ar.tokens) if hf and greedy else None,
+        "hf_default_identical_to_ar": (hf_default.tokens == res.ar.tokens) if hf_default and greedy else None,
+        "predicted_speedup": _round(predicted_speedup(stats.per_position, cost, k)) if cost and stats.tested else None,
+        "rounds": stats.rounds, "per_position_acceptance": [_round(a) for a in stats.per_position],
+        "accepted_lengths": stats.accepted_lengths,
+        "seconds": {"ar": _round(res.ar.seconds), "spec": _round(spec.seconds), "draft": _round(stats.draft_s),
+                    "verify": _round(stats.verify_s), "overhead": _round(stats.overhead_s)},
+    }
+
+
+def k_summary(results: Sequence[PromptResult], k: int, greedy: bool, cost: CostModel | None) -> dict:
+    stats = pooled_spec(results, k)
+    speedup = _ratio(stats.tokens_per_s, ar_rate(results))
+    predicted = predicted_speedup(stats.per_position, cost, k) if cost and stats.tested else None
+    kinds = sorted({r.prompt.kind for r in results})
+    by_kind = {kind: [r for r in results if r.prompt.kind == kind] for kind in kinds}
+    hf_same_k = hf_rate(results, f"k={k}")
+    return {
+        "k": k, "spec_tokens_per_s": _round(stats.tokens_per_s), "speedup": _round(speedup),
+        "speedup_by_kind": {kind: _round(_ratio(spec_rate(rs, k), ar_rate(rs))) for kind, rs in by_kind.items()},
+        "acceptance_rate": _round(stats.acceptance_rate),
+        "acceptance_by_kind": {kind: _round(pooled_spec(rs, k).acceptance_rate) for kind, rs in by_kind.items()},
+        "mean_accepted_tokens": _round(stats.mean_accepted_tokens),
+        "per_position_acceptance": [_round(a) for a in stats.per_position],
+        "accepted_lengths": stats.accepted_lengths,
+        "identical_fraction": _round(sum(r.spec[k].tokens == r.ar.tokens for r in results) / len(results))
+        if greedy else None,
+        "predicted_speedup": _round(predicted), "efficiency": _round(_ratio(speedup, predicted) if predicted else None),
+        "event_overhead": _round(stats.event_overhead),
+        "round_ms": {"draft": _round(1e3 * stats.draft_s / stats.rounds, 2),
+                     "verify": _round(1e3 * stats.verify_s / stats.rounds, 2),
+                     "overhead": _round(1e3 * stats.overhead_s / stats.rounds, 2)} if stats.rounds else None,
+        "hf_tokens_per_s": _round(hf_same_k), "vs_hf_same_k": _round(_ratio(stats.tokens_per_s, hf_same_k or 0.0)),
+    }
+
+
+def cost_record(cost: CostModel | None) -> dict | None:
+    if cost is None:
+        return None
+    return {"target_step_ms": _round(1e3 * cost.target_step_s, 2), "draft_step_ms": _round(1e3 * cost.draft_step_s, 2),
+            "c": _round(cost.c), "verify_ms": [_round(1e3 * t, 2) for t in cost.verify_s],
+            "verify_ratio": [_round(r) for r in cost.verify_ratio]}
+
+
+def build_report(results: Sequence[PromptResult], plan: Plan, cost: CostModel | None, *,
+                 device: str, dtype: str, meta: dict | None = None) -> dict:
+    greedy = plan.config.sampling.greedy
+    by_k = {k: k_summary(results, k, greedy, cost) for k in plan.ks}
+    k_best = max(plan.ks, key=lambda k: by_k[k]["spec_tokens_per_s"] or 0.0)
+    best = by_k[k_best]
+    settings = sorted({name for r in results for name in r.hf})
+    hf = {name: {"tokens_per_s": _round(hf_rate(results, name)),
+                 "speedup": _round(_ratio(hf_rate(results, name) or 0.0, ar_rate(results))),
+                 "identical_fraction": _round(sum(r.hf[name].tokens == r.ar.tokens for r in results) / len(results))
+                 if greedy else None}
+          for name in settings}
+    hf_best = max(settings, key=lambda n: hf[n]["tokens_per_s"] or 0.0) if settings else None
+    alpha = pooled_spec(results, max(plan.ks)).per_position
+    curve = {k: _round(predicted_speedup(alpha, cost, k)) for k in PREDICT_KS} if cost and alpha else {}
+    summary = {
+        "speedup": best["speedup"], "speedup_by_kind": best["speedup_by_kind"],
+        "vs_hf": _round(_ratio(best["spec_tokens_per_s"], hf[hf_best]["tokens_per_s"])) if hf_best else None,
+        "acceptance_rate": best["acceptance_rate"], "identical_fraction": best["identical_fraction"],
+        "predicted_speedup": best["predicted_speedup"], "efficiency": best["efficiency"],
+        "event_overhead": best["event_overhead"], "device": device, "dtype": dtype,
+        # extras beyond the issue's keys
+        "k": k_best, "ar_tokens_per_s": _round(ar_rate(results)), "spec_tokens_per_s": best["spec_tokens_per_s"],
+        "hf_best_setting": hf_best, "hf_tokens_per_s": hf[hf_best]["tokens_per_s"] if hf_best else None,
+        "best_k_predicted": best_k(alpha, cost, PREDICT_KS) if curve else None,
+    }
+    return {
+        "summary": summary,
+        "runs": [run_record(r, k, greedy, cost) for r in results for k in plan.ks],
+        "by_k": {str(k): v for k, v in by_k.items()},
+        "hf": hf,
+        "costs": cost_record(cost),
+        "predicted_by_k": {str(k): v for k, v in curve.items()},
+        "config": {"ks": list(plan.ks), "max_new_tokens": plan.config.max_new_tokens,
+                   "sampling": asdict(plan.config.sampling), "seed": plan.config.seed,
+                   "drafter": plan.config.drafter, "adaptive": plan.config.adaptive},
+        "meta": meta or {},
+    }
+
+
+def _fmt(x, spec: str = ".2f", none: str = "-") -> str:
+    if x is None:
+        return none
+    if isinstance(x, bool):
+        return "yes" if x else "NO"
+    return format(x, spec)
+
+
+def format_table(report: dict) -> str:
+    """The runs side by side, then the summary ratios."""
+    header = ("prompt", "kind", "K", "AR tok/s", "spec tok/s", "HF@K tok/s", "HF def tok/s", "speedup", "pred",
+              "accept", "tok/round", "identical")
+    rows = [(r["id"], r["kind"], str(r["k"]), _fmt(r["ar_tokens_per_s"]), _fmt(r["spec_tokens_per_s"]),
+             _fmt(r["hf_tokens_per_s"]), _fmt(r["hf_default_tokens_per_s"]), _fmt(r["speedup"], ".2f") + "x",
+             _fmt(r["predicted_speedup"]), _fmt(r["acceptance_rate"]), _fmt(r["mean_accepted_tokens"]),
+             _fmt(r["identical_to_ar"]) if r["first_divergence"] is None
+             else f"NO@{r['first_divergence']['position']} gap {_fmt(r['first_divergence']['target_top2_gap'], '.3f')}")
+            for r in report["runs"]]
+    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
+    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in [header, *rows]]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    s, c = report["summary"], report["costs"]
+    lines += ["", "per K (ratios of totals over all prompts):"]
+    for k, b in report["by_k"].items():
+        lines.append(f"  K={k}: {_fmt(b['spec_tokens_per_s'])} tok/s, speedup {_fmt(b['speedup'])}x "
+                     f"(predicted {_fmt(b['predicted_speedup'])}x, efficiency {_fmt(b['efficiency'])}), "
+                     f"acceptance {_fmt(b['acceptance_rate'])}, HF@K {_fmt(b['hf_tokens_per_s'])} tok/s, "
+                     f"round ms {b['round_ms']}")
+    for name, h in report["hf"].items():
+        lines.append(f"  HF {name}: {_fmt(h['tokens_per_s'])} tok/s ({_fmt(h['speedup'])}x over AR), "
+                     f"identical to AR {_fmt(h['identical_fraction'])}")
+    lines += ["", f"summary (best measured K={s['k']}, {s['device']}, {s['dtype']}):",
+              f"  speedup over AR {_fmt(s['speedup'])}x   by kind {s['speedup_by_kind']}",
+              f"  vs HF (best setting: {s['hf_best_setting']}) {_fmt(s['vs_hf'])}x",
+              f"  acceptance {_fmt(s['acceptance_rate'])}   identical to AR {_fmt(s['identical_fraction'])}",
+              f"  predicted {_fmt(s['predicted_speedup'])}x   efficiency {_fmt(s['efficiency'])}   "
+              f"event overhead {_fmt(s['event_overhead'], '.3f')}   best K predicted {s['best_k_predicted']}"]
+    if c:
+        lines.append(f"  costs: target step {c['target_step_ms']} ms, draft step {c['draft_step_ms']} ms "
+                     f"(c = {c['c']}), verify/T1 for n=1..: {c['verify_ratio']}")
+    return "\n".join(lines)

@@ -1,0 +1,124 @@
+"""Run the benchmark: for each prompt, the target alone, speculative decoding at each K, and
+(optionally) transformers' assisted generation at the same K and at its defaults.
+
+All methods of one prompt run back to back (interleaved), so a burst of machine noise hits them
+alike; everything is warmed up first. Times are wall-clock around the whole call, prompt
+reading included, exactly as a user would wait for it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+
+from specviz.bench.hf import HF_DEFAULT, HFAssisted, HFResult, HFSetting
+from specviz.bench.prompts import BenchPrompt
+from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
+from specviz.engine.plumbing import clock
+from specviz.models import encode_prompt
+
+
+@dataclass
+class SpecRun:
+    rounds: list[Round]
+    seconds: float
+
+    @property
+    def tokens(self) -> list[int]:
+        return [t for r in self.rounds for t in r.new_token_ids]
+
+
+@dataclass
+class ARRun:
+    steps: list[Step]
+    seconds: float
+
+    @property
+    def tokens(self) -> list[int]:
+        return [s.token.id for s in self.steps]
+
+
+@dataclass
+class PromptResult:
+    prompt: BenchPrompt
+    prompt_tokens: int
+    ar: ARRun
+    spec: dict[int, SpecRun] = field(default_factory=dict)  # by K
+    hf: dict[str, HFResult] = field(default_factory=dict)  # by setting name ("k=4", "default")
+
+
+@dataclass(frozen=True)
+class Plan:
+    ks: tuple[int, ...]
+    config: DecodeConfig  # its k is replaced by each of ks
+    hf: bool = False
+
+    def hf_settings(self) -> list[HFSetting]:
+        return [HFSetting.fixed(k) for k in self.ks] + [HF_DEFAULT] if self.hf else []
+
+    @property
+    def calls_per_prompt(self) -> int:
+        return 1 + len(self.ks) + len(self.hf_settings())
+
+
+def _timed(fn: Callable[[], list], device) -> tuple[list, float]:
+    t0 = clock(device)
+    events = fn()
+    return events, clock(device) - t0
+
+
+def run_ar(pair, ids: list[int], config: DecodeConfig) -> ARRun:
+    steps, seconds = _timed(lambda: list(autoregressive_generate(pair, ids, config)), pair.device)
+    return ARRun(steps, seconds)
+
+
+def run_spec(pair, ids: list[int], config: DecodeConfig) -> SpecRun:
+    rounds, seconds = _timed(lambda: list(speculative_generate(pair, ids, config)), pair.device)
+    return SpecRun(rounds, seconds)
+
+
+def warm_up(pair, hf: HFAssisted | None, ids: list[int], plan: Plan, tokens: int = 8) -> None:
+    """One short run of every method: first calls pay for allocations and kernel selection."""
+    config = replace(plan.config, max_new_tokens=tokens)
+    run_ar(pair, ids, config)
+    for k in plan.ks:
+        run_spec(pair, ids, replace(config, k=k))
+    if hf is not None:
+        for setting in plan.hf_settings():
+            hf.generate(ids, tokens, setting)
+
+
+def run_prompt(pair, hf: HFAssisted | None, prompt: BenchPrompt, plan: Plan,
+               tick: Callable[[str], None] = lambda label: None) -> PromptResult:
+    """AR, then for each K: specviz and HF at that K, then HF at its defaults."""
+    ids = encode_prompt(pair.tokenizer, prompt.prompt)
+    result = PromptResult(prompt, len(ids), run_ar(pair, ids, plan.config))
+    tick(f"{prompt.id}: AR")
+    for k in plan.ks:
+        result.spec[k] = run_spec(pair, ids, replace(plan.config, k=k))
+        tick(f"{prompt.id}: spec K={k}")
+        if plan.hf and hf is not None:
+            setting = HFSetting.fixed(k)
+            result.hf[setting.name] = hf.generate(ids, plan.config.max_new_tokens, setting)
+            tick(f"{prompt.id}: HF {setting.name}")
+    if plan.hf and hf is not None:
+        result.hf[HF_DEFAULT.name] = hf.generate(ids, plan.config.max_new_tokens, HF_DEFAULT)
+        tick(f"{prompt.id}: HF default")
+    return result
+
+
+def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFAssisted | None = None,
+              progress: bool = True) -> list[PromptResult]:
+    from tqdm.auto import tqdm
+
+    warm_up(pair, hf, encode_prompt(pair.tokenizer, prompts[0].prompt), plan)
+    results = []
+    with tqdm(total=len(prompts) * plan.calls_per_prompt, desc="bench", unit="run", disable=not progress) as bar:
+        def tick(label: str) -> None:
+            bar.set_postfix_str(label, refresh=False)
+            bar.update(1)
+
+        for prompt in prompts:
+            results.append(run_prompt(pair, hf, prompt, plan, tick))
+    return results
+

@@ -1,0 +1,155 @@
+"""Aggregate event streams into measured numbers: pure functions of `Round`s and `Step`s.
+
+Shared by the benchmark and the app's race. Everything is pooled from counts and totals, so
+summarising the concatenated rounds of many runs gives ratios of totals, never means of ratios.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from specviz.bench.predict import CostModel, expected_tokens, predicted_speedup
+from specviz.engine.events import ACCEPTED, NOT_VERIFIED, Round, Step
+
+
+def _ratio(a: float, b: float) -> float:
+    return a / b if b > 0 else 0.0
+
+
+@dataclass
+class SpecStats:
+    """Speculative decoding, from its rounds."""
+
+    rounds: int = 0
+    tokens: int = 0  # emitted (accepted drafts + corrections/bonuses)
+    drafted: int = 0
+    accepted: int = 0
+    seconds: float = 0.0  # wall time if given, else draft + verify + overhead
+    draft_s: float = 0.0
+    verify_s: float = 0.0
+    overhead_s: float = 0.0  # building the events on the host
+    tested: list[int] = field(default_factory=list)  # tested[i]: rounds where drafted token i+1 was checked
+    passed: list[int] = field(default_factory=list)  # passed[i]: ... and accepted
+    accepted_lengths: list[int] = field(default_factory=list)  # histogram: rounds with n accepted, n = 0..max K
+
+    @property
+    def tokens_per_s(self) -> float:
+        return _ratio(self.tokens, self.seconds)
+
+    @property
+    def acceptance_rate(self) -> float:
+        """accepted / drafted: the share of the draft's work that was kept."""
+        return _ratio(self.accepted, self.drafted)
+
+    @property
+    def mean_accepted_tokens(self) -> float:
+        """Tokens emitted per round, correction/bonus included (one target forward each)."""
+        return _ratio(self.tokens, self.rounds)
+
+    @property
+    def per_position(self) -> list[float]:
+        """α̂_i = P(token i accepted | tokens 1..i-1 accepted), i = 1..max K."""
+        return [_ratio(p, t) for p, t in zip(self.passed, self.tested)]
+
+    @property
+    def draft_step_s(self) -> float:
+        """Mean draft time per drafted token (includes feeding the draft its missing tokens)."""
+        return _ratio(self.draft_s, self.drafted)
+
+    @property
+    def event_overhead(self) -> float:
+        """Fraction of the decode time spent building events."""
+        return _ratio(self.overhead_s, self.draft_s + self.verify_s + self.overhead_s)
+
+
+@dataclass
+class ARStats:
+    """Plain autoregressive decoding, from its steps."""
+
+    tokens: int = 0
+    seconds: float = 0.0
+    step_s: float = 0.0  # median step after the first (the first one also reads the prompt)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return _ratio(self.tokens, self.seconds)
+
+
+@dataclass
+class Summary:
+    spec: SpecStats
+    ar: ARStats | None = None
+    speedup: float | None = None  # spec tokens/s over AR tokens/s
+    predicted_speedup: float | None = None  # from α̂ and a cost model (given, or estimated from the events)
+    expected_tokens: float | None = None  # E(K) from α̂
+
+
+def _grow(counts: list[int], n: int) -> None:
+    counts.extend([0] * (n - len(counts)))
+
+
+def spec_stats(rounds: Sequence[Round], seconds: float | None = None) -> SpecStats:
+    s = SpecStats(rounds=len(rounds))
+    for r in rounds:
+        s.tokens += r.tokens_emitted
+        s.drafted += r.k
+        s.accepted += r.n_accepted
+        s.draft_s += r.draft_time
+        s.verify_s += r.verify_time
+        s.overhead_s += r.overhead_time
+        _grow(s.tested, r.k)
+        _grow(s.passed, r.k)
+        _grow(s.accepted_lengths, r.k + 1)
+        s.accepted_lengths[r.n_accepted] += 1
+        for i, t in enumerate(r.drafted):
+            if t.status != NOT_VERIFIED:
+                s.tested[i] += 1
+                s.passed[i] += t.status == ACCEPTED
+    s.seconds = seconds if seconds is not None else s.draft_s + s.verify_s + s.overhead_s
+    return s
+
+
+def ar_stats(steps: Sequence[Step], seconds: float | None = None) -> ARStats:
+    later = sorted(st.time for st in steps[1:])
+    step_s = later[len(later) // 2] if later else (steps[0].time if steps else 0.0)
+    total = seconds if seconds is not None else sum(st.time for st in steps)
+    return ARStats(tokens=len(steps), seconds=total, step_s=step_s)
+
+
+def estimated_costs(rounds: Sequence[Round], steps: Sequence[Step]) -> CostModel | None:
+    """A cost model from events alone, for when nothing was measured separately (the app's race).
+
+    T1 is the median AR step; the verify time is the mean of rounds after the first (which also
+    reads the prompt), taken as the cost at every K; the draft step is the mean per drafted token.
+    """
+    ar = ar_stats(steps)
+    later = [r for r in rounds[1:] if r.k > 0]
+    drafted = sum(r.k for r in later)
+    if ar.step_s <= 0 or not later or drafted == 0:
+        return None
+    verify = sum(r.verify_time for r in later) / len(later)
+    k_max = max(r.k for r in later)
+    return CostModel(ar.step_s, sum(r.draft_time for r in later) / drafted, (verify,) * (k_max + 1))
+
+
+def summarise(rounds: Sequence[Round], steps: Sequence[Step] | None = None, *,
+              spec_seconds: float | None = None, ar_seconds: float | None = None,
+              cost: CostModel | None = None, k: int | None = None) -> Summary:
+    """Measured and predicted numbers for a speculative run and (optionally) the target alone.
+
+    `k` is the K to predict for (default: the largest drafted). Without `cost`, the prediction
+    uses costs estimated from the events themselves, which needs the AR steps.
+    """
+    spec = spec_stats(rounds, spec_seconds)
+    out = Summary(spec)
+    if steps:
+        out.ar = ar_stats(steps, ar_seconds)
+        out.speedup = _ratio(spec.tokens_per_s, out.ar.tokens_per_s) or None
+    k = k if k is not None else max((r.k for r in rounds), default=0)
+    if k > 0 and spec.tested:
+        out.expected_tokens = expected_tokens(spec.per_position, k)
+        cost = cost or (estimated_costs(rounds, steps) if steps else None)
+        if cost is not None:
+            out.predicted_speedup = predicted_speedup(spec.per_position, cost, k)
+    return out

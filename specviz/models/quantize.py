@@ -1,0 +1,175 @@
+"""A cheaper draft: weight-only int8/int4 linears and a pruned draft vocabulary.
+
+Only the draft is changed; the target stays exactly as loaded, so what is decoded does not change.
+Exactness holds because the drafter computes q from *this* model's logits and samples from that q:
+the accept/reject rule needs q to be the distribution the draft really sampled from, not a good one.
+A coarser draft can only lower acceptance, which the benchmark measures.
+
+On a memory-bound CPU decode step the draft's time is mostly reading weights, so fewer bytes per
+weight is most of the win: bf16 -> int8 halves them, int4 quarters them. The packed kernels are
+fast for one token and slow for many, so a forward over more than a few tokens (reading the prompt)
+uses the original dense weights, which the quantized copy shares with the original model.
+
+The pruned vocabulary shrinks the draft's lm_head (151936 rows for Qwen2.5) to the ids a BPE
+tokenizer merged first, its most frequent ones, plus the special tokens; every other id gets logit
+-inf, i.e. q(x) = 0, so the draft never proposes it.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass, replace
+
+import torch
+from torch import nn
+
+DENSE_ABOVE = 4  # rows (tokens) above which a forward uses the dense weights
+
+
+@dataclass(frozen=True)
+class DraftQuant:
+    bits: int = 4  # 4, 8, or 16 (= leave the linears as they are)
+    keep_vocab: int | None = 65536  # keep the first N token ids (plus special ones); None keeps all
+    group_size: int = 32  # int4: weights per scale/zero group
+
+
+class QuantLinear(nn.Module):
+    """A weight-only quantized linear for one-token steps; many-token inputs use `dense`."""
+
+    def __init__(self, dense: nn.Linear):
+        super().__init__()
+        self.dense = dense  # shared with the original model, not copied
+        self.out_features = dense.out_features
+
+    def matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x2 = x.reshape(-1, x.shape[-1])
+        if x2.shape[0] > DENSE_ABOVE:
+            return self.dense(x)
+        y = self.matmul(x2).view(*x.shape[:-1], self.out_features)
+        return y if self.dense.bias is None else y + self.dense.bias
+
+
+class Int8Linear(QuantLinear):
+    """Symmetric per-output-channel int8 weights (torch's `_weight_int8pack_mm`)."""
+
+    def __init__(self, dense: nn.Linear):
+        super().__init__(dense)
+        w = dense.weight.detach().float()
+        scale = w.abs().amax(1).clamp_min(1e-12) / 127
+        self.register_buffer("qweight", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8))
+        self.register_buffer("scales", scale.to(dense.weight.dtype))
+
+    def matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        return torch.ops.aten._weight_int8pack_mm(x2, self.qweight, self.scales)
+
+
+class Int4Linear(QuantLinear):
+    """Asymmetric per-group uint4 weights in torch's CPU int4 packing (bf16 activations)."""
+
+    def __init__(self, dense: nn.Linear, group_size: int):
+        super().__init__(dense)
+        w = dense.weight.detach().float()
+        n, k = w.shape
+        g = w.reshape(n, k // group_size, group_size)
+        lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+        scale = (hi - lo).clamp_min(1e-12) / 15
+        q = ((g - lo) / scale).round().clamp(0, 15).to(torch.int32).reshape(n, k)
+        zero = lo + 8 * scale  # the kernel computes (q - 8) * scale + zero
+        self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
+        self.register_buffer("scales_and_zeros", torch.cat([scale, zero], -1).transpose(0, 1).contiguous()
+                             .to(torch.bfloat16))  # [k / group, n, 2]
+        self.group_size = group_size
+
+    def matmul(self, x2: torch.Tensor) -> torch.Tensor:
+        y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16), self.qweight, self.group_size,
+                                                      self.scales_and_zeros)
+        return y.to(x2.dtype)
+
+
+class PrunedHead(nn.Module):
+    """An lm_head over `keep_ids` only; every other id gets -inf, so q is exactly 0 there."""
+
+    def __init__(self, head: nn.Module, keep_ids: torch.Tensor, vocab_size: int):
+        super().__init__()
+        self.head, self.vocab_size = head, vocab_size
+        self.register_buffer("keep_ids", keep_ids)
+
+    def forward(self, h: torch.Tensor) -> torch.Tensor:
+        kept = self.head(h)
+        out = kept.new_full((*kept.shape[:-1], self.vocab_size), float("-inf"))
+        out[..., self.keep_ids] = kept
+        return out
+
+
+def supports(device: torch.device, bits: int) -> bool:
+    """The packed kernels used here are CPU ones; elsewhere the linears are left as they are."""
+    return device.type == "cpu" and bits in (4, 8)
+
+
+def quantize_linear(linear: nn.Linear, bits: int, group_size: int = 32) -> nn.Module:
+    """int4 where the kernel's shape rules allow it, else int8; `linear` itself is not modified."""
+    if bits == 4 and linear.in_features % group_size == 0 and linear.out_features % 16 == 0:
+        return Int4Linear(linear, group_size)
+    if bits in (4, 8):
+        return Int8Linear(linear)
+    return linear
+
+
+def _pruned_linear(head: nn.Linear, keep_ids: torch.Tensor) -> nn.Linear:
+    small = nn.Linear(head.in_features, len(keep_ids), bias=head.bias is not None,
+                      device=head.weight.device, dtype=head.weight.dtype)
+    small.weight.copy_(head.weight[keep_ids])
+    if head.bias is not None:
+        small.bias.copy_(head.bias[keep_ids])
+    return small.requires_grad_(False)
+
+
+def kept_ids(vocab_size: int, keep: int | None, extra: set[int] | frozenset[int] = frozenset()) -> torch.Tensor | None:
+    """The first `keep` ids plus `extra` (special tokens), or None when that is the whole vocabulary."""
+    if keep is None or keep >= vocab_size:
+        return None
+    return torch.tensor(sorted(set(range(keep)) | {i for i in extra if 0 <= i < vocab_size}), dtype=torch.long)
+
+
+@torch.no_grad()
+def quantize_draft(model: nn.Module, spec: DraftQuant, special_ids: set[int] | frozenset[int] = frozenset()) -> nn.Module:
+    """A cheaper copy of a causal LM. The original is untouched and its weights are shared, not copied."""
+    device = next(model.parameters()).device
+    quantize = supports(device, spec.bits)
+    head: nn.Linear = model.get_output_embeddings()
+    keep = kept_ids(head.out_features, spec.keep_vocab, special_ids)
+    if not quantize and keep is None:
+        return model
+    # copy the module tree only: every tensor stays shared with the original
+    fast = copy.deepcopy(model, memo={id(t): t for t in [*model.parameters(), *model.buffers()]})
+    if quantize:
+        for layer in fast.model.layers:
+            for parent in (layer.self_attn, layer.mlp):
+                for name, child in list(parent.named_children()):
+                    if isinstance(child, nn.Linear):
+                        setattr(parent, name, quantize_linear(child, spec.bits, spec.group_size))
+    new_head = head if keep is None else _pruned_linear(head, keep.to(device))
+    if quantize:
+        new_head = quantize_linear(new_head, spec.bits, spec.group_size)
+    if keep is not None:
+        new_head = PrunedHead(new_head, keep.to(device), head.out_features)
+    fast.set_output_embeddings(new_head)
+    return fast.eval()
+
+
+def special_token_ids(tokenizer) -> set[int]:
+    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
+    ids |= set((getattr(tokenizer, "added_tokens_decoder", None) or {}).keys())
+    return ids
+
+
+def fast_pair(pair, spec: DraftQuant):
+    """The same pair with a cheaper draft (the pair's own draft stays as loaded, e.g. for HF)."""
+    if pair.draft is None:
+        return pair
+    special = special_token_ids(pair.tokenizer) | set(pair.eos_token_ids)
+    fast = quantize_draft(pair.draft, spec, special)
+    return pair if fast is pair.draft else replace(pair, draft=fast)

@@ -1,0 +1,402 @@
+"""The benchmark's code, on the tiny pair and on synthetic events: the JSON shape the issue fixes,
+speedups as ratios of totals, the prediction model's math, the reports, the cheaper draft, and
+transformers' settings being reset between calls. Timings are never asserted.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import replace
+from unittest import mock
+
+import pytest
+import torch
+
+from specviz.bench import command, predict
+from specviz.bench.hf import HF_DEFAULT, HFAssisted, HFResult, HFSetting
+from specviz.bench.html import write_html
+from specviz.bench.prompts import BenchPrompt, PromptFileError, parse_prompts
+from specviz.bench.report import build_report, format_table
+from specviz.bench.runner import ARRun, Plan, PromptResult, SpecRun, run_bench
+from specviz.bench.stats import spec_stats, summarise
+from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
+from specviz.engine.compare import first_divergence
+from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, EmittedToken, Round, Step
+from specviz.models.quantize import DraftQuant, Int4Linear, Int8Linear, PrunedHead, fast_pair, quantize_linear
+from specviz.models.tiny import tiny_pair
+
+RUN_KEYS = {"id", "kind", "k", "new_tokens", "ar_tokens_per_s", "spec_tokens_per_s", "hf_tokens_per_s", "speedup",
+            "acceptance_rate", "mean_accepted_tokens", "identical_to_ar", "first_divergence"}
+SUMMARY_KEYS = {"speedup", "speedup_by_kind", "vs_hf", "acceptance_rate", "identical_fraction", "predicted_speedup",
+                "efficiency", "event_overhead", "device", "dtype"}
+
+
+# --- synthetic events -------------------------------------------------------------------------
+
+def drafted(token: int, status: str, gap: float = 1.0) -> DraftedToken:
+    return DraftedToken(id=token, text=str(token), q=1.0, p=1.0, accept_prob=1.0, u=0.5, status=status, q_soft=1.0,
+                        p_soft=1.0, target_top2_gap=gap)
+
+
+def emitted(token: int, kind: str, gap: float = 1.0) -> EmittedToken:
+    return EmittedToken(id=token, text=str(token), kind=kind, p=1.0, p_soft=1.0, target_top2_gap=gap)
+
+
+def make_round(index: int, position: int, draft_ids: list[int], n: int, next_id: int,
+               times=(0.03, 0.1, 0.001), gaps: list[float] | None = None) -> Round:
+    """A round that drafted `draft_ids`, accepted the first n and then emitted `next_id`."""
+    k = len(draft_ids)
+    gaps = gaps or [1.0] * (k + 1)
+    statuses = [ACCEPTED] * n + ([REJECTED] if n < k else []) + [NOT_VERIFIED] * max(0, k - n - 1)
+    return Round(index=index, drafter="model", k=k, drafted=[drafted(t, s, g) for t, s, g in zip(draft_ids, statuses, gaps)],
+                 n_accepted=n, emitted=emitted(next_id, BONUS if n == k else CORRECTION, gaps[n]),
+                 new_token_ids=draft_ids[:n] + [next_id], position=position, text="",
+                 draft_time=times[0], verify_time=times[1], overhead_time=times[2])
+
+
+def make_steps(ids: list[int], step_s: float = 0.1, gaps: list[float] | None = None) -> list[Step]:
+    gaps = gaps or [1.0] * len(ids)
+    return [Step(index=i, token=emitted(t, "target", g), text="", time=step_s) for i, (t, g) in enumerate(zip(ids, gaps))]
+
+
+def rounds_emitting(ids: list[int], k: int, n: int) -> list[Round]:
+    """Rounds that reproduce `ids` exactly, accepting n of k drafts each time (n < k: a correction)."""
+    out, pos = [], 0
+    while pos < len(ids):
+        take = min(n, len(ids) - pos - 1)
+        new = ids[pos:pos + take + 1]
+        draft = new[:take] + [999] * (k - take)
+        out.append(make_round(len(out), pos, draft, take, new[-1]))
+        pos += len(new)
+    return out
+
+
+def result(pid: str, kind: str, tokens: int, ar_s: float, spec_s: float, k: int = 4,
+           hf: dict[str, tuple[int, float]] | None = None) -> PromptResult:
+    ids = list(range(10, 10 + tokens))
+    spec = SpecRun(rounds_emitting(ids, k, 2), spec_s)
+    res = PromptResult(BenchPrompt(pid, "p", kind), 5, ARRun(make_steps(ids), ar_s), {k: spec})
+    for name, (n, s) in (hf or {}).items():
+        res.hf[name] = HFResult(ids[:n], s)
+    return res
+
+
+PLAN = Plan(ks=(4,), config=DecodeConfig(k=4, max_new_tokens=64), hf=True)
+COST = predict.CostModel(0.2, 0.05, (0.2, 0.2, 0.21, 0.21, 0.22))
+
+
+# --- prompts ----------------------------------------------------------------------------------
+
+def test_default_prompt_set_covers_the_kinds():
+    from specviz.bench.prompts import load_prompts
+
+    prompts = load_prompts()
+    assert len(prompts) >= 6
+    assert {"code", "json", "prose", "rewrite", "creative"} <= {p.kind for p in prompts}
+
+
+@pytest.mark.parametrize("lines, message", [
+    (['{"id": "a"}'], "needs string fields"),
+    (['{"id": "a", "prompt": "x"}', '{"id": "a", "prompt": "y"}'], "repeats the id"),
+    (["not json"], "line 1 is not JSON"),
+    (["", "  "], "no prompts"),
+])
+def test_bad_prompt_files_say_which_line(lines, message):
+    with pytest.raises(PromptFileError, match=message):
+        parse_prompts(lines)
+
+
+def test_kind_is_optional():
+    assert parse_prompts(['{"id": "a", "prompt": "x"}']) == [BenchPrompt("a", "x", "other")]
+
+
+def test_parse_ks():
+    assert command.parse_ks("8,2, 4,4") == (2, 4, 8)
+    with pytest.raises(Exception):
+        command.parse_ks("0,2")
+    with pytest.raises(Exception):
+        command.parse_ks("two")
+
+
+# --- prediction model -------------------------------------------------------------------------
+
+@pytest.mark.parametrize("alpha, k", [(0.0, 4), (0.5, 1), (0.8, 4), (0.9, 8), (0.99, 16)])
+def test_expected_tokens_matches_the_geometric_formula(alpha, k):
+    assert predict.expected_tokens([alpha] * k, k) == pytest.approx((1 - alpha ** (k + 1)) / (1 - alpha))
+
+
+def test_expected_tokens_uses_each_position():
+    assert predict.expected_tokens([1.0, 0.5, 0.5], 3) == pytest.approx(1 + 1 + 0.5 + 0.25)
+    assert predict.expected_tokens([1.0] * 4, 4) == 5
+    # positions past the measured ones take the last measured value
+    assert predict.expected_tokens([0.5], 3) == pytest.approx(1 + 0.5 + 0.25 + 0.125)
+
+
+def test_predicted_speedup_formula():
+    cost = predict.CostModel(target_step_s=0.2, draft_step_s=0.05, verify_s=(0.2, 0.2, 0.22, 0.24, 0.26))
+    assert cost.c == pytest.approx(0.25)
+    assert cost.verify_ratio == pytest.approx((1.0, 1.0, 1.1, 1.2, 1.3))
+    alpha = [0.9, 0.8, 0.7, 0.6]
+    e = 1 + 0.9 + 0.72 + 0.504 + 0.3024
+    assert predict.predicted_speedup(alpha, cost, 4) == pytest.approx(e * 0.2 / (4 * 0.05 + 0.26))
+    # free drafting and free verification: the speedup is exactly the tokens per round
+    free = predict.CostModel(1.0, 0.0, (1.0,) * 9)
+    assert predict.predicted_speedup([0.7] * 8, free, 8) == pytest.approx(predict.expected_tokens([0.7] * 8, 8))
+
+
+def test_verify_time_extends_the_last_slope():
+    cost = predict.CostModel(1.0, 0.1, (1.0, 1.1, 1.3))
+    assert cost.verify_time(3) == 1.3
+    assert cost.verify_time(5) == pytest.approx(1.3 + 2 * 0.2)
+
+
+def test_best_k_trades_acceptance_against_draft_cost():
+    flat = predict.CostModel(1.0, 0.1, (1.0,) * 20)
+    assert predict.best_k([1.0] * 16, flat, range(1, 17)) == 16  # everything accepted: draft as much as allowed
+    assert predict.best_k([0.0] * 16, flat, range(1, 17)) == 1  # nothing accepted: draft as little as allowed
+    k = predict.best_k([0.8] * 16, flat, range(1, 17))
+    values = {j: predict.predicted_speedup([0.8] * 16, flat, j) for j in range(1, 17)}
+    assert values[k] == max(values.values()) and 1 < k < 16
+
+
+# --- aggregation ------------------------------------------------------------------------------
+
+def test_spec_stats_counts_positions_and_lengths():
+    rounds = [make_round(0, 0, [1, 2, 3, 4], 4, 5), make_round(1, 5, [6, 7, 8, 9], 1, 10),
+              make_round(2, 7, [11, 12, 13, 14], 0, 15)]
+    s = spec_stats(rounds)
+    assert (s.rounds, s.tokens, s.drafted, s.accepted) == (3, 8, 12, 5)
+    assert s.tested == [3, 2, 1, 1] and s.passed == [2, 1, 1, 1]
+    assert s.per_position == pytest.approx([2 / 3, 0.5, 1.0, 1.0])
+    assert s.accepted_lengths == [1, 1, 0, 0, 1]
+    assert s.acceptance_rate == pytest.approx(5 / 12)
+    assert s.mean_accepted_tokens == pytest.approx(8 / 3)
+    assert s.seconds == pytest.approx(3 * 0.131)
+    assert s.event_overhead == pytest.approx(0.001 / 0.131)
+    assert s.draft_step_s == pytest.approx(3 * 0.03 / 12)
+
+
+def test_summarise_predicts_from_events_alone():
+    ids = list(range(20, 41))  # 7 rounds of 2 accepted + 1 correction
+    rounds, steps = rounds_emitting(ids, 4, 2), make_steps(ids, step_s=0.1)
+    out = summarise(rounds, steps, spec_seconds=1.0, ar_seconds=2.0)
+    assert out.speedup == pytest.approx(2.0)
+    assert out.spec.tokens == out.ar.tokens == 21
+    # α̂ = [1, 1, 0]: E(4) = 3 tokens/round; costs from events: T1 0.1, draft 0.03/4 per token, verify 0.1
+    assert out.expected_tokens == pytest.approx(3.0)
+    assert out.predicted_speedup == pytest.approx(3 * 0.1 / (4 * 0.0075 + 0.1))
+    given = summarise(rounds, steps, cost=COST, k=4)
+    assert given.predicted_speedup == pytest.approx(predict.predicted_speedup(given.spec.per_position, COST, 4))
+
+
+def test_first_divergence():
+    ids = [5, 6, 7, 8, 9, 10, 11]
+    rounds = rounds_emitting(ids, 4, 2)
+    assert first_divergence(rounds, make_steps(ids)) is None
+    other = ids[:4] + [42, 43, 44]
+    gaps = [1.0, 1.0, 1.0, 1.0, 0.0625, 1.0, 1.0]
+    div = first_divergence(rounds, make_steps(other, gaps=gaps))
+    assert div.position == 4 and div.target_top2_gap == 0.0625
+    assert div.spec_top2_gap == 1.0
+    shorter = first_divergence(rounds, make_steps(ids[:5]))
+    assert shorter.position == 5 and math.isnan(shorter.target_top2_gap)
+
+
+# --- the report -------------------------------------------------------------------------------
+
+def synthetic_results() -> list[PromptResult]:
+    # per-prompt speedups 4.0 and 1.0 (mean 2.5); totals: 60 tokens in 3.0 s (AR) vs 60 in 1.5 s (spec)
+    return [
+        result("a", "code", 40, ar_s=2.0, spec_s=0.5, hf={"k=4": (40, 1.0), "default": (40, 0.8)}),
+        result("b", "prose", 20, ar_s=1.0, spec_s=1.0, hf={"k=4": (20, 1.0), "default": (20, 1.2)}),
+    ]
+
+
+def test_report_has_the_issue_keys():
+    report = build_report(synthetic_results(), PLAN, COST, device="cpu", dtype="bfloat16")
+    assert all(RUN_KEYS <= set(run) for run in report["runs"])
+    assert SUMMARY_KEYS <= set(report["summary"])
+    json.dumps(report)  # plain JSON all the way down
+
+
+def test_speedups_are_ratios_of_totals():
+    report = build_report(synthetic_results(), PLAN, COST, device="cpu", dtype="bfloat16")
+    s = report["summary"]
+    assert [r["speedup"] for r in report["runs"]] == [4.0, 1.0]
+    assert s["speedup"] == pytest.approx((60 / 1.5) / (60 / 3.0))  # 2.0, not the mean of ratios 2.5
+    assert s["speedup_by_kind"] == {"code": 4.0, "prose": 1.0}
+    # HF: k=4 60 tokens / 2.0 s, default 60 / 2.0 s too; best setting by total, vs_hf = 40 / 30
+    assert s["vs_hf"] == pytest.approx(40 / 30, abs=1e-4)
+    assert s["acceptance_rate"] == pytest.approx(pooled_acceptance(synthetic_results()), abs=1e-4)
+    assert s["identical_fraction"] == 1.0 and all(r["identical_to_ar"] for r in report["runs"])
+    assert s["efficiency"] == pytest.approx(s["speedup"] / s["predicted_speedup"], abs=1e-3)
+
+
+def pooled_acceptance(results) -> float:
+    rounds = [r for res in results for r in res.spec[4].rounds]
+    return sum(r.n_accepted for r in rounds) / sum(r.k for r in rounds)
+
+
+def test_divergence_is_reported_not_hidden():
+    results = synthetic_results()
+    ids = results[1].ar.tokens
+    results[1].ar = ARRun(make_steps(ids[:3] + [7] + ids[4:], gaps=[1.0, 1.0, 1.0, 0.01] + [1.0] * 16), 1.0)
+    report = build_report(results, PLAN, COST, device="cpu", dtype="float32")
+    run = report["runs"][1]
+    assert run["identical_to_ar"] is False and run["first_divergence"]["position"] == 3
+    assert run["first_divergence"]["target_top2_gap"] == 0.01
+    assert report["summary"]["identical_fraction"] == 0.5
+    assert "NO@3" in format_table(report)
+
+
+def test_sampling_runs_have_no_identity_claims():
+    plan = replace(PLAN, config=replace(PLAN.config, sampling=SamplingParams(0.7)))
+    report = build_report(synthetic_results(), plan, COST, device="cpu", dtype="float32")
+    assert report["summary"]["identical_fraction"] is None
+    assert all(r["identical_to_ar"] is None and r["first_divergence"] is None for r in report["runs"])
+
+
+def test_html_report_is_self_contained(tmp_path):
+    report = build_report(synthetic_results(), PLAN, COST, device="cpu", dtype="bfloat16")
+    path = write_html(report, tmp_path / "r.html")
+    text = path.read_text()
+    assert "Speedup over the target alone vs K" in text and "Acceptance by position" in text
+    assert "Acceptance rate by prompt kind" in text and "Time per round" in text
+    assert "<script src=\"http" not in text and len(text) > 1_000_000  # plotly.js inline: opens offline
+
+
+# --- on the tiny pair -------------------------------------------------------------------------
+
+def test_bench_on_the_tiny_pair(tiny):
+    prompts = [BenchPrompt("one", "the a of", "code"), BenchPrompt("two", "she said that", "prose")]
+    plan = Plan(ks=(2, 3), config=DecodeConfig(k=2, max_new_tokens=10), hf=True)
+    hf = HFAssisted(tiny.target, tiny.draft, tiny.eos_token_ids, None, tiny.device)
+    results = run_bench(tiny, prompts, plan, hf, progress=False)
+    assert [r.prompt.id for r in results] == ["one", "two"]
+    assert all(set(r.spec) == {2, 3} and set(r.hf) == {"k=2", "k=3", "default"} for r in results)
+    report = build_report(results, plan, COST, device="cpu", dtype="float32")
+    assert len(report["runs"]) == 4 and report["summary"]["k"] in (2, 3)
+    # float32 tiny pair: greedy speculative decoding and HF's assisted generation both equal the target alone
+    assert report["summary"]["identical_fraction"] == 1.0
+    assert all(h["identical_fraction"] == 1.0 for h in report["hf"].values())
+    for r in results:
+        assert sum(len(x.new_token_ids) for x in r.spec[2].rounds) == len(r.ar.tokens)
+
+
+def test_hf_settings_are_restored_after_each_call(tiny):
+    config = tiny.draft.generation_config
+    before = (config.num_assistant_tokens, config.num_assistant_tokens_schedule, config.assistant_confidence_threshold)
+    hf = HFAssisted(tiny.target, tiny.draft, tiny.eos_token_ids, None, tiny.device)
+    seen = []
+    real_generate = tiny.target.generate
+
+    def spy(*args, **kwargs):
+        c = kwargs["assistant_model"].generation_config
+        seen.append((c.num_assistant_tokens, c.num_assistant_tokens_schedule, c.assistant_confidence_threshold))
+        c.num_assistant_tokens = 17  # as HF's heuristic schedule does, persisting into the next call
+        return real_generate(*args, **kwargs)
+
+    with mock.patch.object(tiny.target, "generate", spy):
+        hf.generate([3, 4, 5], 4, HFSetting.fixed(3))
+        hf.generate([3, 4, 5], 4, HF_DEFAULT)
+    assert seen[0] == (3, "constant", 0.0)
+    assert seen[1] == before
+    assert (config.num_assistant_tokens, config.num_assistant_tokens_schedule,
+            config.assistant_confidence_threshold) == before
+
+
+def test_cli_writes_json_and_html(tiny, tmp_path, capsys):
+    from specviz import cli
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "x", "prompt": "the a of", "kind": "code"}\n')
+    out, page = tmp_path / "r.json", tmp_path / "r.html"
+    with mock.patch.object(cli, "load_from_args", lambda args: tiny):
+        rc = cli.main(["bench", "--prompts", str(prompts), "--k", "2,3", "--max-new-tokens", "6", "--compare-hf",
+                       "--json", str(out), "--html", str(page), "--no-progress"])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert SUMMARY_KEYS <= set(report["summary"]) and len(report["runs"]) == 2
+    assert report["config"]["ks"] == [2, 3] and report["costs"]["verify_ratio"][0] == 1.0
+    assert page.stat().st_size > 1_000_000
+    assert "speedup over AR" in capsys.readouterr().out
+
+
+def test_cli_rejects_a_bad_prompt_file(tmp_path, capsys):
+    from specviz import cli
+
+    bad = tmp_path / "p.jsonl"
+    bad.write_text("{oops\n")
+    assert cli.main(["bench", "--prompts", str(bad)]) == 2
+    assert "line 1 is not JSON" in capsys.readouterr().err
+
+
+# --- the cheaper draft ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("bits, cls", [(8, Int8Linear), (4, Int4Linear)])
+def test_quantized_linear_is_close_and_many_tokens_use_the_dense_weights(bits, cls):
+    torch.manual_seed(0)
+    dense = torch.nn.Linear(64, 48, bias=True)
+    q = quantize_linear(dense, bits)
+    assert isinstance(q, cls)
+    x = torch.randn(1, 1, 64)
+    err = (q(x) - dense(x)).norm() / dense(x).norm()
+    assert err < (0.02 if bits == 8 else 0.15)
+    many = torch.randn(1, 9, 64)
+    assert torch.equal(q(many), dense(many))
+
+
+def test_pruned_head_gives_minus_infinity_outside_the_kept_ids():
+    torch.manual_seed(0)
+    head = torch.nn.Linear(8, 10, bias=False)
+    keep = torch.tensor([0, 1, 2, 9])
+    small = torch.nn.Linear(8, 4, bias=False)
+    small.weight.data = head.weight.data[keep]
+    h = torch.randn(2, 8)
+    out = PrunedHead(small, keep, 10)(h)
+    assert torch.isinf(out[:, 3:9]).all() and (out[:, 3:9] < 0).all()
+    assert torch.allclose(out[:, keep], head(h)[:, keep])
+
+
+@pytest.mark.parametrize("bits", [8, 4])
+def test_fast_draft_keeps_greedy_output_and_the_original_draft(bits):
+    pair = tiny_pair()
+    before = {n: p.clone() for n, p in pair.draft.named_parameters()}
+    fast = fast_pair(pair, DraftQuant(bits=bits, keep_vocab=48))
+    assert fast.draft is not pair.draft and fast.target is pair.target
+    assert all(torch.equal(before[n], p) for n, p in pair.draft.named_parameters())
+    config = DecodeConfig(k=3, max_new_tokens=24)
+    for prompt in ([3, 4, 5], [7, 1, 9, 2, 30, 31]):
+        ar = [s.token.id for s in autoregressive_generate(pair, prompt, config)]
+        rounds = list(speculative_generate(fast, prompt, config))
+        assert [t for r in rounds for t in r.new_token_ids] == ar
+        # the draft never proposes an id outside its kept vocabulary (ids 0..47 plus the end-of-sequence)
+        assert all(d.id < 48 for r in rounds for d in r.drafted)
+
+
+def test_sampled_drafts_carry_the_fast_drafts_own_q():
+    """Exactness needs q to be what the draft sampled from: the fast draft's q, not the original's.
+
+    Replays the drafter's feeding pattern (missing tokens first, then one drafted token at a time,
+    cropped back after each round) on the fast draft and compares q(x) with the events.
+    """
+    from transformers import DynamicCache
+
+    from specviz.engine.plumbing import rollback
+
+    pair = tiny_pair()
+    fast = fast_pair(pair, DraftQuant(bits=8, keep_vocab=48))
+    config = DecodeConfig(k=3, max_new_tokens=12, sampling=SamplingParams(1.0), seed=3)
+    history = [3, 4, 5, 6, 7, 8]
+    rounds = list(speculative_generate(fast, history, config))
+    cache = DynamicCache()
+    with torch.inference_mode():
+        for r in rounds:
+            feed = torch.tensor([history[cache.get_seq_length():]])
+            for d in r.drafted:
+                logits = fast.draft(feed, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+                assert d.q == pytest.approx(torch.softmax(logits.float(), -1)[d.id].item(), rel=1e-4, abs=1e-7)
+                feed = torch.tensor([[d.id]])
+            rollback(cache, len(history) + r.n_accepted)
+            history = history + r.new_token_ids
