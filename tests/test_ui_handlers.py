@@ -14,6 +14,7 @@ from specviz.engine import DecodeConfig, speculative_generate
 from specviz.limits import Limits
 from specviz.models import ModelLoadError, encode_prompt
 from specviz.models.tiny import tiny_pair
+from specviz.ui import api
 from specviz.ui import handlers as h
 from specviz.ui.app import ASSETS
 from specviz.ui.session import PairSpec, Session
@@ -46,6 +47,19 @@ def test_run_streams_one_view_per_round_and_matches_the_engine(session, tiny):
     assert "Round" in last.caption and "tokens in" in last.stats
     assert len(last.pq.data) >= 1 and last.rounds["maximum"] >= len(expected)
     assert [v.record is record for v in views] == [True] * len(views)
+
+
+def test_stop_mid_run_releases_the_pair_and_the_next_run_is_correct(session, tiny):
+    views = h.run(session, Limits(), PROMPT, settings(max_new_tokens=40), options=FAST)
+    for _ in range(3):
+        next(views)
+    assert session.lock.locked()  # the run holds the pair
+    views.close()  # what Gradio does when Stop cancels the event
+    assert not session.lock.locked()
+    again = list(h.run(session, Limits(), PROMPT, settings(), options=FAST))[-1].record
+    expected = list(speculative_generate(tiny, encode_prompt(tiny.tokenizer, PROMPT),
+                                         DecodeConfig(k=4, max_new_tokens=24)))
+    assert [r.new_token_ids for r in again.rounds] == [r.new_token_ids for r in expected]
 
 
 def test_browsing_a_round_and_a_position(session):
@@ -85,7 +99,7 @@ def test_race_yields_both_lanes_with_growing_clocks_and_a_final_speedup(session)
 
 
 def test_api_race_reports_speedup_from_lane_clocks(session):
-    final = list(h.api_race(session, Limits(), PROMPT, settings(), FAST))[-1]
+    final = list(api.run_race(session, Limits(), PROMPT, settings(), FAST))[-1]
     assert final["event"] == "done" and final["identical"] is True
     ar, spec = final["ar"], final["spec"]
     assert final["speedup"] == pytest.approx(spec["tokens_per_s"] / ar["tokens_per_s"])
@@ -121,16 +135,16 @@ def test_replay_of_the_shipped_trace_needs_no_models():
     assert views[-1].record.rounds[-1].text == t.rounds[-1].text
     race = list(h.replay_race_view(None, SHIPPED, 0, options=FAST))[-1]
     assert "finished" in race.ar and "finished" in race.spec and "×" in race.result
-    api = list(h.api_replay(SHIPPED, FAST))
-    assert api[-1]["event"] == "done" and api[-1]["race"]["speedup"] > 0
-    assert len(api) == len(t.rounds) + 1
+    messages = list(api.replay(SHIPPED, FAST))
+    assert messages[-1]["event"] == "done" and messages[-1]["race"]["speedup"] > 0
+    assert len(messages) == len(t.rounds) + 1
 
 
 def test_replay_reads_only_uploads_and_shipped_traces(tmp_path):
     with pytest.raises(gr.Error, match="not one of the shipped traces"):
         list(h.replay(None, "../pyproject.toml", 0, options=FAST))
     with pytest.raises(gr.Error, match="not one of the shipped traces"):
-        list(h.api_replay("/etc/passwd", FAST))
+        list(api.replay("/etc/passwd", FAST))
     bogus = tmp_path / "not_a_trace.json"
     bogus.write_text(json.dumps({"hello": 1}))
     with pytest.raises(gr.Error, match="not a specviz trace"):
@@ -163,7 +177,7 @@ def test_bad_input_is_one_clear_gr_error(session, prompt, kw, message):
         with pytest.raises(gr.Error, match=message):
             list(handler(session, Limits(), prompt, settings(**kw), options=FAST))
     with pytest.raises(gr.Error, match=message):
-        list(h.api_generate(session, Limits(), prompt, settings(**kw)))
+        list(api.generate(session, Limits(), prompt, settings(**kw)))
 
 
 def test_prompt_over_the_token_limit(session):

@@ -10,12 +10,14 @@ time; other requests wait in the queue). Named JSON endpoints for scripts are li
 from __future__ import annotations
 
 from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import fields
 from pathlib import Path
 
 import gradio as gr
 
 from specviz.limits import Limits
+from specviz.ui import api
 from specviz.ui import handlers as h
 from specviz.ui import render, teach
 from specviz.ui.figures import drilldown_figure, empty_figure, race_figure, stats_figure
@@ -91,7 +93,7 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options | 
                             pq = gr.Plot(empty_figure("p/q bars of the current round appear here"),
                                          show_label=False, elem_id="sv-pq")
                         with gr.Row():
-                            round_slider = gr.Slider(1, 2, value=1, step=1, label="Round", interactive=False,
+                            round_slider = gr.Slider(1, 2, value=1, step=1, label="Round", interactive=False, elem_id="sv-round",
                                                      scale=1)
                             position = gr.Dropdown([], label="Drill-down position", scale=2, elem_id="sv-position")
                         drill_plot = gr.Plot(drilldown_figure(None, True), show_label=False, elem_id="sv-drill")
@@ -117,7 +119,7 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options | 
                             "top-k and top-p come from the settings.", elem_classes="sv-note")
                         with gr.Row():
                             n_samples = gr.Slider(10, limits.max_samples, value=min(200, limits.max_samples), step=10,
-                                                  label="samples per side")
+                                                  label="samples per side", elem_id="sv-samples")
                             dist_temp = gr.Slider(0.1, 2.0, value=1.0, step=0.05, label="temperature")
                             dist_btn = gr.Button("Sample", variant="primary", elem_id="sv-dist-run")
                         dist_plot = gr.Plot(empty_figure("empirical vs exact distributions appear here", 340),
@@ -133,13 +135,14 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options | 
                             with gr.Column():
                                 shipped_dd = gr.Dropdown(shipped, value=shipped[0] if shipped else None,
                                                          label="…or a shipped trace")
-                                speed = gr.Slider(0, 8, value=1, step=0.5, label="speed (1 = recorded pace, 0 = instant)")
+                                speed = gr.Slider(0, 8, value=1, step=0.5, label="speed (1 = recorded pace, 0 = instant)",
+                                                  elem_id="sv-speed")
                         with gr.Row():
                             replay_btn = gr.Button("Replay rounds", variant="primary", elem_id="sv-replay")
                             replay_race_btn = gr.Button("Replay race", elem_id="sv-replay-race")
 
                     with gr.Tab("How it works", id="formulas"):
-                        gr.Markdown(teach.FORMULAS, latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
+                        gr.Markdown(teach.FORMULAS, elem_id="sv-formulas", latex_delimiters=[{"left": "$$", "right": "$$", "display": True},
                                                                        {"left": "$", "right": "$", "display": False}])
 
             with gr.Column(scale=1, min_width=290):
@@ -161,7 +164,7 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options | 
                     top_p = gr.Slider(0.05, 1.0, value=defaults.top_p, step=0.05, label="top-p")
                     seed = gr.Number(defaults.seed, precision=0, label="seed")
                     max_new = gr.Slider(1, limits.max_new_tokens, value=defaults.max_new_tokens, step=1,
-                                        label="max new tokens")
+                                        label="max new tokens", elem_id="sv-max-new")
                 export_btn = gr.Button("Export last run as a trace")
                 export_file = gr.File(label="trace (JSON)", interactive=False, visible=False, elem_id="sv-export")
 
@@ -175,29 +178,27 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options | 
 
         def on_run(text, *values):
             *s, show = values
-            yield from map(astuple_shallow, h.run(session, limits, text, h.Settings(*s), show, options))
+            yield from stream(h.run(session, limits, text, h.Settings(*s), show, options))
 
         def on_step(state, text, *values):
             *s, show = values
-            for view, new_state in h.step(session, limits, state, text, h.Settings(*s), show, options):
-                yield (*astuple_shallow(view), new_state)
+            yield from stream(h.step(session, limits, state, text, h.Settings(*s), show, options),
+                              lambda pair: (*astuple_shallow(pair[0]), pair[1]))
 
         def on_race(text, *s):
             yield (gr.Tabs(selected="race"), *race_blank())
-            yield from ((gr.Tabs(), *astuple_shallow(v)) for v in h.run_race(session, limits, text, h.Settings(*s),
-                                                                             options))
+            yield from stream(h.run_race(session, limits, text, h.Settings(*s), options), with_tabs)
 
         def on_distribution(text, n, temp, *s):
-            yield from map(astuple_shallow, h.same_distribution(session, limits, text, h.Settings(*s), n, temp,
-                                                                options))
+            yield from stream(h.same_distribution(session, limits, text, h.Settings(*s), n, temp, options))
 
         def on_replay(file, name, pace, show):
             yield (gr.Tabs(selected="decode"), *astuple_shallow(h.main_view(None)))
-            yield from ((gr.Tabs(), *astuple_shallow(v)) for v in h.replay(file, name, pace, show, options))
+            yield from stream(h.replay(file, name, pace, show, options), with_tabs)
 
         def on_replay_race(file, name, pace):
             yield (gr.Tabs(selected="race"), *race_blank())
-            yield from ((gr.Tabs(), *astuple_shallow(v)) for v in h.replay_race_view(file, name, pace, options))
+            yield from stream(h.replay_race_view(file, name, pace, options), with_tabs)
 
         def race_blank():
             return ("", "", race_figure(()), "Starting…", "", gr.skip())
@@ -242,6 +243,19 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options | 
     return demo
 
 
+def stream(views: Iterator, convert=None) -> Iterator:
+    """Map a handler's views onto output tuples; closing this (Stop) closes the handler, which ends the
+    run and releases the pair at once rather than whenever the garbage collector gets to it."""
+    convert = convert or astuple_shallow
+    with closing(views):
+        for view in views:
+            yield convert(view)
+
+
+def with_tabs(view) -> tuple:
+    return (gr.Tabs(), *astuple_shallow(view))
+
+
 def astuple_shallow(view) -> tuple:
     """A view dataclass as a tuple of its fields (dataclasses.astuple would deep-copy figures)."""
     return tuple(getattr(view, f.name) for f in fields(view))
@@ -256,7 +270,7 @@ def register_api(session: Session, limits: Limits, options: h.Options) -> None:
         """Speculative decoding, streamed: one {"event": "round", "round": {...}} per round, then
         {"event": "done", "text", "rounds", "finished", "stats", "meta"}."""
         s = h.Settings(k, adaptive, drafter, temperature, top_k, top_p, seed, max_new_tokens)
-        yield from h.api_generate(session, limits, prompt, s)
+        yield from api.generate(session, limits, prompt, s)
 
     def race(prompt: str, k: int = 4, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
              top_p: float = 1.0, seed: int = 0, drafter: str = "model", adaptive: str = "fixed") -> Iterator[dict]:
@@ -264,19 +278,19 @@ def register_api(session: Session, limits: Limits, options: h.Options) -> None:
         clock. Streams {"event": "race", "ar": lane, "spec": lane, ...}; the last has "event": "done",
         "speedup", "identical", "divergence", "stats"."""
         s = h.Settings(k, adaptive, drafter, temperature, top_k, top_p, seed, max_new_tokens)
-        yield from h.api_race(session, limits, prompt, s, options)
+        yield from api.run_race(session, limits, prompt, s, options)
 
     def replay(trace: str) -> Iterator[dict]:
         """Replay a trace without models: `trace` is a shipped trace's name (see /info) or a trace's JSON
         text. Streams its rounds, then a summary (with the recorded race if the trace has AR steps)."""
-        yield from h.api_replay(trace, options)
+        yield from api.replay(trace, options)
 
     def same_distribution(prompt: str, samples: int = 200, temperature: float = 1.0, k: int = 4, top_k: int = 0,
                           top_p: float = 1.0, seed: int = 0, drafter: str = "model") -> Iterator[dict]:
         """First-token frequencies of speculative vs target-alone samples against the exact distribution,
         with total variation and χ² p-values. Streams progress; the last has "event": "done"."""
         s = h.Settings(k, "fixed", drafter, temperature, top_k, top_p, seed, 2)
-        yield from h.api_same_distribution(session, limits, prompt, s, samples, temperature)
+        yield from api.same_distribution(session, limits, prompt, s, samples, temperature)
 
     def load_pair(draft: str, target: str, dtype: str = "auto") -> str:
         """Swap the served pair (the previous one is released first). Returns the new pair's name."""

@@ -59,10 +59,12 @@ def pq_figure(r: Round | None, greedy: bool, *, verdict: bool = True) -> go.Figu
         fig.add_bar(x=x, y=p, name="p(x) target", marker=dict(color=colors),
                     hovertemplate="p(x) = %{y:.4f}<extra></extra>")
         fig.add_scatter(x=x, y=[t.accept_prob for t in r.drafted], mode="markers", name="min(1, p/q)",
-                        marker=dict(symbol="line-ew-open", size=34, line=dict(width=3, color="#0f172a")),
+                        marker=dict(symbol="line-ew-open", size=34, color="#0f172a",
+                                    line=dict(width=3, color="#0f172a")),
                         hovertemplate="min(1, p/q) = %{y:.4f}<extra></extra>")
         fig.add_scatter(x=x, y=[t.u for t in r.drafted], mode="markers", name="u (accept iff u < min(1, p/q))",
-                        marker=dict(symbol="x-thin-open", size=13, line=dict(width=2.5, color="#f59e0b")),
+                        marker=dict(symbol="x-thin-open", size=13, color="#f59e0b",
+                                    line=dict(width=2.5, color="#f59e0b")),
                         hovertemplate="u = %{y:.4f}<extra></extra>")
         if r.emitted is not None:
             e = r.emitted

@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import functools
 import gc
+import inspect
 import json
 import queue
 import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field, replace
+from contextlib import closing
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import gradio as gr
@@ -45,7 +47,7 @@ def user_errors(fn: Callable) -> Callable:
             return gr.Error("out of memory: try fewer new tokens, a smaller K, or a smaller model pair.")
         return gr.Error(str(e))
 
-    if hasattr(fn, "__code__") and fn.__code__.co_flags & 0x20:  # a generator function
+    if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
         def gen(*args, **kwargs):
             try:
@@ -86,7 +88,7 @@ class Settings:
 class Options:
     """Pacing of the live views: tests set everything to 0."""
 
-    min_interval: float = 0.08  # seconds between streamed updates (fast devices make many events)
+    min_interval: float = 0.15  # seconds between streamed updates (fast devices make many events)
     stage_delay: float = 0.7  # step mode: pause between the draft, verify and accept stages
     trace_dir: Path | None = None  # where exported traces are written (a temp dir by default)
     assets_dir: Path | None = None  # shipped traces for replay
@@ -184,24 +186,26 @@ def drill(r: Round | None, position, greedy: bool):
 
 
 def main_view(record: RunRecord | None, *, show_rejected: bool = True, selected: int | None = None,
-              stage: str = "done", stats: RunStats | None = None, stats_source: str = "") -> MainView:
+              stage: str = "done", live: bool = False) -> MainView:
+    """Everything the Decode tab shows for a record. `live` (mid-run) leaves the drill-down and the
+    stats chart alone: plotly figures cost tens of ms each, which would slow a fast device's rounds."""
     rounds = record.rounds if record else []
     greedy = record.greedy if record else True
     n = len(rounds)
     i = n - 1 if selected is None else max(0, min(int(selected) - 1, n - 1))
     current = rounds[i] if rounds else None
-    pos = default_position(current)
-    s = stats if stats is not None else summarize(rounds, record.ar_steps if record else None)
+    done = stage == "done"
+    pos = default_position(current) if done else None
+    s = summarize(rounds, record.ar_steps if record else None)
     return MainView(
         tokens=render.rounds_html(rounds, greedy, show_rejected=show_rejected, stage=stage),
         caption=teach.step_caption(current, greedy, stage) if current else "",
-        pq=figures.pq_figure(current, greedy, verdict=stage == "done" or stage == "verify"),
-        rounds=gr.update(minimum=1, maximum=max(n, 2), value=i + 1 if n else 1, interactive=n > 1),  # a slider needs min < max
-        positions=gr.update(choices=position_choices(current) if stage == "done" else [],
-                            value=pos if stage == "done" else None),
-        drill=drill(current, pos, greedy) if stage == "done" else figures.drilldown_figure(None, greedy),
-        stats=teach.stats_markdown(s, stats_source or (record.source if record else "")),
-        stats_fig=figures.stats_figure(s),
+        pq=figures.pq_figure(current, greedy, verdict=stage != "draft"),
+        rounds=gr.update(minimum=1, maximum=max(n, 2), value=i + 1 if n else 1, interactive=n > 1),  # min < max
+        positions=gr.update(choices=position_choices(current) if done else [], value=pos),
+        drill=gr.skip() if live else drill(current, pos, greedy),
+        stats=teach.stats_markdown(s, record.source if record else ""),
+        stats_fig=gr.skip() if live else figures.stats_figure(s),
         record=record,
     )
 
@@ -209,12 +213,13 @@ def main_view(record: RunRecord | None, *, show_rejected: bool = True, selected:
 def paced(events: Iterator, min_interval: float, clock: Callable[[], float] = time.monotonic) -> Iterator[tuple]:
     """(event, show) pairs: show is True at most every min_interval seconds, and for the last event."""
     last = None
-    for event in events:
-        now = clock()
-        show = last is None or now - last >= min_interval or bool(getattr(event, "finished", None))
-        if show:
-            last = now
-        yield event, show
+    with closing(events):  # closing the pacer (Stop) closes the run it paces
+        for event in events:
+            now = clock()
+            show = last is None or now - last >= min_interval or bool(getattr(event, "finished", None))
+            if show:
+                last = now
+            yield event, show
 
 
 def locked(session: Session, events_of: Callable[[object], Iterator]) -> Iterator:
@@ -232,10 +237,11 @@ def run(session: Session, limits: Limits, prompt, settings: Settings, show_rejec
     record = RunRecord(job.meta, source="Run")
     yield main_view(record, show_rejected=show_rejected)
     rounds = locked(session, lambda pair: speculative_generate(pair, job.ids, job.config))
-    for r, show in paced(rounds, options.min_interval):
-        record.rounds.append(r)
-        if show:
-            yield main_view(record, show_rejected=show_rejected)
+    with closing(paced(rounds, options.min_interval)) as events:
+        for r, show in events:
+            record.rounds.append(r)
+            if show:
+                yield main_view(record, show_rejected=show_rejected, live=r.finished is None)
 
 
 def browse(record: RunRecord | None, round_number, show_rejected: bool = True) -> MainView:
@@ -366,12 +372,12 @@ def run_race(session: Session, limits: Limits, prompt, settings: Settings,
     job = prepare(session, limits, prompt, settings)
     record = RunRecord(job.meta, source="Race")
     states = locked(session, lambda pair: race(pair, job.ids, job.config))
-    for state, show in paced(states, options.min_interval):
-        if state.done:
-            record.rounds, record.ar_steps = list(state.spec.events), list(state.ar.events)
-            show = True
-        if show:
-            yield race_view(state, record)
+    with closing(paced(states, options.min_interval)) as events:
+        for state, show in events:
+            if state.done:
+                record.rounds, record.ar_steps = list(state.spec.events), list(state.ar.events)
+            if show or state.done:
+                yield race_view(state, record)
 
 
 # ---------------------------------------------------------------- same distribution
@@ -418,18 +424,20 @@ def sample_distributions(session: Session, limits: Limits, prompt, settings: Set
     with session.using() as pair:
         exact = next_token_distribution(pair, job.ids, job.config.sampling)
     samples = locked(session, lambda pair: sample_both(pair, job.ids, job.config, n, max(1, n // 20)))
-    for counts_ar, counts_spec, done in samples:
-        c = compare(exact, counts_ar, counts_spec)
-        yield c, [job.pair.tokenizer.decode([t]) for t in c.token_ids], done == n
+    with closing(samples):
+        for counts_ar, counts_spec, done in samples:
+            c = compare(exact, counts_ar, counts_spec)
+            yield c, [job.pair.tokenizer.decode([t]) for t in c.token_ids], done == n
 
 
 @user_errors
 def same_distribution(session: Session, limits: Limits, prompt, settings: Settings, n, temperature,
                       options: Options = Options()) -> Iterator[DistributionView]:
-    for c, texts, done in sample_distributions(session, limits, prompt, settings, n, temperature):
-        labels = token_labels(texts, c.token_ids)
-        yield DistributionView(figures.distribution_figure(labels, c.exact, c.ar, c.spec, c.n_ar, c.n_spec),
-                               distribution_summary(c, done))
+    with closing(sample_distributions(session, limits, prompt, settings, n, temperature)) as results:
+        for c, texts, done in results:
+            labels = token_labels(texts, c.token_ids)
+            yield DistributionView(figures.distribution_figure(labels, c.exact, c.ar, c.spec, c.n_ar, c.n_spec),
+                                   distribution_summary(c, done))
 
 
 # ---------------------------------------------------------------- traces: export and replay
@@ -488,10 +496,10 @@ def replay(upload, shipped, speed, show_rejected: bool = True, options: Options 
     t, name = open_trace(upload, shipped, options)
     record = RunRecord(t.meta, [], t.ar_steps, source=f"Replay of {name}")
     yield main_view(record, show_rejected=show_rejected)
-    for r in t.rounds:
+    for i, r in enumerate(t.rounds):
         wait(r.draft_time + r.verify_time + r.overhead_time, float(speed or 0))
         record.rounds.append(r)
-        yield main_view(record, show_rejected=show_rejected)
+        yield main_view(record, show_rejected=show_rejected, live=i + 1 < len(t.rounds))
 
 
 @user_errors
@@ -535,75 +543,3 @@ def load_pair(session: Session, draft, target, dtype) -> Iterator[str]:
         e = outcome["error"]
         raise gr.Error(str(e)) if isinstance(e, USER_ERRORS) else e
     yield "\n".join(log + [f"**Loaded:** {outcome['name']}"])
-
-
-# ---------------------------------------------------------------- the JSON API (gradio_client)
-
-
-def lane_dict(lane) -> dict:
-    return {"tokens": lane.tokens, "clock_s": lane.clock, "tokens_per_s": lane.tokens_per_s,
-            "text": lane.text, "finished": lane.finished}
-
-
-def stats_dict(s: RunStats) -> dict:
-    return asdict(s)
-
-
-def rounds_summary(meta: dict, rounds: list[Round], steps: list[Step] | None = None) -> dict:
-    s = summarize(rounds, steps)
-    return {"event": "done", "text": rounds[-1].text if rounds else "", "rounds": len(rounds),
-            "finished": rounds[-1].finished if rounds else None, "stats": stats_dict(s), "meta": meta}
-
-
-@user_errors
-def api_generate(session: Session, limits: Limits, prompt, settings: Settings) -> Iterator[dict]:
-    job = prepare(session, limits, prompt, settings)
-    rounds: list[Round] = []
-    for r in locked(session, lambda pair: speculative_generate(pair, job.ids, job.config)):
-        rounds.append(r)
-        yield {"event": "round", "round": r.to_dict()}
-    yield rounds_summary(job.meta, rounds)
-
-
-def race_dict(state: RaceState, meta: dict | None = None) -> dict:
-    d = state.divergence
-    out = {"event": "done" if state.done else "race", "ar": lane_dict(state.ar), "spec": lane_dict(state.spec),
-           "speedup": state.speedup, "greedy": state.greedy,
-           "divergence": None if d is None else asdict(d)}
-    if state.done:
-        out["stats"] = stats_dict(summarize(state.spec.events, state.ar.events, spec_seconds=state.spec.clock,
-                                            ar_seconds=state.ar.clock))
-        out["identical"] = state.ar.token_ids == state.spec.token_ids
-        out["meta"] = meta
-    return out
-
-
-@user_errors
-def api_race(session: Session, limits: Limits, prompt, settings: Settings,
-             options: Options = Options()) -> Iterator[dict]:
-    job = prepare(session, limits, prompt, settings)
-    for state, show in paced(locked(session, lambda pair: race(pair, job.ids, job.config)), options.min_interval):
-        if show or state.done:
-            yield race_dict(state, job.meta)
-
-
-@user_errors
-def api_replay(trace: str, options: Options = Options()) -> Iterator[dict]:
-    t, _ = trace_text_or_name(trace, options)
-    for r in t.rounds:
-        yield {"event": "round", "round": r.to_dict()}
-    out = rounds_summary(t.meta, t.rounds, t.ar_steps or None)
-    if t.ar_steps:
-        *_, final = replay_race(t.rounds, t.ar_steps, RunRecord(t.meta).greedy)
-        out["race"] = race_dict(final, t.meta)
-    yield out
-
-
-@user_errors
-def api_same_distribution(session: Session, limits: Limits, prompt, settings: Settings, n, temperature
-                          ) -> Iterator[dict]:
-    for c, texts, done in sample_distributions(session, limits, prompt, settings, n, temperature):
-        yield {"event": "done" if done else "progress", "samples": min(c.n_ar, c.n_spec), "tv_ar": c.tv_ar,
-               "tv_spec": c.tv_spec, "p_ar": c.p_ar, "p_spec": c.p_spec, "tv_noise": c.tv_noise,
-               "tokens": [{"id": t, "text": x, "exact": e, "ar": a, "spec": sp}
-                          for t, x, e, a, sp in zip(c.token_ids, texts, c.exact, c.ar, c.spec)]}

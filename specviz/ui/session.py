@@ -43,6 +43,7 @@ PRESETS: dict[str, tuple[str | None, str]] = {
     "Llama 3.2 1B → Llama 3.1 8B Instruct (hub, GPU)": ("meta-llama/Llama-3.2-1B-Instruct",
                                                          "meta-llama/Llama-3.1-8B-Instruct"),
     "Target only, prompt-lookup drafter (offline)": (None, EMBEDDED),
+    "Tiny random pair (instant; to try the UI, not the models)": ("tiny", "tiny"),
 }
 
 MAX_SOURCE_CHARS = 400

@@ -1,0 +1,125 @@
+"""Take the README's screenshots of the real app in headless Chromium.
+
+    flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py            # embedded pair, bf16
+    .venv/bin/python scripts/screenshots.py --pair tiny --out /tmp/shots           # a quick layout check
+
+Writes main_running.png, main_finished.png, drilldown.png, step.png, race.png, distribution.png,
+formulas.png and replay.png into --out (default assets/screenshots).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import time
+from pathlib import Path
+
+from playwright.sync_api import sync_playwright
+
+from specviz.limits import Limits
+from specviz.ui import handlers as h
+from specviz.ui.app import ASSETS, build_app, launch
+from specviz.ui.session import PairSpec, Session
+
+CODE = ("Write a Python function `is_prime(n)` with a docstring and type hints, then a loop that prints "
+        "the primes below 50.")
+FRUIT = "Name one fruit. Answer with a single word."
+ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+
+
+def clip(page, top: str, bottom: str, pad: int = 8) -> dict:
+    a, b = page.locator(top).first.bounding_box(), page.locator(bottom).first.bounding_box()
+    x = min(a["x"], b["x"]) - pad
+    return {"x": max(0, x), "y": max(0, a["y"] - pad), "width": max(a["x"] + a["width"], b["x"] + b["width"]) - x + pad,
+            "height": b["y"] + b["height"] - a["y"] + 2 * pad}
+
+
+def shot(page, out: Path, name: str, top: str, bottom: str) -> None:
+    page.screenshot(path=str(out / name), clip=clip(page, top, bottom), full_page=True)
+    print("wrote", out / name, flush=True)
+
+
+def set_slider(page, elem_id: str, value: int) -> None:
+    box = page.locator(f"#{elem_id} input[type=number]").first
+    box.fill(str(value))
+    box.press("Enter")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--pair", default="embedded", choices=["embedded", "tiny"])
+    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--out", default=str(ASSETS / "screenshots"))
+    ap.add_argument("--samples", type=int, default=100)
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+
+    session = Session(spec=PairSpec(args.pair, args.pair, dtype=args.dtype, device="cpu"))
+    session.load(args.pair, args.pair, args.dtype, status=print)
+    demo = build_app(session, Limits(), h.Options(min_interval=0.08, stage_delay=0.0, assets_dir=ASSETS))
+    _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
+    long = 600_000
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=ARGS)
+        page = browser.new_page(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
+        page.goto(url)
+        page.wait_for_selector("#sv-run")
+        set_slider(page, "sv-max-new", args.max_new_tokens)
+        page.fill("#sv-prompt textarea", CODE)
+
+        page.click("#sv-run")  # main view, mid-run and finished
+        page.wait_for_function("document.querySelectorAll('#sv-tokens .sv-round').length >= 4", timeout=long)
+        shot(page, out, "main_running.png", "#sv-prompt", "#sv-pq")
+        page.wait_for_function("document.querySelector('#sv-stats')?.innerText.includes('tokens in')", timeout=long)
+        time.sleep(1.5)
+        shot(page, out, "main_finished.png", "#sv-prompt", "#sv-pq")
+        page.evaluate("window.scrollTo(0, 0)")
+        rejected = page.locator("#sv-tokens .sv-round:has(.sv-rejected)")
+        if rejected.count():  # browse to a round with a rejection: the drill-down shows where the fix came from
+            n = int(rejected.first.get_attribute("data-round"))
+            set_slider(page, "sv-round", n)
+            time.sleep(1.5)
+        shot(page, out, "drilldown.png", "#sv-caption", "#sv-stats")
+
+        for _ in range(3):  # step mode: three rounds, one click each
+            page.click("#sv-step")
+            page.wait_for_function("document.querySelector('#sv-caption')?.innerText.includes('Net:')",
+                                   timeout=long)
+            time.sleep(0.5)
+        shot(page, out, "step.png", "#sv-run", "#sv-pq")
+
+        page.click("#sv-race-run")
+        page.wait_for_selector("#sv-lane-ar .sv-done", timeout=long)
+        page.wait_for_selector("#sv-lane-spec .sv-done", timeout=long)
+        time.sleep(1.5)
+        shot(page, out, "race.png", "#sv-race-ar", "#sv-race-plot")
+
+        page.get_by_role("tab", name="Same distribution").click()
+        page.fill("#sv-prompt textarea", FRUIT)
+        set_slider(page, "sv-samples", args.samples)
+        page.click("#sv-dist-run")
+        page.wait_for_function("!document.querySelector('#sv-dist-summary')?.innerText.includes('sampling')"
+                               " && document.querySelector('#sv-dist-summary')?.innerText.includes('samples')",
+                               timeout=long)
+        time.sleep(1.5)
+        shot(page, out, "distribution.png", "#sv-dist-run", "#sv-dist-summary")
+
+        page.get_by_role("tab", name="How it works").click()
+        time.sleep(1.0)
+        shot(page, out, "formulas.png", "#sv-formulas", "#sv-formulas")
+
+        page.get_by_role("tab", name="Replay").click()
+        set_slider(page, "sv-speed", 0)
+        page.click("#sv-replay-race")
+        page.wait_for_selector("#sv-lane-spec .sv-done", timeout=long)
+        page.wait_for_selector("#sv-lane-ar .sv-done", timeout=long)
+        time.sleep(1.5)
+        shot(page, out, "replay.png", "#sv-race-ar", "#sv-race-result")
+        browser.close()
+    demo.close()
+
+
+if __name__ == "__main__":
+    main()
