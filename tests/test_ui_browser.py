@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from specviz.limits import Limits
+from specviz.models.tiny import tiny_pair
 from specviz.ui import handlers as h
 from specviz.ui.app import ASSETS, build_app, launch
 from specviz.ui.session import PairSpec, Session
@@ -18,9 +19,9 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"
 
 
 @pytest.fixture(scope="module")
-def app_url(tiny):
-    demo = build_app(Session(tiny, PairSpec("tiny", "tiny")), Limits(), h.Options(min_interval=0.05, stage_delay=0.0,
-                                                                                 assets_dir=ASSETS))
+def app_url():
+    session = Session(tiny_pair(), PairSpec("tiny", "tiny"))  # its own pair: the load test replaces it
+    demo = build_app(session, Limits(), h.Options(min_interval=0.05, stage_delay=0.0, assets_dir=ASSETS))
     _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
     try:
         yield url
@@ -59,6 +60,14 @@ def test_run_shows_coloured_tokens_and_the_pq_plot(page):
     assert page.locator("#sv-drill .js-plotly-plot").count() == 1
 
 
+def test_export_downloads_the_run_as_a_trace(page):
+    page.click("#sv-export-btn")
+    link = page.wait_for_selector("#sv-export a[href]", timeout=30_000)
+    data = page.request.get(link.get_attribute("href")).json()
+    assert data["format"] == "specviz-trace" and data["rounds"]
+    assert data["meta"]["prompt"] == "the man said that it was good and"
+
+
 def test_race_shows_both_timers_running_to_the_end(page):
     page.click("#sv-race-run")
     page.wait_for_selector("#sv-lane-ar .sv-done", timeout=120_000)
@@ -72,3 +81,14 @@ def test_race_shows_both_timers_running_to_the_end(page):
     SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SCREENSHOT), full_page=True)
     assert Path(SCREENSHOT).stat().st_size > 10_000
+
+
+def test_loading_a_preset_streams_status_and_updates_the_header(page):
+    page.get_by_text("Model pair", exact=True).click()
+    page.get_by_label("Preset").click()
+    page.get_by_role("option", name="Tiny random pair (instant; to try the UI, not the models)").click()
+    page.wait_for_function("document.querySelector('#sv-draft textarea, #sv-draft input')?.value === 'tiny'",
+                           timeout=30_000)  # the preset fills in the draft and target fields
+    page.click("#sv-load")
+    page.wait_for_function("document.querySelector('#sv-load-log')?.innerText.includes('Loaded')", timeout=60_000)
+    assert "tiny-draft" in page.inner_text("#sv-pair")

@@ -148,11 +148,12 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options | 
             with gr.Column(scale=1, min_width=290):
                 with gr.Accordion("Model pair", open=False):
                     preset = gr.Dropdown(preset_names, value=preset_names[0], label="Preset")
-                    draft_src = gr.Textbox(PRESETS[preset_names[0]][0] or "", label="Draft (hub id, folder, .gguf)")
-                    target_src = gr.Textbox(PRESETS[preset_names[0]][1], label="Target")
+                    draft_src = gr.Textbox(PRESETS[preset_names[0]][0] or "", label="Draft (hub id, folder, .gguf)",
+                                           elem_id="sv-draft")
+                    target_src = gr.Textbox(PRESETS[preset_names[0]][1], label="Target", elem_id="sv-target")
                     dtype = gr.Dropdown(["auto", "bfloat16", "float32", "float16"], value="auto", label="dtype")
-                    load_btn = gr.Button("Load")
-                    load_log = gr.Markdown(f"Serving **{session.name}**.")
+                    load_btn = gr.Button("Load", elem_id="sv-load")
+                    load_log = gr.Markdown(f"Serving **{session.name}**.", elem_id="sv-load-log")
                 with gr.Group():
                     k = gr.Slider(1, limits.max_k, value=defaults.k, step=1, label="K (tokens drafted per round)")
                     adaptive = gr.Radio(["fixed", "confidence", "acceptance"], value=defaults.adaptive,
@@ -165,7 +166,7 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options | 
                     seed = gr.Number(defaults.seed, precision=0, label="seed")
                     max_new = gr.Slider(1, limits.max_new_tokens, value=defaults.max_new_tokens, step=1,
                                         label="max new tokens", elem_id="sv-max-new")
-                export_btn = gr.Button("Export last run as a trace")
+                export_btn = gr.Button("Export last run as a trace", elem_id="sv-export-btn")
                 export_file = gr.File(label="trace (JSON)", interactive=False, visible=False, elem_id="sv-export")
 
         settings = [k, adaptive, drafter, temperature, top_k, top_p, seed, max_new]

@@ -45,7 +45,7 @@ def user_errors(fn: Callable) -> Callable:
         if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
             gc.collect()
             return gr.Error("out of memory: try fewer new tokens, a smaller K, or a smaller model pair.")
-        return gr.Error(str(e))
+        return gr.Error(str(e), print_exception=False)  # the user's mistake: no traceback in the server log
 
     if inspect.isgeneratorfunction(fn):
         @functools.wraps(fn)
@@ -445,7 +445,7 @@ def same_distribution(session: Session, limits: Limits, prompt, settings: Settin
 
 def export(record: RunRecord | None, options: Options = Options()) -> str:
     if record is None or not record.rounds:
-        raise gr.Error("nothing to export yet: press Run, Step or Run race first.")
+        raise gr.Error("nothing to export yet: press Run, Step or Run race first.", print_exception=False)
     folder = options.trace_dir or Path(tempfile.gettempdir()) / "specviz-traces"
     folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
@@ -541,5 +541,5 @@ def load_pair(session: Session, draft, target, dtype) -> Iterator[str]:
     worker.join()
     if "error" in outcome:
         e = outcome["error"]
-        raise gr.Error(str(e)) if isinstance(e, USER_ERRORS) else e
+        raise gr.Error(str(e), print_exception=False) if isinstance(e, USER_ERRORS) else e
     yield "\n".join(log + [f"**Loaded:** {outcome['name']}"])
