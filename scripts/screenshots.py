@@ -23,7 +23,7 @@ from specviz.ui.session import PairSpec, Session
 
 CODE = ("Write a Python function `is_prime(n)` with a docstring and type hints, then a loop that prints "
         "the primes below 50.")
-FRUIT = "Name one fruit. Answer with a single word."
+FRUIT = "Pick a random number between 1 and 10. Answer with the number only."
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 
 

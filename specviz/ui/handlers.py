@@ -34,7 +34,7 @@ from specviz.trace import Trace, TraceError
 from specviz.ui import figures, render, teach
 from specviz.ui.distribution import Comparison, compare, sample_both
 from specviz.ui.session import Session
-from specviz.ui.stats import RunStats, summarize
+from specviz.ui.stats import summarize
 
 USER_ERRORS = (InputError, ModelLoadError, TraceError)
 
@@ -316,17 +316,6 @@ class RaceView:
     record: RunRecord | None
 
 
-def lane_html(lane, body: str, recorded: bool) -> str:
-    state = (f'<span class="sv-done">finished ({lane.finished})</span>' if lane.finished
-             else '<span class="sv-running">running…</span>')
-    clock = "s, recorded" if recorded else "s of own compute"
-    return (f'<div class="sv-lane" id="sv-lane-{lane.key}"><h4><span>{lane.title}</span>{state}</h4>'
-            f'<div class="sv-clock" data-lane="{lane.key}">'
-            f'<div><b class="sv-elapsed">{lane.clock:.2f}</b><span>{clock}</span></div>'
-            f'<div><b class="sv-rate">{lane.tokens_per_s:.1f}</b><span>tokens/s</span></div>'
-            f'<div><b class="sv-count">{lane.tokens}</b><span>tokens</span></div></div>{body}</div>')
-
-
 def gap(v: float | None) -> str:
     return "—" if v is None else f"{v:.3f}"
 
@@ -357,8 +346,8 @@ def race_view(state: RaceState, record: RunRecord, recorded: bool = False) -> Ra
     at = state.divergence.position if state.divergence else None
     s = summarize(state.spec.events, state.ar.events, spec_seconds=state.spec.clock, ar_seconds=state.ar.clock)
     return RaceView(
-        ar=lane_html(state.ar, render.steps_html(state.ar.events, at), recorded),
-        spec=lane_html(state.spec, render.spec_lane_html(state.spec.events, state.greedy, at), recorded),
+        ar=render.lane_html(state.ar, render.steps_html(state.ar.events, at), recorded),
+        spec=render.lane_html(state.spec, render.spec_lane_html(state.spec.events, state.greedy, at), recorded),
         fig=figures.race_figure(state.lanes),
         result=race_result(state),
         stats=teach.stats_markdown(s, "Race, speculative lane") if state.done else "",

@@ -168,6 +168,18 @@ def spec_lane_html(rounds: list[Round], greedy: bool, diverge_at: int | None = N
     return f'<div class="sv-text">{"".join(spans)}</div>'
 
 
+def lane_html(lane, body: str, recorded: bool) -> str:
+    """A race lane (specviz.race.Lane): title, state, its own clock, tokens/s, tokens, then its text."""
+    state = (f'<span class="sv-done">finished ({lane.finished})</span>' if lane.finished
+             else '<span class="sv-running">running…</span>')
+    clock = "s, recorded" if recorded else "s of own compute"
+    return (f'<div class="sv-lane" id="sv-lane-{lane.key}"><h4><span>{lane.title}</span>{state}</h4>'
+            f'<div class="sv-clock" data-lane="{lane.key}">'
+            f'<div><b class="sv-elapsed">{lane.clock:.2f}</b><span>{clock}</span></div>'
+            f'<div><b class="sv-rate">{lane.tokens_per_s:.1f}</b><span>tokens/s</span></div>'
+            f'<div><b class="sv-count">{lane.tokens}</b><span>tokens</span></div></div>{body}</div>')
+
+
 def legend_html() -> str:
     items = "".join(f'<span class="sv-tok sv-{k}">{escape(v)}</span>' for k, v in LABELS.items())
     return (f'<div class="sv-legend">{items}<span class="sv-empty">dashed box = one round '
