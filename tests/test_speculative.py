@@ -8,6 +8,7 @@ last token, so the test decides exactly what each model wants to say.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import re
@@ -19,6 +20,7 @@ import torch
 from transformers import PretrainedConfig
 
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
+from specviz.engine.compare import first_divergence, spec_gap_at
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, round_from_dict
 from specviz.models.loading import ModelPair
 from specviz.models.tiny import EOS_ID, tiny_pair, tiny_tokenizer
@@ -345,3 +347,48 @@ def test_a_stop_request_ends_the_run():
     calls.clear()
     steps = list(autoregressive_generate(pair, [5], config, should_stop=should_stop))
     assert len(steps) == 2 and steps[-1].finished == "stopped"
+
+
+# --- near-ties: every token carries the target's top-2 gap; where two runs part ways ------------
+
+
+@pytest.fixture(scope="module")
+def greedy_runs(tiny):
+    ids = encode(tiny, "she said that")
+    config = DecodeConfig(k=4, max_new_tokens=24, sampling=GREEDY)
+    return ids, list(speculative_generate(tiny, ids, config)), list(autoregressive_generate(tiny, ids, config))
+
+
+def test_top2_gaps_sit_at_the_right_positions(tiny, greedy_runs):
+    ids, rounds, steps = greedy_runs
+    assert spec_tokens(rounds) == [s.token.id for s in steps]
+    for i, step in enumerate(steps):  # the verify forward saw the same logits as the one-token step
+        assert spec_gap_at(rounds, i) == pytest.approx(step.token.target_top2_gap, abs=1e-4)
+    with torch.inference_mode():
+        top2 = tiny.target(torch.tensor([ids])).logits[0, -1].topk(2).values
+    assert steps[0].token.target_top2_gap == pytest.approx(float(top2[0] - top2[1]), abs=1e-5)
+
+
+def test_no_divergence_when_the_runs_agree(greedy_runs):
+    _, rounds, steps = greedy_runs
+    assert first_divergence(rounds, steps) is None
+
+
+@pytest.mark.parametrize("position", [0, 5, 23])
+def test_first_divergence_reports_the_position_and_both_gaps(greedy_runs, position):
+    _, rounds, steps = greedy_runs
+    altered = copy.deepcopy(steps)
+    altered[position].token.id = (altered[position].token.id + 1) % V
+    d = first_divergence(rounds, altered)
+    assert d.position == position
+    assert d.target_top2_gap == steps[position].token.target_top2_gap
+    assert d.spec_top2_gap == spec_gap_at(rounds, position)
+
+
+def test_a_run_that_stops_early_diverges_where_it_stopped(greedy_runs):
+    _, rounds, steps = greedy_runs
+    d = first_divergence(rounds[:2], steps)
+    assert d.position == sum(r.tokens_emitted for r in rounds[:2]) and d.spec_top2_gap is None
+    assert d.target_top2_gap == steps[d.position].token.target_top2_gap
+    d = first_divergence(rounds, steps[:3])
+    assert d.position == 3 and math.isnan(d.target_top2_gap)
