@@ -67,8 +67,8 @@ CSS = """
 .sv-clock div { display: flex; flex-direction: column; white-space: nowrap; }
 .sv-clock b { font-size: 26px; line-height: 1.15; }
 .sv-clock span { color: var(--body-text-color-subdued); font-size: 12px; }
-.sv-lane .sv-text { min-height: 160px; max-height: 340px; overflow-y: auto; font-size: 13px;
-  line-height: 1.8; }
+.sv-scroll { max-height: 340px; overflow-y: auto; display: flex; flex-direction: column-reverse; }
+.sv-lane .sv-text { min-height: 160px; font-size: 13px; line-height: 1.8; }
 .sv-done { color: #16a34a; font-weight: 600; font-size: 13px; white-space: nowrap; }
 .sv-running { color: #d97706; font-weight: 600; font-size: 13px; }
 .sv-speedup { font-size: 22px; font-weight: 700; }
@@ -177,7 +177,8 @@ def lane_html(lane, body: str, recorded: bool) -> str:
             f'<div class="sv-clock" data-lane="{lane.key}">'
             f'<div><b class="sv-elapsed">{lane.clock:.2f}</b><span>{clock}</span></div>'
             f'<div><b class="sv-rate">{lane.tokens_per_s:.1f}</b><span>tokens/s</span></div>'
-            f'<div><b class="sv-count">{lane.tokens}</b><span>tokens</span></div></div>{body}</div>')
+            f'<div><b class="sv-count">{lane.tokens}</b><span>tokens</span></div></div>'
+            f'<div class="sv-scroll">{body}</div></div>')  # column-reverse keeps the newest tokens in view
 
 
 def legend_html() -> str:
