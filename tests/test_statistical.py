@@ -1,0 +1,233 @@
+"""Statistical exactness: speculative sampling draws the first 3 tokens from the target's own distribution.
+
+The pair. A purpose-built tiny Qwen2 pair with a 16-token vocabulary (ids 0..15 of the tiny
+tokenizer, id 0 = <eos>): its next-token distributions are spread enough that every branch of the
+rule is taken (acceptance about 0.73, <eos> about 7% at the first position), yet concentrated enough
+that 20,000 samples pin them down (the expected total-variation distance of 20,000 perfect samples
+is about 0.01). The draft is the target with noise on its weights, far enough from it (TV about
+0.26) for the always-accept control to stand out.
+
+The exact distribution. Categories are the 16 ids plus END (the output stopped at an earlier
+<eos>). With P_t(. | x_<t) the target's warped next-token distribution computed by one plain forward
+over prompt + prefix for EVERY prefix of length 0, 1, 2 (1 + 16 + 256 prefixes, batched):
+    P(x1) = P_1(x1)
+    P(x1, x2) = P(x1) * P_2(x2 | x1)                  for x1 != <eos>;  x2 = END if x1 = <eos>
+    P(x1, x2, x3) = P(x1, x2) * P_3(x3 | x1, x2)      for x1, x2 != <eos>; END after an <eos>
+Summing the joint gives the exact marginal of each position. This is the distribution plain
+autoregressive decoding of the target samples from (same warps, same stop rule).
+
+The samplers.
+- `simulate`: 20,000 runs of the engine's rule (`specviz.engine.rules.verify`, the function the
+  round loop calls) with K = 2 and max_new_tokens = 3, using the tables above as the models: draft
+  tokens are drawn with `sample` from the draft's exact table rows, p rows come from the target's.
+  This is the engine's decision logic at full sample size without 60,000 model forwards.
+- `end_to_end`: `speculative_generate` itself (real KV caches, cropping, events), one seed per run:
+  20,000 runs at temperature 1 with the same bounds, 3,000 with warps and a looser TV bound (0.05).
+Each is compared with the exact marginals by a chi-square test (bins with expected count < 5
+pooled) and the total-variation distance. The negative control patches the rule to accept every
+draft and asserts the same statistics reject it.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+
+import numpy as np
+import pytest
+import torch
+from scipy.stats import chisquare
+
+from specviz.engine import DecodeConfig, SamplingParams, speculative_generate
+from specviz.engine import rules
+from specviz.engine.sampling import logits_to_probs, sample
+from specviz.models.loading import ModelPair
+from specviz.models.tiny import EOS_ID, tiny_model, tiny_tokenizer
+
+V, END, LENGTH, K = 16, 16, 3, 2
+PROMPT = [3, 1, 4, 1, 5]
+TEMPERATURE_1 = SamplingParams(1.0)
+WARPED = SamplingParams(1.0, top_k=8, top_p=0.9)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """60,000 sequential forwards of a 2-layer model gain nothing from intra-op threads, and on a
+    shared machine spinning OpenMP workers made this file 20x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def pair() -> ModelPair:
+    target = tiny_model(seed=1, vocab_size=V)
+    draft = copy.deepcopy(target)
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(0.1 * param.std() * torch.randn(param.shape, generator=gen))
+    return ModelPair(draft=draft, target=target, tokenizer=tiny_tokenizer(), device=torch.device("cpu"),
+                     dtype=torch.float32, eos_token_ids=frozenset({EOS_ID}))
+
+
+@torch.inference_mode()
+def tables(model, sampling: SamplingParams) -> dict[tuple, torch.Tensor]:
+    """Warped next-token distribution after PROMPT + every prefix of length 0..LENGTH-1."""
+    out = {}
+    for n in range(LENGTH):
+        prefixes = list(itertools.product(range(V), repeat=n))
+        ids = torch.tensor([PROMPT + list(x) for x in prefixes])
+        probs = logits_to_probs(model(ids).logits[:, -1].float(), sampling)
+        out.update(zip(prefixes, probs))
+    return out
+
+
+def exact_joint(p: dict[tuple, torch.Tensor]) -> dict[tuple, float]:
+    """P(x1, x2, x3) over ids and END, by enumeration (see the module docstring)."""
+    joint: dict[tuple, float] = {}
+
+    def extend(prefix: tuple, prob: float) -> None:
+        if len(prefix) == LENGTH:
+            joint[prefix] = joint.get(prefix, 0.0) + prob
+        elif prefix and prefix[-1] in (EOS_ID, END):
+            extend(prefix + (END,), prob)
+        else:
+            for x, px in enumerate(p[prefix].double().tolist()):
+                if px > 0:
+                    extend(prefix + (x,), prob * px)
+
+    extend((), 1.0)
+    return joint
+
+
+def marginals(joint: dict[tuple, float]) -> np.ndarray:
+    m = np.zeros((LENGTH, V + 1))
+    for seq, prob in joint.items():
+        for t, x in enumerate(seq):
+            m[t, x] += prob
+    return m
+
+
+def finish(tokens: list[int]) -> tuple:
+    """The first LENGTH tokens with END after an <eos>."""
+    out = list(tokens[:LENGTH])
+    if EOS_ID in out:
+        out = out[:out.index(EOS_ID) + 1]
+    return tuple(out + [END] * (LENGTH - len(out)))
+
+
+def simulate(p: dict, q: dict, n: int, seed: int) -> list[tuple]:
+    """n runs of the engine's round rule with the exact tables standing in for the two models."""
+    gen = torch.Generator().manual_seed(seed)
+    samples = []
+    for _ in range(n):
+        out: list[int] = []
+        while len(out) < LENGTH and EOS_ID not in out:
+            k = min(K, LENGTH - len(out) - 1)  # as the round loop: k drafts + 1 never overshoot
+            drafted: list[int] = []
+            for _ in range(k):
+                drafted.append(int(sample(q[tuple(out + drafted)], gen)))
+            p_rows = torch.stack([p[tuple(out + drafted[:j])] for j in range(k + 1)])
+            q_rows = torch.stack([q[tuple(out + drafted[:j])] for j in range(k)]) if k else torch.empty(0, V)
+            verdict = rules.verify(p_rows, q_rows, torch.tensor(drafted, dtype=torch.long), gen)
+            nacc = int(verdict.n_accepted)
+            out += drafted[:nacc] + [int(verdict.next_token)]
+        samples.append(finish(out))
+    return samples
+
+
+def end_to_end(pair, sampling: SamplingParams, n: int) -> list[tuple]:
+    samples = []
+    for seed in range(n):
+        config = DecodeConfig(k=K, max_new_tokens=LENGTH, sampling=sampling, seed=seed)
+        samples.append(finish([t for r in speculative_generate(pair, PROMPT, config) for t in r.new_token_ids]))
+    return samples
+
+
+def pooled_chisquare(counts: np.ndarray, probs: np.ndarray) -> float:
+    """Chi-square p-value of counts against probs, bins with expected count < 5 pooled into one."""
+    n = counts.sum()
+    assert counts[probs == 0].sum() == 0, "a sample fell where the exact probability is 0"
+    expected = probs * n
+    small = (expected < 5) & (probs > 0)
+    big = ~small & (probs > 0)
+    obs, exp = list(counts[big]), list(expected[big])
+    if small.any():
+        obs.append(counts[small].sum())
+        exp.append(expected[small].sum())
+        if exp[-1] < 5:  # still too small: merge the pool into the smallest regular bin
+            i = int(np.argmin(exp[:-1]))
+            obs[i] += obs.pop()
+            exp[i] += exp.pop()
+    exp = np.array(exp) * n / np.sum(exp)
+    return float(chisquare(obs, exp).pvalue)
+
+
+def statistics(samples: list[tuple], joint: dict[tuple, float]) -> dict:
+    """Per-position chi-square p-values and TV distances, plus a chi-square on the whole 3-token joint."""
+    exact = marginals(joint)
+    arr = np.array(samples)
+    counts = np.stack([np.bincount(arr[:, t], minlength=V + 1) for t in range(LENGTH)])
+    keys = list(joint)
+    index = {s: i for i, s in enumerate(keys)}
+    joint_counts = np.bincount([index.get(s, len(keys)) for s in samples], minlength=len(keys) + 1)
+    assert joint_counts[-1] == 0, "a sampled sequence has probability 0"
+    return {
+        "p": [pooled_chisquare(counts[t], exact[t]) for t in range(LENGTH)],
+        "tv": [0.5 * np.abs(counts[t] / len(samples) - exact[t]).sum() for t in range(LENGTH)],
+        "p_joint": pooled_chisquare(joint_counts[:-1], np.array([joint[s] for s in keys])),
+    }
+
+
+@pytest.fixture(scope="module")
+def setups(pair):
+    return {name: (tables(pair.target, s), tables(pair.draft, s))
+            for name, s in (("temperature 1", TEMPERATURE_1), ("top-k 8, top-p 0.9", WARPED))}
+
+
+def test_the_pair_exercises_the_rule(setups):
+    """The setting is not degenerate: drafts are often but not always accepted, <eos> shows up early."""
+    p, q = setups["temperature 1"]
+    acceptance = float(torch.minimum(p[()], q[()]).sum())
+    assert 0.5 < acceptance < 0.9
+    assert marginals(exact_joint(p))[1, END] > 0.02
+    warped_p = setups["top-k 8, top-p 0.9"][0]
+    assert all(int((row > 0).sum()) <= 8 for row in warped_p.values())
+
+
+@pytest.mark.parametrize("name", ["temperature 1", "top-k 8, top-p 0.9"])
+def test_rule_samples_the_target_distribution(setups, name):
+    p, q = setups[name]
+    stats = statistics(simulate(p, q, 20_000, seed=0), exact_joint(p))
+    print(name, stats)
+    assert min(stats["p"]) > 0.01, stats
+    assert max(stats["tv"]) < 0.02, stats
+    assert stats["p_joint"] > 0.01, stats
+
+
+def test_negative_control_always_accept_is_detected(setups, monkeypatch):
+    monkeypatch.setattr(rules, "accepted_prefix", lambda accept_prob, u: torch.tensor(accept_prob.shape[0]))
+    p, q = setups["temperature 1"]
+    stats = statistics(simulate(p, q, 20_000, seed=0), exact_joint(p))
+    print("always accept", stats)
+    assert stats["p"][0] < 1e-6 and stats["tv"][0] > 0.02, stats
+    assert stats["p_joint"] < 1e-6, stats
+
+
+@pytest.mark.parametrize("sampling,n,max_tv", [(TEMPERATURE_1, 20_000, 0.02), (WARPED, 3_000, 0.05)],
+                         ids=["temperature 1", "top-k 8, top-p 0.9"])
+def test_speculative_generate_samples_the_target_distribution(pair, sampling, n, max_tv):
+    """The full loop, caches and all: 20,000 runs at temperature 1 (about a minute), fewer with warps."""
+    stats = statistics(end_to_end(pair, sampling, n), exact_joint(tables(pair.target, sampling)))
+    print(sampling, n, stats)
+    assert min(stats["p"]) > 0.01, stats
+    assert max(stats["tv"]) < max_tv, stats
+
+
+def test_negative_control_end_to_end(pair, monkeypatch):
+    monkeypatch.setattr(rules, "accepted_prefix", lambda accept_prob, u: torch.tensor(accept_prob.shape[0]))
+    stats = statistics(end_to_end(pair, TEMPERATURE_1, 1_000), exact_joint(tables(pair.target, TEMPERATURE_1)))
+    print("always accept, end to end", stats)
+    assert stats["p"][0] < 1e-6 and stats["tv"][0] > 0.05, stats
