@@ -22,7 +22,8 @@ The samplers.
   tokens are drawn with `sample` from the draft's exact table rows, p rows come from the target's.
   This is the engine's decision logic at full sample size without 60,000 model forwards.
 - `end_to_end`: `speculative_generate` itself (real KV caches, cropping, events), one seed per run:
-  20,000 runs at temperature 1 with the same bounds, 3,000 with warps and a looser TV bound (0.05).
+  20,000 runs at temperature 1 with the same bounds; 3,000 with warps, and 3,000 with the hybrid
+  drafter (prompt lookup's point-mass drafts), each with looser bounds (TV < 0.05, p > 0.001).
 Each is compared with the exact marginals by a chi-square test (bins with expected count < 5
 pooled) and the total-variation distance. The negative control patches the rule to accept every
 draft and asserts the same statistics reject it.
@@ -46,6 +47,7 @@ from specviz.models.tiny import EOS_ID, tiny_model, tiny_tokenizer
 
 V, END, LENGTH, K = 16, 16, 3, 2
 PROMPT = [3, 1, 4, 1, 5]
+LOOKUP_PROMPT = [3, 1, 4, 1]  # ends in a repeat: prompt lookup proposes "4 1" in the first round
 TEMPERATURE_1 = SamplingParams(1.0)
 WARPED = SamplingParams(1.0, top_k=8, top_p=0.9)
 
@@ -73,12 +75,12 @@ def pair() -> ModelPair:
 
 
 @torch.inference_mode()
-def tables(model, sampling: SamplingParams) -> dict[tuple, torch.Tensor]:
-    """Warped next-token distribution after PROMPT + every prefix of length 0..LENGTH-1."""
+def tables(model, sampling: SamplingParams, prompt: list[int] = PROMPT) -> dict[tuple, torch.Tensor]:
+    """Warped next-token distribution after prompt + every prefix of length 0..LENGTH-1."""
     out = {}
     for n in range(LENGTH):
         prefixes = list(itertools.product(range(V), repeat=n))
-        ids = torch.tensor([PROMPT + list(x) for x in prefixes])
+        ids = torch.tensor([prompt + list(x) for x in prefixes])
         probs = logits_to_probs(model(ids).logits[:, -1].float(), sampling)
         out.update(zip(prefixes, probs))
     return out
@@ -138,12 +140,16 @@ def simulate(p: dict, q: dict, n: int, seed: int) -> list[tuple]:
     return samples
 
 
-def end_to_end(pair, sampling: SamplingParams, n: int) -> list[tuple]:
-    samples = []
+def end_to_end(pair, sampling: SamplingParams, n: int, drafter: str = "model",
+               prompt: list[int] = PROMPT) -> tuple[list[tuple], int]:
+    """n runs of `speculative_generate`, seed i for run i; also counts point-mass (lookup) drafts."""
+    samples, point_masses = [], 0
     for seed in range(n):
-        config = DecodeConfig(k=K, max_new_tokens=LENGTH, sampling=sampling, seed=seed)
-        samples.append(finish([t for r in speculative_generate(pair, PROMPT, config) for t in r.new_token_ids]))
-    return samples
+        config = DecodeConfig(k=K, max_new_tokens=LENGTH, sampling=sampling, seed=seed, drafter=drafter)
+        rounds = list(speculative_generate(pair, prompt, config))
+        samples.append(finish([t for r in rounds for t in r.new_token_ids]))
+        point_masses += sum(d.q == 1.0 for r in rounds for d in r.drafted)
+    return samples, point_masses
 
 
 def pooled_chisquare(counts: np.ndarray, probs: np.ndarray) -> float:
@@ -216,18 +222,26 @@ def test_negative_control_always_accept_is_detected(setups, monkeypatch):
     assert stats["p_joint"] < 1e-6, stats
 
 
-@pytest.mark.parametrize("sampling,n,max_tv", [(TEMPERATURE_1, 20_000, 0.02), (WARPED, 3_000, 0.05)],
-                         ids=["temperature 1", "top-k 8, top-p 0.9"])
-def test_speculative_generate_samples_the_target_distribution(pair, sampling, n, max_tv):
-    """The full loop, caches and all: 20,000 runs at temperature 1 (about a minute), fewer with warps."""
-    stats = statistics(end_to_end(pair, sampling, n), exact_joint(tables(pair.target, sampling)))
-    print(sampling, n, stats)
-    assert min(stats["p"]) > 0.01, stats
+@pytest.mark.parametrize("sampling,drafter,n,max_tv,min_p", [
+    (TEMPERATURE_1, "model", 20_000, 0.02, 0.01),
+    (WARPED, "model", 3_000, 0.05, 1e-3),
+    (TEMPERATURE_1, "hybrid", 3_000, 0.05, 1e-3),  # prompt-lookup drafts are point masses: accepted with p(x)
+], ids=["temperature 1", "top-k 8, top-p 0.9", "hybrid drafter"])
+def test_speculative_generate_samples_the_target_distribution(pair, sampling, drafter, n, max_tv, min_p):
+    """The full loop, caches and all: 20,000 runs at temperature 1 (about a minute) with the full bounds.
+    The two smaller runs are secondary checks: a looser TV bound, and p > 0.001 so that their six
+    p-values together rarely fail by chance; the always-accept control still scores p < 1e-13."""
+    prompt = LOOKUP_PROMPT if drafter == "hybrid" else PROMPT
+    samples, point_masses = end_to_end(pair, sampling, n, drafter, prompt)
+    stats = statistics(samples, exact_joint(tables(pair.target, sampling, prompt)))
+    print(sampling, drafter, n, stats, "point-mass drafts", point_masses)
+    assert (point_masses > n) == (drafter == "hybrid")  # lookup drafted in every hybrid run
+    assert min(stats["p"]) > min_p, stats
     assert max(stats["tv"]) < max_tv, stats
 
 
 def test_negative_control_end_to_end(pair, monkeypatch):
     monkeypatch.setattr(rules, "accepted_prefix", lambda accept_prob, u: torch.tensor(accept_prob.shape[0]))
-    stats = statistics(end_to_end(pair, TEMPERATURE_1, 1_000), exact_joint(tables(pair.target, TEMPERATURE_1)))
+    stats = statistics(end_to_end(pair, TEMPERATURE_1, 1_000)[0], exact_joint(tables(pair.target, TEMPERATURE_1)))
     print("always accept, end to end", stats)
     assert stats["p"][0] < 1e-6 and stats["tv"][0] > 0.05, stats
