@@ -1,0 +1,69 @@
+"""The real embedded pair (Qwen2.5-Coder 0.5B -> 1.5B, float32): verified weights, greedy speculative
+output token-identical to the target alone, and a trace that survives a save/load roundtrip.
+
+Loads the pair once per session (about 10 GB of RAM); run under `flock /tmp/specviz-real.lock`.
+"""
+
+from __future__ import annotations
+
+import pytest
+from test_speculative import check_rounds, spec_tokens
+
+from specviz import trace
+from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
+from specviz.engine.compare import first_divergence
+from specviz.models import embedded, encode_prompt
+
+pytestmark = pytest.mark.embedded
+
+PROMPTS = [
+    "Write a Python function that checks whether a number is prime.",
+    "Explain what a hash map is in one sentence.",
+    "Convert to JSON: name Alice, age 30, city Paris.",
+]
+MAX_NEW = 24
+
+
+@pytest.mark.parametrize("model", [embedded.DRAFT, embedded.TARGET], ids=["draft", "target"])
+def test_the_assembled_weights_match_their_pinned_sha256(embedded_pair, model):
+    path = embedded.assemble(model, progress=False)  # the cached, stamped file the pair was built from
+    assert embedded.sha256_of(path, progress=False) == model.sha256
+
+
+@pytest.fixture(scope="module")
+def ar_runs(embedded_pair):
+    config = DecodeConfig(max_new_tokens=MAX_NEW, sampling=SamplingParams(0.0))
+    runs = {}
+    for prompt in PROMPTS:
+        ids = encode_prompt(embedded_pair.tokenizer, prompt)
+        runs[prompt] = ids, list(autoregressive_generate(embedded_pair, ids, config))
+    return runs
+
+
+def test_the_target_writes_sensible_text(ar_runs):
+    ids, steps = ar_runs[PROMPTS[0]]
+    assert len(steps) == MAX_NEW and steps[-1].finished == "length"
+    assert "def " in steps[-1].text  # a coder model asked for a function starts writing one
+
+
+@pytest.mark.parametrize("k", [1, 2, 4, 8])
+def test_greedy_speculative_equals_the_target_alone(embedded_pair, ar_runs, k):
+    config = DecodeConfig(k=k, max_new_tokens=MAX_NEW, sampling=SamplingParams(0.0))
+    drafted = accepted = 0
+    for prompt in PROMPTS:
+        ids, steps = ar_runs[prompt]
+        rounds = list(speculative_generate(embedded_pair, ids, config))
+        assert spec_tokens(rounds) == [s.token.id for s in steps], (prompt, first_divergence(rounds, steps))
+        check_rounds(embedded_pair, rounds, config)
+        drafted += sum(r.k for r in rounds)
+        accepted += sum(r.n_accepted for r in rounds)
+    print(f"K={k}: acceptance {accepted / drafted:.2f} ({accepted}/{drafted})")
+    assert accepted / drafted > 0.3  # one model family: the draft agrees often (a broken load would not)
+
+
+def test_a_real_trace_roundtrips(embedded_pair, ar_runs, tmp_path):
+    config = DecodeConfig(k=4, max_new_tokens=12, sampling=SamplingParams(0.0))
+    t = trace.record(embedded_pair, PROMPTS[2], config)  # the target alone already ran: ar_runs
+    assert t.meta["target"] == embedded.TARGET.name and t.meta["dtype"] == "float32"
+    assert spec_tokens(t.rounds) == [s.token.id for s in ar_runs[PROMPTS[2]][1][:12]]
+    assert trace.load(trace.save(t, tmp_path / "trace.json")) == t
