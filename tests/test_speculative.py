@@ -31,16 +31,6 @@ GREEDY = SamplingParams(0.0)
 SAMPLED = SamplingParams(1.0)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models gain nothing from intra-op threads; on a shared machine, spinning OpenMP workers
-    made this file 20x slower (250 s instead of 12 s)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def encode(pair, prompt: str) -> list[int]:
     return pair.tokenizer(prompt)["input_ids"]
 

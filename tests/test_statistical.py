@@ -52,16 +52,6 @@ TEMPERATURE_1 = SamplingParams(1.0)
 WARPED = SamplingParams(1.0, top_k=8, top_p=0.9)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """60,000 sequential forwards of a 2-layer model gain nothing from intra-op threads, and on a
-    shared machine spinning OpenMP workers made this file 20x slower."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 @pytest.fixture(scope="module")
 def pair() -> ModelPair:
     target = tiny_model(seed=1, vocab_size=V)
