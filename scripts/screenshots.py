@@ -28,10 +28,16 @@ ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disa
 
 
 def clip(page, top: str, bottom: str, pad: int = 8) -> dict:
+    """The page region from the top of one element to the bottom of another (page coordinates)."""
     a, b = page.locator(top).first.bounding_box(), page.locator(bottom).first.bounding_box()
+    scroll = page.evaluate("[window.scrollX, window.scrollY]")
     x = min(a["x"], b["x"]) - pad
-    return {"x": max(0, x), "y": max(0, a["y"] - pad), "width": max(a["x"] + a["width"], b["x"] + b["width"]) - x + pad,
+    return {"x": max(0, x + scroll[0]), "y": max(0, a["y"] - pad + scroll[1]),
+            "width": max(a["x"] + a["width"], b["x"] + b["width"]) - x + pad,
             "height": b["y"] + b["height"] - a["y"] + 2 * pad}
+
+
+FINISHED = "document.querySelector('#sv-caption')?.innerText.includes('finished (')"
 
 
 def shot(page, out: Path, name: str, top: str, bottom: str) -> None:
@@ -72,8 +78,8 @@ def main() -> None:
         page.click("#sv-run")  # main view, mid-run and finished
         page.wait_for_function("document.querySelectorAll('#sv-tokens .sv-round').length >= 4", timeout=long)
         shot(page, out, "main_running.png", "#sv-prompt", "#sv-pq")
-        page.wait_for_function("document.querySelector('#sv-stats')?.innerText.includes('tokens in')", timeout=long)
-        time.sleep(1.5)
+        page.wait_for_function(FINISHED, timeout=long)
+        time.sleep(2.0)
         shot(page, out, "main_finished.png", "#sv-prompt", "#sv-pq")
         page.evaluate("window.scrollTo(0, 0)")
         rejected = page.locator("#sv-tokens .sv-round:has(.sv-rejected)")
@@ -83,10 +89,10 @@ def main() -> None:
             time.sleep(1.5)
         shot(page, out, "drilldown.png", "#sv-caption", "#sv-stats")
 
-        for _ in range(3):  # step mode: three rounds, one click each
+        for n in (1, 2, 3):  # step mode: three rounds, one click each
             page.click("#sv-step")
-            page.wait_for_function("document.querySelector('#sv-caption')?.innerText.includes('Net:')",
-                                   timeout=long)
+            page.wait_for_function(f"(t => t.includes('Round {n} (') && t.includes('Net:'))"
+                                   "(document.querySelector('#sv-caption')?.innerText || '')", timeout=long)
             time.sleep(0.5)
         shot(page, out, "step.png", "#sv-run", "#sv-pq")
 

@@ -48,7 +48,7 @@ def test_run_shows_coloured_tokens_and_the_pq_plot(page):
     page.fill("#sv-prompt textarea", "the man said that it was good and")
     page.click("#sv-run")
     page.wait_for_selector("#sv-tokens .sv-tok.sv-accepted", timeout=60_000)
-    page.wait_for_function("document.querySelector('#sv-stats')?.innerText.includes('tokens in')", timeout=60_000)
+    page.wait_for_function("document.querySelector('#sv-caption')?.innerText.includes('finished (')", timeout=60_000)
     classes = page.eval_on_selector_all("#sv-tokens .sv-tok", "els => els.map(e => e.className)")
     kinds = {c.split()[1] for c in classes}
     assert "sv-accepted" in kinds and kinds & {"sv-correction", "sv-bonus"}

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import fields
+from html import escape
 from pathlib import Path
 
 import gradio as gr
@@ -38,9 +39,10 @@ EXAMPLES = [
 ]
 
 APP_CSS = render.CSS + """
-#sv-header { display: flex; align-items: baseline; gap: 14px; flex-wrap: wrap; }
-#sv-header h1 { margin: 0; font-size: 26px; }
-#sv-pair { color: var(--body-text-color-subdued); font-size: 14px; }
+.sv-header { display: flex; align-items: baseline; gap: 6px 16px; flex-wrap: wrap; padding: 2px 4px; }
+.sv-header h1 { margin: 0; font-size: 26px; }
+.sv-tagline { font-size: 15px; }
+#sv-pair { color: var(--body-text-color-subdued); font-size: 13px; }
 #sv-caption { min-height: 150px; }
 .sv-note { font-size: 13px; color: var(--body-text-color-subdued); }
 footer { display: none !important; }
@@ -51,6 +53,11 @@ Named endpoints (gradio_client), all JSON: `/generate` (stream of rounds), `/rac
 snapshots), `/replay` (a shipped trace's name or a trace's JSON text), `/same_distribution`,
 `/load_pair`, `/info`. See the README's API section.
 """
+
+
+def header_html(pair: str) -> str:
+    return (f'<div class="sv-header"><h1>specviz</h1><span class="sv-tagline">speculative decoding, visible</span>'
+            f'<span id="sv-pair">serving {escape(pair)}</span></div>')
 
 
 def outputs_of(view_cls, components: dict) -> list:
@@ -65,9 +72,7 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options | 
     preset_names = list(PRESETS)
 
     with gr.Blocks(title="specviz: speculative decoding, visible") as demo:
-        with gr.Row(elem_id="sv-header"):
-            gr.HTML("<h1>specviz</h1>")
-            pair_name = gr.HTML(f'<span id="sv-pair">{session.name}</span>')
+        header = gr.HTML(header_html(session.name))
         record = gr.State(None)
         stepper = gr.State(None)
 
@@ -222,8 +227,8 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options | 
         replay_race_ev = replay_race_btn.click(on_replay_race, [upload, shipped_dd, speed], [tabs, *race_out],
                                                api_visibility="private", concurrency_limit=4)
         load_ev = load_btn.click(on_load, [draft_src, target_src, dtype], [load_log], api_visibility="private",
-                                 concurrency_id=MODEL).then(lambda: f'<span id="sv-pair">{session.name}</span>',
-                                                            None, [pair_name], api_visibility="private")
+                                 concurrency_id=MODEL).then(lambda: header_html(session.name), None, [header],
+                                                            api_visibility="private")
         stop_btn.click(None, None, None, cancels=[run_ev, submit_ev, step_ev, race_ev, dist_ev, replay_ev,
                                                   replay_race_ev, load_ev])
         run_btn.click(h.reset_step, [stepper], [stepper], api_visibility="private", queue=False)

@@ -79,9 +79,10 @@ def pq_figure(r: Round | None, greedy: bool, *, verdict: bool = True) -> go.Figu
 
 
 def _hbar(fig, cands: list[Candidate], col: int, color: str, highlight: int | None, name: str):
-    cands = list(reversed(cands))
+    labels = [f"{rank}. '{short(c.text, 12)}'" for rank, c in enumerate(cands, 1)]  # ranks keep labels unique
+    cands, labels = list(reversed(cands)), list(reversed(labels))  # the most likely on top
     colors = [COLORS[CORRECTION] if c.id == highlight else color for c in cands]
-    fig.add_bar(x=[c.prob for c in cands], y=[f"'{short(c.text, 12)}' ·{j}" for j, c in enumerate(cands)],
+    fig.add_bar(x=[c.prob for c in cands], y=labels,
                 orientation="h", marker=dict(color=colors), name=name, showlegend=False,
                 hovertemplate="%{y}: %{x:.4f}<extra></extra>", row=1, col=col)
 

@@ -385,7 +385,7 @@ def distribution_summary(c, done: bool) -> str:
     return "\n".join([
         f"**{c.n_spec} speculative and {c.n_ar} target-alone samples{state}**",
         "",
-        "| | target alone | speculative |",
+        "| statistic | target alone | speculative |",
         "|---|---|---|",
         f"| total variation to exact | {c.tv_ar:.3f} | {c.tv_spec:.3f} |",
         f"| χ² goodness-of-fit p-value | {p(c.p_ar)} | {p(c.p_spec)} |",
