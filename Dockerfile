@@ -1,11 +1,13 @@
 # specviz on a GPU: CUDA PyTorch base, embedded pair assembled + verified + converted at build time.
 #   docker build -t specviz .
-#   docker run --gpus all -p 7860:7860 specviz
-# Inside the container the app binds 0.0.0.0 (the container is the boundary); publish the port
-# to 127.0.0.1 on the host (-p 127.0.0.1:7860:7860) unless you mean to expose it.
+#   docker run --gpus all -p 127.0.0.1:7860:7860 specviz
+# Inside the container the app binds 0.0.0.0 (the container is the boundary), which makes `specviz serve`
+# offer only its preset pairs; add --allow-any-model to the command to let users load any hub id.
+# Publish the port on 127.0.0.1 as above unless you mean to expose the app to your network.
 FROM pytorch/pytorch:2.9.1-cuda12.8-cudnn9-runtime
 
-ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 SPECVIZ_CACHE=/opt/specviz-cache HF_HUB_OFFLINE=0
+ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 SPECVIZ_CACHE=/opt/specviz-cache HF_HUB_OFFLINE=0 \
+    GRADIO_ANALYTICS_ENABLED=False
 WORKDIR /app
 
 # torch comes from the base image; pip sees it satisfied and installs no other build.
@@ -21,5 +23,11 @@ RUN pip install -e . \
 COPY app.py ./
 COPY assets ./assets
 
+# the server needs no root: it reads the converted pair and writes only to its home (hub cache) and /tmp
+RUN useradd --create-home specviz
+USER specviz
+
 EXPOSE 7860
+HEALTHCHECK --interval=30s --timeout=5s --start-period=180s \
+  CMD python -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:7860/', timeout=4)"
 CMD ["specviz", "serve", "--host", "0.0.0.0", "--port", "7860"]

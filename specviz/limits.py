@@ -18,13 +18,31 @@ class InputError(ValueError):
     """Bad user input; the message is meant for the user."""
 
 
+MAX_SEED = 2**32 - 1  # the usual seed range; the distribution tab adds the sample index to it
+MIN_TEMPERATURE, MAX_TEMPERATURE = 1e-3, 100.0  # below 1e-3, logits / T overflows float32 into NaN
+
+
 @dataclass(frozen=True)
 class Limits:
+    """What one request may ask of the server (`specviz serve --max-...` flags)."""
+
     max_prompt_chars: int = 8000
     max_prompt_tokens: int = 2048
     max_new_tokens: int = 512
     max_k: int = 16
     max_samples: int = 2000  # "same distribution" tab: continuations per side
+    max_queue: int = 64  # requests waiting for the model; more are turned away ("queue is full")
+
+    def __post_init__(self):
+        for name, value in vars(self).items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise InputError(f"the limit {name} must be a whole number of at least 1, got {value!r}.")
+
+
+def _short(value, n: int = 40) -> str:
+    """A bad value, quoted for a message without echoing megabytes back."""
+    text = repr(value)
+    return text if len(text) <= n else text[: n - 1] + "…"
 
 
 def _number(name: str, value, kind=float) -> float:
@@ -32,13 +50,13 @@ def _number(name: str, value, kind=float) -> float:
         raise InputError(f"{name} must be a number, got {value!r}.")
     try:
         x = float(value)
-    except (TypeError, ValueError):
-        raise InputError(f"{name} must be a number, got {value!r}.") from None
+    except (TypeError, ValueError, OverflowError):  # OverflowError: an int too large for a float
+        raise InputError(f"{name} must be a number, got {_short(value)}.") from None
     if not math.isfinite(x):
-        raise InputError(f"{name} must be a finite number, got {value!r}.")
+        raise InputError(f"{name} must be a finite number, got {_short(value)}.")
     if kind is int:
         if x != int(x):
-            raise InputError(f"{name} must be a whole number, got {value!r}.")
+            raise InputError(f"{name} must be a whole number, got {_short(value)}.")
         return int(x)
     return x
 
@@ -72,8 +90,9 @@ def decode_config(limits: Limits, *, k, max_new_tokens, temperature=0.0, top_k=0
     if not 1 <= max_new_tokens <= limits.max_new_tokens:
         raise InputError(f"max new tokens must be between 1 and {limits.max_new_tokens}, got {max_new_tokens}.")
     temperature = _number("temperature", temperature)
-    if temperature < 0:
-        raise InputError(f"temperature must be 0 (greedy) or positive, got {temperature}.")
+    if temperature != 0 and not MIN_TEMPERATURE <= temperature <= MAX_TEMPERATURE:
+        raise InputError(f"temperature must be 0 (greedy) or between {MIN_TEMPERATURE:g} and {MAX_TEMPERATURE:g}, "
+                         f"got {temperature:g}.")
     top_k = _number("top-k", top_k, int)
     if top_k < 0:
         raise InputError(f"top-k must be 0 (off) or positive, got {top_k}.")
@@ -84,9 +103,11 @@ def decode_config(limits: Limits, *, k, max_new_tokens, temperature=0.0, top_k=0
         seed = None
     else:
         seed = _number("seed", seed, int)
+        if not 0 <= seed <= MAX_SEED:
+            raise InputError(f"seed must be a whole number between 0 and {MAX_SEED}, got {seed}.")
     if drafter not in DRAFTERS:
-        raise InputError(f"drafter must be one of {', '.join(DRAFTERS)}, got {drafter!r}.")
+        raise InputError(f"drafter must be one of {', '.join(DRAFTERS)}, got {_short(drafter)}.")
     if adaptive not in ADAPTIVE_MODES:
-        raise InputError(f"adaptive K must be one of {', '.join(ADAPTIVE_MODES)}, got {adaptive!r}.")
+        raise InputError(f"adaptive K must be one of {', '.join(ADAPTIVE_MODES)}, got {_short(adaptive)}.")
     return DecodeConfig(k=k, max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature, top_k, top_p),
                         seed=seed, drafter=drafter, adaptive=adaptive)

@@ -33,3 +33,25 @@ def embedded_pair():
     from specviz.models import load_pair
 
     return load_pair("embedded", "embedded", device="cpu", dtype="float32", progress=False)
+
+
+@pytest.fixture(scope="module")
+def serve():
+    """Launch apps in-process on loopback (Gradio picks a free port): `demo, client = serve(session, limits)`.
+    Every app started is closed when the module's tests are done."""
+    from gradio_client import Client
+
+    from specviz.ui import handlers as h
+    from specviz.ui.app import ASSETS, build_app, launch
+
+    demos = []
+
+    def start(session, limits):
+        demo = build_app(session, limits, h.Options(min_interval=0.0, stage_delay=0.0, assets_dir=ASSETS))
+        _, url, _ = launch(demo, host="127.0.0.1", port=None, prevent_thread_lock=True, quiet=True)
+        demos.append(demo)
+        return demo, Client(url, verbose=False)
+
+    yield start
+    for demo in demos:
+        demo.close()

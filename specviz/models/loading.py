@@ -8,9 +8,12 @@ from __future__ import annotations
 import gc
 import logging
 import shutil
+import socket
+import traceback
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from urllib.parse import urlparse
 
 import torch
 
@@ -32,6 +35,22 @@ Status = Callable[[str], None]
 
 class ModelLoadError(RuntimeError):
     """A model could not be loaded; the message tells the user what to do about it."""
+
+
+OUT_OF_MEMORY = (torch.OutOfMemoryError, MemoryError)
+
+
+def release_memory(error: BaseException | None = None) -> None:
+    """Give memory back after a failure: an exception's traceback keeps every frame it passed through
+    alive, with their tensors (weights half-loaded, KV caches, activations), for as long as anyone holds
+    the exception, so clear those frames first, then collect and return the CUDA cache to the device."""
+    if error is not None:
+        for e in (error, error.__cause__, error.__context__):
+            if e is not None and e.__traceback__ is not None:
+                traceback.clear_frames(e.__traceback__)
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
 
 
 @dataclass
@@ -59,9 +78,7 @@ class ModelPair:
         """Drop the weights now, so loading another pair does not hold two in memory."""
         self.draft = None
         self.target = None
-        gc.collect()
-        if torch.cuda.is_available():
-            torch.cuda.empty_cache()
+        release_memory()
 
 
 def resolve_device(device: str = "auto") -> torch.device:
@@ -86,6 +103,34 @@ def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
     return DTYPES[dtype]
 
 
+def hub_reachable(timeout: float = 3.0) -> bool:
+    """One TCP connection to the hub's host. Offline, the hub client retries each file for ~20 s before
+    it gives up; asking once first turns that into a prompt answer (and a cache-only load)."""
+    from huggingface_hub import constants
+
+    if constants.is_offline_mode():
+        return False
+    url = urlparse(constants.ENDPOINT)
+    try:
+        socket.create_connection((url.hostname, url.port or (443 if url.scheme == "https" else 80)), timeout).close()
+    except OSError:
+        return False
+    return True
+
+
+def _hub_source(source: str) -> dict:
+    """Check that a source that is no local file is at least a hub id; say whether the hub is reachable."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    try:
+        validate_repo_id(source)
+    except HFValidationError:
+        raise ModelLoadError(
+            f"{source!r} is neither an existing model folder or .gguf file nor a hub model id (owner/name)."
+        ) from None
+    return {"local_files_only": not hub_reachable()}
+
+
 def _from_pretrained(source: str, dtype: torch.dtype, trust_remote_code: bool, device_map=None, **kw):
     """Load a model and its tokenizer, turning the library's many exceptions into one sentence."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -103,30 +148,45 @@ def _from_pretrained(source: str, dtype: torch.dtype, trust_remote_code: bool, d
             )
         folder = str(path)
     else:
-        folder = source
+        folder, kw = source, {**kw, **_hub_source(source)}
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, **kw)
         model = AutoModelForCausalLM.from_pretrained(
             folder, dtype=dtype, trust_remote_code=trust_remote_code, device_map=device_map, **kw
         )
-    except (torch.OutOfMemoryError, MemoryError) as e:
-        gc.collect()
+    except OUT_OF_MEMORY as e:
+        release_memory(e)
         raise ModelLoadError(
             f"out of memory while loading {source}: pick a smaller model or a lower-precision dtype."
         ) from e
     except ValueError as e:
         if "trust_remote_code" in str(e):
             raise ModelLoadError(
-                f"{source} ships its own model code; specviz runs it only if you pass --trust-remote-code."
+                f"{source} ships its own model code; specviz runs it only if the server was started with "
+                "--trust-remote-code and this model as --draft/--target."
+            ) from e
+        if "does not recognize this architecture" in str(e):
+            import transformers
+
+            raise ModelLoadError(
+                f"{source} is a model type that transformers {transformers.__version__} does not know; a newer "
+                "transformers may (or, if the model ships its own code, see --trust-remote-code)."
             ) from e
         raise ModelLoadError(f"could not load {source}: {e}") from e
     except OSError as e:
         if path.exists():
             raise ModelLoadError(f"could not read a model from {path}: {e}") from e
+        if kw.get("local_files_only"):
+            raise ModelLoadError(
+                f"the model hub is unreachable and {source!r} is not in the local hub cache. "
+                "Offline, use 'embedded', a local folder or a .gguf file."
+            ) from e
         raise ModelLoadError(
-            f"could not load {source!r} from the model hub (unreachable, or no such model id). "
-            "Offline, use 'embedded', a local folder or a .gguf file."
+            f"the model hub has no model {source!r} that this machine may read (a typo, or a gated model: "
+            "accept its licence on the hub and log in with `hf auth login`)."
         ) from e
+    except Exception as e:  # anything else a malformed model can raise (KeyError, RuntimeError, ...)
+        raise ModelLoadError(f"could not load {source}: {type(e).__name__}: {e}") from e
     return model, tokenizer
 
 
@@ -207,18 +267,25 @@ def load_pair(draft: str | None = EMBEDDED, target: str = EMBEDDED, *, device: s
         return tiny_pair(device=device, dtype=DTYPES.get(dtype, torch.float32))
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
-    t_model, t_tok = load_model(target, "target", dt, trust_remote_code=trust_remote_code,
-                                device_map=device_map, status=status, progress=progress)
-    d_model = None
-    if draft is not None:
-        d_model, d_tok = load_model(draft, "draft", dt, trust_remote_code=trust_remote_code,
-                                    status=status, progress=progress)
-        check_tokenizers(d_tok, t_tok, draft, target)
-        d_model.to(dev).eval()
-    if device_map is None:
-        t_model.to(dev)
-    else:
-        dev = next(t_model.parameters()).device  # inputs go where accelerate put the embeddings
+    try:
+        t_model, t_tok = load_model(target, "target", dt, trust_remote_code=trust_remote_code,
+                                    device_map=device_map, status=status, progress=progress)
+        d_model = None
+        if draft is not None:
+            d_model, d_tok = load_model(draft, "draft", dt, trust_remote_code=trust_remote_code,
+                                        status=status, progress=progress)
+            check_tokenizers(d_tok, t_tok, draft, target)
+            d_model.to(dev).eval()
+        if device_map is None:
+            t_model.to(dev)
+        else:
+            dev = next(t_model.parameters()).device  # inputs go where accelerate put the embeddings
+    except OUT_OF_MEMORY as e:  # moving to the device: drop what was loaded before saying so
+        t_model = d_model = None
+        release_memory(e)
+        raise ModelLoadError(f"out of memory while loading {_display(draft, 'draft')} → "
+                             f"{_display(target, 'target')} on {dev}: pick a smaller pair or a lower-precision "
+                             "dtype.") from e
     t_model.eval()
     status("Models ready.")
     return ModelPair(draft=d_model, target=t_model, tokenizer=t_tok, device=dev, dtype=dt,

@@ -13,7 +13,8 @@ from specviz.engine import Round, Step, speculative_generate
 from specviz.limits import Limits
 from specviz.race import RaceState, race, replay_race
 from specviz.ui.handlers import (
-    Options, RunRecord, Settings, locked, paced, prepare, sample_distributions, trace_text_or_name, user_errors,
+    Options, RunRecord, Settings, locked, paced, prepare, sample_distributions, trace_data, trace_text_or_name,
+    user_errors,
 )
 from specviz.ui.session import Session
 from specviz.ui.stats import RunStats, summarize
@@ -68,6 +69,7 @@ def run_race(session: Session, limits: Limits, prompt, settings: Settings,
 
 
 @user_errors
+@trace_data
 def replay(trace: str, options: Options = Options()) -> Iterator[dict]:
     t, _ = trace_text_or_name(trace, options)
     for r in t.rounds:

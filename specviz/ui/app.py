@@ -245,7 +245,7 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options | 
 
         register_api(session, limits, options)
 
-    demo.queue(default_concurrency_limit=1)
+    demo.queue(default_concurrency_limit=1, max_size=limits.max_queue)  # a full queue turns requests away
     return demo
 
 

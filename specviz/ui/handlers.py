@@ -8,7 +8,6 @@ raises `gr.Error` with one sentence, so the app keeps serving. Only events are r
 from __future__ import annotations
 
 import functools
-import gc
 import inspect
 import json
 import queue
@@ -21,7 +20,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import gradio as gr
-import torch
 
 from specviz import trace as tracefile
 from specviz.engine import DecodeConfig, Round, Step, speculative_generate
@@ -29,6 +27,7 @@ from specviz.engine.events import CORRECTION, REJECTED, EmittedToken
 from specviz.engine.exact import next_token_distribution
 from specviz.limits import InputError, Limits, _number, check_prompt_tokens, clean_prompt, decode_config
 from specviz.models import ModelLoadError, encode_prompt
+from specviz.models.loading import OUT_OF_MEMORY, release_memory
 from specviz.race import RaceState, race, replay_race
 from specviz.trace import Trace, TraceError
 from specviz.ui import figures, render, teach
@@ -42,8 +41,8 @@ USER_ERRORS = (InputError, ModelLoadError, TraceError)
 def user_errors(fn: Callable) -> Callable:
     """Turn the errors a user can cause into gr.Error (one sentence in the UI, a clean API error)."""
     def convert(e: BaseException) -> gr.Error:
-        if isinstance(e, (torch.OutOfMemoryError, MemoryError)):
-            gc.collect()
+        if isinstance(e, OUT_OF_MEMORY):
+            release_memory(e)  # the run's KV caches and activations live in the traceback's frames
             return gr.Error("out of memory: try fewer new tokens, a smaller K, or a smaller model pair.")
         return gr.Error(str(e), print_exception=False)  # the user's mistake: no traceback in the server log
 
@@ -52,7 +51,7 @@ def user_errors(fn: Callable) -> Callable:
         def gen(*args, **kwargs):
             try:
                 yield from fn(*args, **kwargs)
-            except (*USER_ERRORS, torch.OutOfMemoryError, MemoryError) as e:
+            except (*USER_ERRORS, *OUT_OF_MEMORY) as e:
                 raise convert(e) from e
         return gen
 
@@ -60,7 +59,7 @@ def user_errors(fn: Callable) -> Callable:
     def plain(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (*USER_ERRORS, torch.OutOfMemoryError, MemoryError) as e:
+        except (*USER_ERRORS, *OUT_OF_MEMORY) as e:
             raise convert(e) from e
     return plain
 
@@ -282,7 +281,8 @@ def step(session: Session, limits: Limits, stepper: Stepper | None, prompt, sett
     if stepper is None or stepper.done or stepper.key != key or stepper.generation != session.generation:
         reset_step(stepper)
         record = RunRecord(job.meta, source="Step mode")
-        stepper = Stepper(speculative_generate(job.pair, job.ids, job.config), record, key, session.generation)
+        events = session.track(speculative_generate(job.pair, job.ids, job.config))
+        stepper = Stepper(events, record, key, session.generation)
     with session.using():
         r = next(stepper.events, None)
     if r is None:
@@ -299,7 +299,10 @@ def step(session: Session, limits: Limits, stepper: Stepper | None, prompt, sett
 
 def reset_step(stepper: Stepper | None) -> None:
     if stepper is not None:
-        stepper.events.close()
+        try:
+            stepper.events.close()
+        except ValueError:  # a step is running right now (Run pressed meanwhile): it ends with its session
+            pass
     return None
 
 
@@ -462,9 +465,16 @@ def open_trace(upload, shipped: str | None, options: Options = Options()) -> tup
     raise InputError("choose a shipped trace or upload a trace file (.json) first.")
 
 
+MAX_TRACE_CHARS = 20_000_000  # as much as the UI's upload limit (20 MB)
+
+
 def trace_text_or_name(value: str, options: Options = Options()) -> tuple[Trace, str]:
     """For the API: a shipped trace's name, or a whole trace as JSON text."""
+    if value is not None and not isinstance(value, str):
+        raise InputError("the trace must be text: a shipped trace's name or a trace as JSON.")
     value = (value or "").strip()
+    if len(value) > MAX_TRACE_CHARS:
+        raise InputError(f"the trace is {len(value)} characters long; the limit is {MAX_TRACE_CHARS}.")
     if value.startswith("{"):
         try:
             return tracefile.parse(json.loads(value)), "uploaded JSON"
@@ -473,12 +483,30 @@ def trace_text_or_name(value: str, options: Options = Options()) -> tuple[Trace,
     return open_trace(None, value, options)
 
 
+# what wrong types under the right keys raise on the way through a replay (and JSON nested absurdly deep)
+TRACE_DATA_ERRORS = (TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError, RecursionError)
+
+
+def trace_data(fn: Callable) -> Callable:
+    """For replays, which read nothing but the trace: a failure on the way is the trace's fault."""
+    @functools.wraps(fn)
+    def gen(*args, **kwargs):
+        try:
+            yield from fn(*args, **kwargs)
+        except USER_ERRORS:
+            raise
+        except TRACE_DATA_ERRORS as e:
+            raise TraceError(f"this specviz trace is damaged ({type(e).__name__}: {e}).") from e
+    return gen
+
+
 def wait(seconds: float, speed: float) -> None:
     if speed and speed > 0 and seconds > 0:
         time.sleep(min(seconds / speed, 5.0))
 
 
 @user_errors
+@trace_data
 def replay(upload, shipped, speed, show_rejected: bool = True, options: Options = Options()
            ) -> Iterator[MainView]:
     """Stream a recorded run round by round, at its recorded pace divided by `speed` (0: at once)."""
@@ -492,6 +520,7 @@ def replay(upload, shipped, speed, show_rejected: bool = True, options: Options 
 
 
 @user_errors
+@trace_data
 def replay_race_view(upload, shipped, speed, options: Options = Options()) -> Iterator[RaceView]:
     t, name = open_trace(upload, shipped, options)
     if not t.ar_steps:

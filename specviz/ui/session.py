@@ -8,12 +8,14 @@ from __future__ import annotations
 
 import threading
 import unicodedata
-from collections.abc import Callable, Iterator
+import weakref
+from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 
 from specviz.limits import InputError
 from specviz.models import EMBEDDED, ModelLoadError, ModelPair, load_pair
+from specviz.models.loading import OUT_OF_MEMORY, release_memory
 
 Loader = Callable[..., ModelPair]
 
@@ -51,7 +53,9 @@ MAX_SOURCE_CHARS = 400
 
 def clean_source(value, role: str, *, optional: bool = False) -> str | None:
     """A model id, folder or .gguf path as typed: trimmed, printable, of sane length."""
-    value = "" if value is None else str(value).strip()
+    if value is not None and not isinstance(value, str):
+        raise InputError(f"the {role} model must be text (a hub id, a folder or 'embedded').")
+    value = (value or "").strip()
     if not value:
         if optional:
             return None
@@ -61,17 +65,37 @@ def clean_source(value, role: str, *, optional: bool = False) -> str | None:
     return value
 
 
+def failure(e: Exception, spec: PairSpec) -> str:
+    """One sentence for a failed load, whatever raised it."""
+    if isinstance(e, (ModelLoadError, InputError)):
+        return str(e)
+    if isinstance(e, OUT_OF_MEMORY):
+        return f"out of memory while loading {spec.label}: pick a smaller pair or a lower-precision dtype"
+    return f"could not load {spec.label}: {type(e).__name__}: {e}"
+
+
 class Session:
-    """Holds the current pair. `using()` lends it to one run at a time; `load()` swaps it."""
+    """Holds the current pair. `using()` lends it to one run at a time; `load()` swaps it.
+
+    `spec` is the pair the server was started with: it is always allowed, and it alone may run remote
+    model code (if its `trust_remote_code` says so); a pair chosen in the UI never does.
+    """
 
     def __init__(self, pair: ModelPair | None = None, spec: PairSpec | None = None, *,
                  loader: Loader = load_pair, allow_any_model: bool = True, busy_timeout: float = 120.0):
         self.pair, self.spec = pair, spec
+        self.origin = spec
         self.loader = loader
         self.allow_any_model = allow_any_model  # False: only the presets (and the pair started with)
         self.busy_timeout = busy_timeout
         self.generation = 0  # bumps on every load, so a paused step-mode run knows its pair is gone
         self.lock = threading.Lock()  # a plain Lock: Gradio may resume a generator on another thread
+        self.paused: weakref.WeakSet = weakref.WeakSet()  # step-mode runs: closed when the pair goes
+
+    def track(self, run: Generator) -> Generator:
+        """A paused run holds the pair's models and its KV caches; `load()` closes it to free them."""
+        self.paused.add(run)
+        return run
 
     @property
     def name(self) -> str:
@@ -96,11 +120,11 @@ class Session:
         finally:
             self.lock.release()
 
+    def is_origin(self, draft: str | None, target: str) -> bool:
+        return self.origin is not None and (self.origin.draft, self.origin.target) == (draft, target)
+
     def allowed(self, draft: str | None, target: str) -> bool:
-        if self.allow_any_model:
-            return True
-        started = self.spec and (self.spec.draft, self.spec.target) == (draft, target)
-        return bool(started) or (draft, target) in PRESETS.values()
+        return self.allow_any_model or self.is_origin(draft, target) or (draft, target) in PRESETS.values()
 
     def load(self, draft, target, dtype: str = "auto", status: Callable[[str], None] = lambda _: None) -> str:
         """Release the current pair, load the new one; if that fails, bring the previous one back."""
@@ -109,9 +133,11 @@ class Session:
         if dtype not in ("auto", "float32", "bfloat16", "float16"):
             raise InputError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}.")
         if not self.allowed(draft, target):
-            raise InputError("this server only serves its preset model pairs.")
-        base = self.spec or PairSpec(draft, target)
-        spec = replace(base, draft=draft, target=target, dtype=dtype)
+            raise InputError("this server only serves its preset model pairs (the operator can allow others "
+                             "with --allow-any-model).")
+        base = self.origin or self.spec or PairSpec(draft, target)
+        spec = replace(base, draft=draft, target=target, dtype=dtype,
+                       trust_remote_code=base.trust_remote_code and self.is_origin(draft, target))
         if not self.lock.acquire(timeout=self.busy_timeout):
             raise InputError("the model is busy with another run; try loading again when it has finished.")
         try:
@@ -120,14 +146,16 @@ class Session:
             try:
                 self.pair, self.spec = self._load(spec, status), spec
                 return self.name
-            except (ModelLoadError, InputError) as e:
+            except Exception as e:  # any failure (OOM included): free what it held, bring the old pair back
+                release_memory(e)
+                reason = failure(e, spec)
                 if previous is not None:
                     status(f"Could not load {spec.label}; restoring {previous.label}…")
                     try:
                         self.pair, self.spec = self._load(previous, status), previous
-                    except ModelLoadError:
-                        pass
-                raise ModelLoadError(f"{e} (now serving: {self.name}).") from e
+                    except Exception as again:
+                        release_memory(again)
+                raise ModelLoadError(f"{reason} (now serving: {self.name}).") from e
         finally:
             self.lock.release()
 
@@ -138,10 +166,16 @@ class Session:
 
     def _release(self) -> None:
         self.generation += 1
+        for run in list(self.paused):
+            run.close()  # not running: every step of a paused run holds the lock we hold now
+        self.paused.clear()
         if self.pair is not None:
             self.pair.release()
         self.pair = None
 
     def context_length(self) -> int | None:
+        """The shorter of the two models' contexts: both see the whole sequence."""
         pair = self.require()
-        return getattr(pair.target.config.get_text_config(), "max_position_embeddings", None)
+        models = [m for m in (pair.target, pair.draft) if m is not None]
+        lengths = [getattr(m.config.get_text_config(), "max_position_embeddings", None) for m in models]
+        return min((n for n in lengths if n), default=None)
