@@ -439,6 +439,20 @@ def test_html_inside_a_trace_is_shown_as_text(tmp_path):
     assert tracefile.load(path).rounds[0].text.startswith(evil)  # it was there to be escaped
 
 
+def test_a_replay_holds_a_worker_for_a_bounded_time():
+    """A trace may claim any timings: replay pauses at most 5 s a step and MAX_REPLAY_SECONDS in all."""
+    slept: list[float] = []
+    wait = h.pacer(1, sleep=slept.append)
+    for seconds in [0.5, 3600.0] * 500 + [float("inf"), -1.0]:
+        wait(seconds)
+    assert slept[0] == 0.5 and max(slept) == 5.0
+    assert sum(slept) == pytest.approx(h.MAX_REPLAY_SECONDS)
+    slept.clear()
+    for speed in (0, None, float("nan")):  # no pauses at all
+        h.pacer(speed, sleep=slept.append)(10.0)
+    assert slept == []
+
+
 # ------------------------------------------------------------------ GPU packaging
 
 

@@ -500,9 +500,20 @@ def trace_data(fn: Callable) -> Callable:
     return gen
 
 
-def wait(seconds: float, speed: float) -> None:
-    if speed and speed > 0 and seconds > 0:
-        time.sleep(min(seconds / speed, 5.0))
+MAX_REPLAY_SECONDS = 300.0  # however slow a trace says it was, a replay holds a worker no longer than this
+
+
+def pacer(speed, budget: float = MAX_REPLAY_SECONDS, sleep: Callable[[float], None] = time.sleep
+          ) -> Callable[[float], None]:
+    """Sleep each recorded interval divided by `speed` (0: no pauses), at most 5 s each and `budget` in all."""
+    speed, left = float(speed or 0), [budget]
+
+    def wait(seconds: float) -> None:
+        pause = min(seconds / speed, 5.0, left[0]) if speed > 0 and seconds > 0 else 0.0
+        if pause > 0:
+            left[0] -= pause
+            sleep(pause)
+    return wait
 
 
 @user_errors
@@ -513,8 +524,9 @@ def replay(upload, shipped, speed, show_rejected: bool = True, options: Options 
     t, name = open_trace(upload, shipped, options)
     record = RunRecord(t.meta, [], t.ar_steps, source=f"Replay of {name}")
     yield main_view(record, show_rejected=show_rejected)
+    wait = pacer(speed)
     for i, r in enumerate(t.rounds):
-        wait(r.draft_time + r.verify_time + r.overhead_time, float(speed or 0))
+        wait(r.draft_time + r.verify_time + r.overhead_time)
         record.rounds.append(r)
         yield main_view(record, show_rejected=show_rejected, live=i + 1 < len(t.rounds))
 
@@ -527,9 +539,9 @@ def replay_race_view(upload, shipped, speed, options: Options = Options()) -> It
         raise InputError(f"{name} has no target-alone steps to race against (record it with --with-ar).")
     record = RunRecord(t.meta, t.rounds, t.ar_steps, source=f"Replay of {name}")
     greedy = record.greedy
-    shown = 0.0
+    shown, wait = 0.0, pacer(speed)
     for state in replay_race(t.rounds, t.ar_steps, greedy):
-        wait(state.ar.clock + state.spec.clock - shown, float(speed or 0))
+        wait(state.ar.clock + state.spec.clock - shown)
         shown = state.ar.clock + state.spec.clock
         yield race_view(state, record, recorded=True)
 
