@@ -26,6 +26,8 @@ COPY assets ./assets
 # the server needs no root: it reads the converted pair and writes only to its home (hub cache) and /tmp
 RUN useradd --create-home specviz
 USER specviz
+# made as the user, so a volume mounted here (hub downloads survive restarts) is the user's to write
+RUN mkdir -p /home/specviz/.cache/huggingface
 
 EXPOSE 7860
 HEALTHCHECK --interval=30s --timeout=5s --start-period=180s \
