@@ -89,10 +89,10 @@ def main() -> None:
             time.sleep(1.5)
         shot(page, out, "drilldown.png", "#sv-caption", "#sv-stats")
 
-        for n in (1, 2, 3):  # step mode: three rounds, one click each
+        for n in (1, 2, 3):  # step mode: three rounds, one click each; the view then holds exactly n rounds
             page.click("#sv-step")
-            page.wait_for_function(f"(t => t.includes('Round {n} (') && t.includes('Net:'))"
-                                   "(document.querySelector('#sv-caption')?.innerText || '')", timeout=long)
+            page.wait_for_function(f"document.querySelectorAll('#sv-tokens .sv-round').length === {n} && "
+                                   "document.querySelector('#sv-caption')?.innerText.includes('Net:')", timeout=long)
             time.sleep(0.5)
         shot(page, out, "step.png", "#sv-run", "#sv-pq")
 

@@ -60,6 +60,14 @@ def test_run_shows_coloured_tokens_and_the_pq_plot(page):
     assert page.locator("#sv-drill .js-plotly-plot").count() == 1
 
 
+def test_step_mode_adds_one_round_per_click(page):
+    for n in (1, 2):
+        page.click("#sv-step")
+        page.wait_for_function(f"document.querySelectorAll('#sv-tokens .sv-round').length === {n} && "
+                               "document.querySelector('#sv-caption')?.innerText.includes('Net:')", timeout=60_000)
+    assert "Round 2 (" in page.inner_text("#sv-caption")
+
+
 def test_export_downloads_the_run_as_a_trace(page):
     page.click("#sv-export-btn")
     link = page.wait_for_selector("#sv-export a[href]", timeout=30_000)
