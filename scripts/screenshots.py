@@ -100,7 +100,7 @@ def main() -> None:
         page.wait_for_selector("#sv-lane-ar .sv-done", timeout=long)
         page.wait_for_selector("#sv-lane-spec .sv-done", timeout=long)
         time.sleep(1.5)
-        shot(page, out, "race.png", "#sv-race-ar", "#sv-race-plot")
+        shot(page, out, "race.png", "#sv-race-note", "#sv-race-plot")
 
         page.get_by_role("tab", name="Same distribution").click()
         page.fill("#sv-prompt textarea", FRUIT)

@@ -107,7 +107,7 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options | 
                             stats_fig = gr.Plot(stats_figure(RunStats()), show_label=False)
 
                     with gr.Tab("Race", id="race"):
-                        gr.Markdown(teach.RACE_NOTE, elem_classes="sv-note")
+                        gr.Markdown(teach.RACE_NOTE, elem_classes="sv-note", elem_id="sv-race-note")
                         with gr.Row(equal_height=True):
                             ar_lane = gr.HTML(elem_id="sv-race-ar")
                             spec_lane = gr.HTML(elem_id="sv-race-spec")

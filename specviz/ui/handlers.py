@@ -17,6 +17,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field, replace
+from html import escape
 from pathlib import Path
 
 import gradio as gr
@@ -323,13 +324,15 @@ def gap(v: float | None) -> str:
     return "—" if v is None else f"{v:.3f}"
 
 
-def race_result(state: RaceState) -> str:
+def race_result(state: RaceState, recorded: str | None = None) -> str:
+    """The verdict. `recorded`: where a replayed trace was measured (its times are the trace's)."""
     if state.speedup is None:
         return "Both lanes are running, taking turns on the device…"
     s = state.speedup
     word = "faster" if s >= 1 else "slower"
+    how = f"as recorded on {recorded}" if recorded else "measured on each lane's own clock"
     lines = [f'<span class="sv-speedup">Speculative decoding: {s:.2f}× {word}</span> '
-             f"({state.spec.tokens_per_s:.1f} vs {state.ar.tokens_per_s:.1f} tokens/s, measured on each lane's own clock)"]
+             f"({state.spec.tokens_per_s:.1f} vs {state.ar.tokens_per_s:.1f} tokens/s, {how})"]
     if state.greedy:
         d = state.divergence
         if d is None:
@@ -345,6 +348,10 @@ def race_result(state: RaceState) -> str:
     return "\n\n".join(lines)
 
 
+def recorded_on(meta: dict) -> str:
+    return f"{meta.get('device', '?')} in {meta.get('dtype', '?')} ({meta.get('target', 'target')})"
+
+
 def race_view(state: RaceState, record: RunRecord, recorded: bool = False) -> RaceView:
     at = state.divergence.position if state.divergence else None
     s = summarize(state.spec.events, state.ar.events, spec_seconds=state.spec.clock, ar_seconds=state.ar.clock)
@@ -352,7 +359,7 @@ def race_view(state: RaceState, record: RunRecord, recorded: bool = False) -> Ra
         ar=render.lane_html(state.ar, render.steps_html(state.ar.events, at), recorded),
         spec=render.lane_html(state.spec, render.spec_lane_html(state.spec.events, state.greedy, at), recorded),
         fig=figures.race_figure(state.lanes),
-        result=race_result(state),
+        result=race_result(state, recorded_on(record.meta) if recorded else None),
         stats=teach.stats_markdown(s, "Race, speculative lane") if state.done else "",
         record=record,
     )
@@ -381,12 +388,13 @@ class DistributionView:
     summary: str
 
 
-def distribution_summary(c, done: bool) -> str:
+def distribution_summary(c, done: bool, prompt: str = "") -> str:
     def p(v):
         return "not testable (one outcome carries almost all the mass)" if v is None else f"{v:.3f}"
     state = "" if done else " (sampling…)"
+    after = f" of the first token after <i>{escape(figures.short(prompt, 80))}</i>" if prompt else ""
     return "\n".join([
-        f"**{c.n_spec} speculative and {c.n_ar} target-alone samples{state}**",
+        f"**{c.n_spec} speculative and {c.n_ar} target-alone samples{state}**{after}",
         "",
         "| statistic | target alone | speculative |",
         "|---|---|---|",
@@ -429,7 +437,7 @@ def same_distribution(session: Session, limits: Limits, prompt, settings: Settin
         for c, texts, done in results:
             labels = token_labels(texts, c.token_ids)
             yield DistributionView(figures.distribution_figure(labels, c.exact, c.ar, c.spec, c.n_ar, c.n_spec),
-                                   distribution_summary(c, done))
+                                   distribution_summary(c, done, prompt))
 
 
 # ---------------------------------------------------------------- traces: export and replay
