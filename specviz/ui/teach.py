@@ -46,7 +46,9 @@ as it does on GPUs), so the speedup over the target alone is about
 $$S \approx \frac{E}{K c + 1}.$$
 
 The stats panel measures $\hat\alpha$ (accepted ÷ tested drafts), $K$ and $\hat c$ from the run's
-own draft and verify times and compares this prediction with the measured race.
+own draft and verify times and compares the prediction with the measured race. It uses the
+per-position form $E = 1 + \sum_{i=1}^{K} \prod_{j \le i} \hat\alpha_j$ (acceptance often drops
+along a round), which is the formula above when every $\hat\alpha_j = \alpha$.
 """
 
 RACE_NOTE = (
