@@ -153,7 +153,7 @@ def stats_markdown(s: RunStats, source: str) -> str:
         f"| α̂ (accepted ÷ tested drafts) | {s.alpha:.2f} |",
         f"| tokens per target forward | {s.tokens_per_forward:.2f} |",
         f"| ĉ (draft step ÷ target step) | {_x(s.c_hat, '{:.2f}')} ({ms(s.draft_step_s)} per draft token; {target}) |",
-        f"| predicted speedup at K = {s.k} | {_x(s.predicted)} (E = {_x(s.expected_tokens, '{:.2f}')} tokens per "
-        "round from the per-position α̂) |",
+        f"| predicted speedup (from α̂, K, ĉ) | {_x(s.predicted)} (E = {_x(s.expected_tokens, '{:.2f}')} tokens per "
+        f"round at K = {s.k}, from the per-position α̂) |",
         f"| measured speedup | {measured} |",
     ])
