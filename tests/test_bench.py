@@ -400,3 +400,34 @@ def test_sampled_drafts_carry_the_fast_drafts_own_q():
                 feed = torch.tensor([[d.id]])
             rollback(cache, len(history) + r.n_accepted)
             history = history + r.new_token_ids
+
+
+# --- CPU contention ---------------------------------------------------------------------------
+
+def test_stall_seconds_reads_pressure_stall_information(tmp_path):
+    from specviz.bench.noise import stall_between, stall_seconds
+
+    psi = tmp_path / "cpu"
+    psi.write_text("some avg10=1.00 avg60=0.50 avg300=0.10 total=2500000\nfull avg10=0.00 avg60=0.00 avg300=0.00 total=0\n")
+    assert stall_seconds(psi) == 2.5
+    assert stall_seconds(tmp_path / "missing") is None
+    assert stall_between(1.0, 1.5, 10.0).fraction == pytest.approx(0.05)
+    assert stall_between(None, 1.5, 10.0).fraction is None
+
+
+@pytest.mark.parametrize("stalls, attempts, kept", [([0.01], 1, 0.01), ([0.3, 0.1, 0.2], 3, 0.1), ([0.3, 0.02], 2, 0.02)])
+def test_a_disturbed_prompt_is_measured_again(stalls, attempts, kept):
+    from specviz.bench import runner
+
+    made = iter(stalls)
+
+    def fake_run_prompt(pair, hf, prompt, plan, tick):
+        res = result("a", "code", 10, ar_s=1.0, spec_s=0.5)
+        res.ar.stall = next(made)
+        return res
+
+    plan = replace(PLAN, max_stall=0.05, retries=2)
+    retried = []
+    with mock.patch.object(runner, "run_prompt", fake_run_prompt):
+        out = runner.measure_prompt(None, None, BenchPrompt("a", "p"), plan, on_retry=lambda: retried.append(1))
+    assert out.attempts == attempts and out.max_stall == kept and len(retried) == attempts - 1

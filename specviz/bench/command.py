@@ -42,9 +42,13 @@ def register(sub) -> None:
     p.add_argument("--html", default=None, metavar="OUT.html", help="write plots (plotly, self-contained)")
     p.add_argument("--draft-quant", default="int4", choices=list(DRAFT_QUANT),
                    help="weight-only quantization of the draft's linears on CPU (the target is never changed)")
-    p.add_argument("--draft-vocab", type=int, default=65536,
+    p.add_argument("--draft-vocab", type=int, default=0,
                    help="keep only the first N token ids (plus special tokens) in the draft's head; 0 keeps all")
     p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
+    p.add_argument("--max-stall", type=float, default=0.05,
+                   help="measure a prompt again when another process kept the CPU busy for more than this "
+                        "fraction of a call (Linux pressure stall information)")
+    p.add_argument("--retries", type=int, default=2, help="at most this many re-measurements per prompt")
     p.add_argument("--no-progress", action="store_true")
     add_model_args(p)
     add_decode_args(p)
@@ -95,18 +99,20 @@ def cmd_bench(args) -> int:
         return 2
     quant = DraftQuant(bits=DRAFT_QUANT[args.draft_quant], keep_vocab=args.draft_vocab or None)
     spec_pair = fast_pair(pair, quant)
-    plan = Plan(ks=args.k, config=decode_config(args, k=args.k[0]), hf=args.compare_hf)
+    plan = Plan(ks=args.k, config=decode_config(args, k=args.k[0]), hf=args.compare_hf,
+                max_stall=args.max_stall, retries=args.retries)
     hf = None
     if args.compare_hf:  # HF gets the draft as loaded: what a user would hand it
         hf = HFAssisted(pair.target, pair.draft, pair.eos_token_ids, pair.tokenizer.pad_token_id, pair.device)
-    cost = measure_costs(spec_pair, encode_prompt(pair.tokenizer, prompts[0].prompt), max(plan.ks) + 1)
+    cost, cost_stall = measure_costs(spec_pair, encode_prompt(pair.tokenizer, prompts[0].prompt), max(plan.ks) + 1,
+                                     max_stall=args.max_stall, retries=args.retries)
     results = run_bench(spec_pair, prompts, plan, hf, progress=not args.no_progress)
     meta = {"machine": info, "draft": pair.draft_name, "target": pair.target_name,
             "draft_quant": {"bits": quant.bits, "keep_vocab": quant.keep_vocab,
                             "applied": spec_pair.draft is not pair.draft},
             "prompts": str(args.prompts)}
     report = build_report(results, plan, cost, device=str(pair.device),
-                          dtype=str(pair.dtype).removeprefix("torch."), meta=meta)
+                          dtype=str(pair.dtype).removeprefix("torch."), meta=meta, cost_stall=cost_stall)
     print(format_table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False))

@@ -33,6 +33,7 @@ HF_DEFAULT = HFSetting("default", None)
 class HFResult:
     tokens: list[int]
     seconds: float
+    stall: float | None = None  # set by the runner (see noise.py)
 
 
 class HFAssisted:

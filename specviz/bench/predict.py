@@ -69,6 +69,17 @@ def predicted_speedup(alpha: Sequence[float], cost: CostModel, k: int) -> float:
     return expected_tokens(alpha, k) * cost.target_step_s / round_time(cost, k)
 
 
+def predicted_speedup_for_rounds(alpha: Sequence[float], cost: CostModel, ks: Sequence[int]) -> float:
+    """The same model over a run's actual rounds, K_r drafted in round r:
+    Σ_r E(K_r) · T1 / Σ_r (K_r · ĉ · T1 + T_verify(K_r + 1)).
+
+    With a fixed K it differs from `predicted_speedup` only by the shorter last rounds (never
+    draft past max_new_tokens); with an adaptive K it follows the K actually used.
+    """
+    seconds = sum(round_time(cost, k) for k in ks)
+    return sum(expected_tokens(alpha, k) for k in ks) * cost.target_step_s / seconds if seconds > 0 else 0.0
+
+
 def best_k(alpha: Sequence[float], cost: CostModel, ks: Iterable[int]) -> int:
     """The K with the highest predicted speedup (the smaller K on a tie)."""
     return max(sorted(ks), key=lambda k: (round(predicted_speedup(alpha, cost, k), 9), -k))

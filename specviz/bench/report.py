@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from specviz.bench.predict import CostModel, best_k, predicted_speedup
+from specviz.bench.predict import CostModel, best_k, predicted_speedup, predicted_speedup_for_rounds
 from specviz.bench.runner import Plan, PromptResult
 from specviz.bench.stats import SpecStats, spec_stats
 from specviz.engine.compare import first_divergence
@@ -54,6 +54,13 @@ def _round(x: float | None, digits: int = 4) -> float | None:
     return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, digits)
 
 
+def predicted_for(rounds, stats: SpecStats, cost: CostModel | None) -> float | None:
+    """The prediction model over these rounds' own K's (see `predicted_speedup_for_rounds`)."""
+    if cost is None or not stats.tested:
+        return None
+    return predicted_speedup_for_rounds(stats.per_position, cost, [r.k for r in rounds])
+
+
 def run_record(res: PromptResult, k: int, greedy: bool, cost: CostModel | None) -> dict:
     spec = res.spec[k]
     stats = spec_stats(spec.rounds, spec.seconds)
@@ -76,7 +83,10 @@ def run_record(res: PromptResult, k: int, greedy: bool, cost: CostModel | None) 
         "hf_default_tokens_per_s": _round(_rate(len(hf_default.tokens), hf_default.seconds)) if hf_default else None,
         "hf_identical_to_ar": (hf.tokens == res.ar.tokens) if hf and greedy else None,
         "hf_default_identical_to_ar": (hf_default.tokens == res.ar.tokens) if hf_default and greedy else None,
-        "predicted_speedup": _round(predicted_speedup(stats.per_position, cost, k)) if cost and stats.tested else None,
+        "predicted_speedup": _round(predicted_for(spec.rounds, stats, cost)),
+        "cpu_stall": {"ar": _round(res.ar.stall), "spec": _round(spec.stall),
+                      "hf": _round(hf.stall) if hf else None, "hf_default": _round(hf_default.stall) if hf_default else None},
+        "attempts": res.attempts,
         "rounds": stats.rounds, "per_position_acceptance": [_round(a) for a in stats.per_position],
         "accepted_lengths": stats.accepted_lengths,
         "seconds": {"ar": _round(res.ar.seconds), "spec": _round(spec.seconds), "draft": _round(stats.draft_s),
@@ -87,7 +97,7 @@ def run_record(res: PromptResult, k: int, greedy: bool, cost: CostModel | None) 
 def k_summary(results: Sequence[PromptResult], k: int, greedy: bool, cost: CostModel | None) -> dict:
     stats = pooled_spec(results, k)
     speedup = _ratio(stats.tokens_per_s, ar_rate(results))
-    predicted = predicted_speedup(stats.per_position, cost, k) if cost and stats.tested else None
+    predicted = predicted_for([r for res in results for r in res.spec[k].rounds], stats, cost)
     kinds = sorted({r.prompt.kind for r in results})
     by_kind = {kind: [r for r in results if r.prompt.kind == kind] for kind in kinds}
     hf_same_k = hf_rate(results, f"k={k}")
@@ -102,6 +112,7 @@ def k_summary(results: Sequence[PromptResult], k: int, greedy: bool, cost: CostM
         "identical_fraction": _round(sum(r.spec[k].tokens == r.ar.tokens for r in results) / len(results))
         if greedy else None,
         "predicted_speedup": _round(predicted), "efficiency": _round(_ratio(speedup, predicted) if predicted else None),
+        "predicted_speedup_fixed_k": _round(predicted_speedup(stats.per_position, cost, k)) if cost and stats.tested else None,
         "event_overhead": _round(stats.event_overhead),
         "round_ms": {"draft": _round(1e3 * stats.draft_s / stats.rounds, 2),
                      "verify": _round(1e3 * stats.verify_s / stats.rounds, 2),
@@ -110,16 +121,16 @@ def k_summary(results: Sequence[PromptResult], k: int, greedy: bool, cost: CostM
     }
 
 
-def cost_record(cost: CostModel | None) -> dict | None:
+def cost_record(cost: CostModel | None, stall: float | None = None) -> dict | None:
     if cost is None:
         return None
     return {"target_step_ms": _round(1e3 * cost.target_step_s, 2), "draft_step_ms": _round(1e3 * cost.draft_step_s, 2),
             "c": _round(cost.c), "verify_ms": [_round(1e3 * t, 2) for t in cost.verify_s],
-            "verify_ratio": [_round(r) for r in cost.verify_ratio]}
+            "verify_ratio": [_round(r) for r in cost.verify_ratio], "cpu_stall": _round(stall)}
 
 
 def build_report(results: Sequence[PromptResult], plan: Plan, cost: CostModel | None, *,
-                 device: str, dtype: str, meta: dict | None = None) -> dict:
+                 device: str, dtype: str, meta: dict | None = None, cost_stall: float | None = None) -> dict:
     greedy = plan.config.sampling.greedy
     by_k = {k: k_summary(results, k, greedy, cost) for k in plan.ks}
     k_best = max(plan.ks, key=lambda k: by_k[k]["spec_tokens_per_s"] or 0.0)
@@ -143,13 +154,17 @@ def build_report(results: Sequence[PromptResult], plan: Plan, cost: CostModel | 
         "k": k_best, "ar_tokens_per_s": _round(ar_rate(results)), "spec_tokens_per_s": best["spec_tokens_per_s"],
         "hf_best_setting": hf_best, "hf_tokens_per_s": hf[hf_best]["tokens_per_s"] if hf_best else None,
         "best_k_predicted": best_k(alpha, cost, PREDICT_KS) if curve else None,
+        # CPU contention from other processes (see bench/noise.py): the worst call kept, and how
+        # many prompts had to be measured again
+        "max_cpu_stall": _round(max((r.max_stall for r in results), default=0.0)),
+        "remeasured_prompts": sum(r.attempts > 1 for r in results),
     }
     return {
         "summary": summary,
         "runs": [run_record(r, k, greedy, cost) for r in results for k in plan.ks],
         "by_k": {str(k): v for k, v in by_k.items()},
         "hf": hf,
-        "costs": cost_record(cost),
+        "costs": cost_record(cost, cost_stall),
         "predicted_by_k": {str(k): v for k, v in curve.items()},
         "config": {"ks": list(plan.ks), "max_new_tokens": plan.config.max_new_tokens,
                    "sampling": asdict(plan.config.sampling), "seed": plan.config.seed,
@@ -194,7 +209,9 @@ def format_table(report: dict) -> str:
               f"  vs HF (best setting: {s['hf_best_setting']}) {_fmt(s['vs_hf'])}x",
               f"  acceptance {_fmt(s['acceptance_rate'])}   identical to AR {_fmt(s['identical_fraction'])}",
               f"  predicted {_fmt(s['predicted_speedup'])}x   efficiency {_fmt(s['efficiency'])}   "
-              f"event overhead {_fmt(s['event_overhead'], '.3f')}   best K predicted {s['best_k_predicted']}"]
+              f"event overhead {_fmt(s['event_overhead'], '.3f')}   best K predicted {s['best_k_predicted']}",
+              f"  CPU contention: worst call kept stalled {_fmt(s['max_cpu_stall'], '.1%')} of its time; "
+              f"{s['remeasured_prompts']} prompt(s) measured again"]
     if c:
         lines.append(f"  costs: target step {c['target_step_ms']} ms, draft step {c['draft_step_ms']} ms "
                      f"(c = {c['c']}), verify/T1 for n=1..: {c['verify_ratio']}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specviz.bench.predict import CostModel, expected_tokens, predicted_speedup
+from specviz.bench.predict import CostModel, expected_tokens, predicted_speedup_for_rounds
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED, Round, Step
 
 
@@ -138,8 +138,9 @@ def summarise(rounds: Sequence[Round], steps: Sequence[Step] | None = None, *,
               cost: CostModel | None = None, k: int | None = None) -> Summary:
     """Measured and predicted numbers for a speculative run and (optionally) the target alone.
 
-    `k` is the K to predict for (default: the largest drafted). Without `cost`, the prediction
-    uses costs estimated from the events themselves, which needs the AR steps.
+    The prediction follows the rounds' own K's (`predicted_speedup_for_rounds`); `k` is the K for
+    `expected_tokens` (default: the largest drafted). Without `cost`, the prediction uses costs
+    estimated from the events themselves, which needs the AR steps.
     """
     spec = spec_stats(rounds, spec_seconds)
     out = Summary(spec)
@@ -151,5 +152,5 @@ def summarise(rounds: Sequence[Round], steps: Sequence[Step] | None = None, *,
         out.expected_tokens = expected_tokens(spec.per_position, k)
         cost = cost or (estimated_costs(rounds, steps) if steps else None)
         if cost is not None:
-            out.predicted_speedup = predicted_speedup(spec.per_position, cost, k)
+            out.predicted_speedup = predicted_speedup_for_rounds(spec.per_position, cost, [r.k for r in rounds])
     return out
