@@ -160,6 +160,17 @@ def test_best_k_trades_acceptance_against_draft_cost():
     assert values[k] == max(values.values()) and 1 < k < 16
 
 
+def test_for_a_fixed_k_alpha_products_telescope_to_the_measured_tokens_per_round():
+    rounds = [make_round(i, 0, [1, 2, 3, 4], n, 9) for i, n in enumerate([4, 0, 2, 2, 1, 4, 3, 0])]
+    stats = spec_stats(rounds)
+    assert predict.expected_tokens(stats.per_position, 4) == pytest.approx(stats.tokens / stats.rounds)
+    assert predict.predicted_speedup(stats.per_position, COST, 4) == pytest.approx(
+        predict.predicted_speedup_for_rounds([4] * len(rounds), stats.tokens, COST))
+    # shorter rounds cost less: the per-round version follows them
+    assert predict.predicted_speedup_for_rounds([4, 1], 6, COST) == pytest.approx(
+        6 * 0.2 / (4 * 0.05 + 0.22 + 1 * 0.05 + 0.2))
+
+
 # --- aggregation ------------------------------------------------------------------------------
 
 def test_spec_stats_counts_positions_and_lengths():
@@ -282,6 +293,13 @@ def test_bench_on_the_tiny_pair(tiny):
     assert all(h["identical_fraction"] == 1.0 for h in report["hf"].values())
     for r in results:
         assert sum(len(x.new_token_ids) for x in r.spec[2].rounds) == len(r.ar.tokens)
+
+
+def test_hf_at_the_same_k_drafts_as_specviz_does():
+    assert PLAN.hf_setting(6) == HFSetting("k=6", 6, 0.0)
+    adaptive = replace(PLAN, config=replace(PLAN.config, adaptive="confidence", confidence=0.4))
+    assert adaptive.hf_setting(6) == HFSetting("k=6", 6, 0.4)
+    assert [s.name for s in adaptive.hf_settings()] == ["k=4", "default"]
 
 
 def test_hf_settings_are_restored_after_each_call(tiny):

@@ -44,6 +44,8 @@ def register(sub) -> None:
                    help="weight-only quantization of the draft's linears on CPU (the target is never changed)")
     p.add_argument("--draft-vocab", type=int, default=0,
                    help="keep only the first N token ids (plus special tokens) in the draft's head; 0 keeps all")
+    p.add_argument("--hf-draft", default="original", choices=["original", "fast"],
+                   help="the draft transformers gets: as loaded (what a user would hand it), or specviz's cheaper one")
     p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     p.add_argument("--max-stall", type=float, default=0.05,
                    help="measure a prompt again when another process kept the CPU busy for more than this "
@@ -102,14 +104,16 @@ def cmd_bench(args) -> int:
     plan = Plan(ks=args.k, config=decode_config(args, k=args.k[0]), hf=args.compare_hf,
                 max_stall=args.max_stall, retries=args.retries)
     hf = None
-    if args.compare_hf:  # HF gets the draft as loaded: what a user would hand it
-        hf = HFAssisted(pair.target, pair.draft, pair.eos_token_ids, pair.tokenizer.pad_token_id, pair.device)
+    if args.compare_hf:  # by default HF gets the draft as loaded: what a user would hand it
+        assistant = spec_pair.draft if args.hf_draft == "fast" else pair.draft
+        hf = HFAssisted(pair.target, assistant, pair.eos_token_ids, pair.tokenizer.pad_token_id, pair.device)
     cost, cost_stall = measure_costs(spec_pair, encode_prompt(pair.tokenizer, prompts[0].prompt), max(plan.ks) + 1,
                                      max_stall=args.max_stall, retries=args.retries)
     results = run_bench(spec_pair, prompts, plan, hf, progress=not args.no_progress)
     meta = {"machine": info, "draft": pair.draft_name, "target": pair.target_name,
             "draft_quant": {"bits": quant.bits, "keep_vocab": quant.keep_vocab,
                             "applied": spec_pair.draft is not pair.draft},
+            "hf_draft": args.hf_draft if args.compare_hf else None,
             "prompts": str(args.prompts)}
     report = build_report(results, plan, cost, device=str(pair.device),
                           dtype=str(pair.dtype).removeprefix("torch."), meta=meta, cost_stall=cost_stall)

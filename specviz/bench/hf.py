@@ -20,10 +20,12 @@ ASSISTANT_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "as
 class HFSetting:
     name: str  # "k=4" or "default"
     k: int | None  # None: HF's defaults (20 tokens, constant schedule, confidence threshold 0.4)
+    confidence: float = 0.0  # stop drafting below this draft probability (HF's assistant_confidence_threshold)
 
     @staticmethod
-    def fixed(k: int) -> HFSetting:
-        return HFSetting(f"k={k}", k)
+    def fixed(k: int, confidence: float = 0.0) -> HFSetting:
+        """Exactly K drafts per round, or, with a confidence, at most K (as specviz's "confidence" mode)."""
+        return HFSetting(f"k={k}", k, confidence)
 
 
 HF_DEFAULT = HFSetting("default", None)
@@ -53,7 +55,7 @@ class HFAssisted:
         if setting.k is not None:
             config.num_assistant_tokens = setting.k
             config.num_assistant_tokens_schedule = "constant"
-            config.assistant_confidence_threshold = 0.0  # no early stop: exactly K drafts per round
+            config.assistant_confidence_threshold = setting.confidence  # 0: no early stop
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, setting: HFSetting) -> HFResult:

@@ -69,15 +69,18 @@ def predicted_speedup(alpha: Sequence[float], cost: CostModel, k: int) -> float:
     return expected_tokens(alpha, k) * cost.target_step_s / round_time(cost, k)
 
 
-def predicted_speedup_for_rounds(alpha: Sequence[float], cost: CostModel, ks: Sequence[int]) -> float:
-    """The same model over a run's actual rounds, K_r drafted in round r:
-    Σ_r E(K_r) · T1 / Σ_r (K_r · ĉ · T1 + T_verify(K_r + 1)).
+def predicted_speedup_for_rounds(ks: Sequence[int], tokens: int, cost: CostModel) -> float:
+    """The model applied to a run's actual rounds (K_r drafted in round r, `tokens` emitted in all):
+    tokens · T1 / Σ_r (K_r · ĉ · T1 + T_verify(K_r + 1)).
 
-    With a fixed K it differs from `predicted_speedup` only by the shorter last rounds (never
-    draft past max_new_tokens); with an adaptive K it follows the K actually used.
+    For a fixed K this is the formula above: the conditional α̂'s telescope (α̂_j = rounds with
+    >= j accepted / rounds with >= j-1 accepted), so E(K) from α̂ equals the measured tokens per
+    round. It also covers what that formula cannot: an adaptive K, and the shorter last rounds
+    (never drafting past max_new_tokens). Measured / this = how close the implementation comes
+    to its own cost model: the efficiency.
     """
     seconds = sum(round_time(cost, k) for k in ks)
-    return sum(expected_tokens(alpha, k) for k in ks) * cost.target_step_s / seconds if seconds > 0 else 0.0
+    return tokens * cost.target_step_s / seconds if seconds > 0 else 0.0
 
 
 def best_k(alpha: Sequence[float], cost: CostModel, ks: Iterable[int]) -> int:

@@ -55,10 +55,10 @@ def _round(x: float | None, digits: int = 4) -> float | None:
 
 
 def predicted_for(rounds, stats: SpecStats, cost: CostModel | None) -> float | None:
-    """The prediction model over these rounds' own K's (see `predicted_speedup_for_rounds`)."""
+    """The cost model over these rounds' own K's and tokens (see `predicted_speedup_for_rounds`)."""
     if cost is None or not stats.tested:
         return None
-    return predicted_speedup_for_rounds(stats.per_position, cost, [r.k for r in rounds])
+    return predicted_speedup_for_rounds([r.k for r in rounds], stats.tokens, cost)
 
 
 def run_record(res: PromptResult, k: int, greedy: bool, cost: CostModel | None) -> dict:

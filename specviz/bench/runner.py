@@ -66,8 +66,12 @@ class Plan:
     max_stall: float = 0.05  # re-measure a prompt when a call saw more CPU stall than this fraction
     retries: int = 2
 
+    def hf_setting(self, k: int) -> HFSetting:
+        """HF at the same K, drafting as specviz does: a constant K, or at most K with the same confidence cut."""
+        return HFSetting.fixed(k, self.config.confidence if self.config.adaptive == "confidence" else 0.0)
+
     def hf_settings(self) -> list[HFSetting]:
-        return [HFSetting.fixed(k) for k in self.ks] + [HF_DEFAULT] if self.hf else []
+        return [self.hf_setting(k) for k in self.ks] + [HF_DEFAULT] if self.hf else []
 
     @property
     def calls_per_prompt(self) -> int:
@@ -117,7 +121,7 @@ def run_prompt(pair, hf: HFAssisted | None, prompt: BenchPrompt, plan: Plan,
         result.spec[k] = run_spec(pair, ids, replace(plan.config, k=k))
         tick(f"{prompt.id}: spec K={k}")
         if plan.hf and hf is not None:
-            setting = HFSetting.fixed(k)
+            setting = plan.hf_setting(k)
             result.hf[setting.name] = run_hf(hf, ids, plan.config.max_new_tokens, setting)
             tick(f"{prompt.id}: HF {setting.name}")
     if plan.hf and hf is not None:

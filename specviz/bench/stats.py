@@ -138,8 +138,8 @@ def summarise(rounds: Sequence[Round], steps: Sequence[Step] | None = None, *,
               cost: CostModel | None = None, k: int | None = None) -> Summary:
     """Measured and predicted numbers for a speculative run and (optionally) the target alone.
 
-    The prediction follows the rounds' own K's (`predicted_speedup_for_rounds`); `k` is the K for
-    `expected_tokens` (default: the largest drafted). Without `cost`, the prediction uses costs
+    The prediction follows the rounds' own K's and tokens (`predicted_speedup_for_rounds`); `k` is
+    the K for `expected_tokens` from α̂ (default: the largest drafted). Without `cost`, the prediction uses costs
     estimated from the events themselves, which needs the AR steps.
     """
     spec = spec_stats(rounds, spec_seconds)
@@ -152,5 +152,5 @@ def summarise(rounds: Sequence[Round], steps: Sequence[Step] | None = None, *,
         out.expected_tokens = expected_tokens(spec.per_position, k)
         cost = cost or (estimated_costs(rounds, steps) if steps else None)
         if cost is not None:
-            out.predicted_speedup = predicted_speedup_for_rounds(spec.per_position, cost, [r.k for r in rounds])
+            out.predicted_speedup = predicted_speedup_for_rounds([r.k for r in rounds], spec.tokens, cost)
     return out
