@@ -23,7 +23,9 @@ from specviz.bench.stats import spec_stats, summarise
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.engine.compare import first_divergence
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, EmittedToken, Round, Step
-from specviz.models.quantize import DraftQuant, Int4Linear, Int8Linear, PrunedHead, fast_pair, quantize_linear
+from specviz.models.fastdraft import fast_pair
+from specviz.models.leandraft import LeanDraft
+from specviz.models.quantize import DraftQuant, Int4Linear, Int8Linear, PrunedHead, quantize_linear
 from specviz.models.tiny import tiny_pair
 
 RUN_KEYS = {"id", "kind", "k", "new_tokens", "ar_tokens_per_s", "spec_tokens_per_s", "hf_tokens_per_s", "speedup",
@@ -377,23 +379,69 @@ def test_pruned_head_gives_minus_infinity_outside_the_kept_ids():
     assert torch.allclose(out[:, keep], head(h)[:, keep])
 
 
-@pytest.mark.parametrize("bits", [8, 4])
-def test_fast_draft_keeps_greedy_output_and_the_original_draft(bits):
+@pytest.mark.parametrize("bits, keep_vocab, step", [(8, 48, PrunedHead), (4, 48, PrunedHead), (8, None, LeanDraft),
+                                                  (4, None, LeanDraft)])
+def test_fast_draft_keeps_greedy_output_and_the_original_draft(bits, keep_vocab, step):
     pair = tiny_pair()
     before = {n: p.clone() for n, p in pair.draft.named_parameters()}
-    fast = fast_pair(pair, DraftQuant(bits=bits, keep_vocab=48))
+    fast = fast_pair(pair, DraftQuant(bits=bits, keep_vocab=keep_vocab))
     assert fast.draft is not pair.draft and fast.target is pair.target
+    assert isinstance(fast.draft if step is LeanDraft else fast.draft.lm_head, step)
     assert all(torch.equal(before[n], p) for n, p in pair.draft.named_parameters())
     config = DecodeConfig(k=3, max_new_tokens=24)
     for prompt in ([3, 4, 5], [7, 1, 9, 2, 30, 31]):
         ar = [s.token.id for s in autoregressive_generate(pair, prompt, config)]
         rounds = list(speculative_generate(fast, prompt, config))
         assert [t for r in rounds for t in r.new_token_ids] == ar
-        # the draft never proposes an id outside its kept vocabulary (ids 0..47 plus the end-of-sequence)
-        assert all(d.id < 48 for r in rounds for d in r.drafted)
+        if keep_vocab:  # the draft never proposes an id outside its kept vocabulary (0..47, and the EOS)
+            assert all(d.id < keep_vocab for r in rounds for d in r.drafted)
 
 
-def test_sampled_drafts_carry_the_fast_drafts_own_q():
+def lean_and_hf_logits(bits: int, feeds: list[list[int]]):
+    from transformers import DynamicCache
+
+    model = tiny_pair().draft
+    lean = LeanDraft(model, DraftQuant(bits=bits)).eval()
+    out = []
+    with torch.inference_mode():
+        c1, c2 = DynamicCache(), DynamicCache()
+        for feed in feeds:
+            x = torch.tensor([feed])
+            a = model(x, past_key_values=c1, use_cache=True, logits_to_keep=len(feed)).logits
+            b = lean(x, past_key_values=c2, use_cache=True, logits_to_keep=len(feed)).logits
+            out.append((a, b))
+        assert c1.get_seq_length() == c2.get_seq_length() == sum(map(len, feeds))
+    return out
+
+
+FEEDS = [[3, 4, 5, 6, 7, 8, 9], [10], [11, 12], [13, 14, 15, 16], [17]]  # prompt, then 1- and multi-token steps
+
+
+def test_lean_draft_computes_what_the_hugging_face_model_computes():
+    for a, b in lean_and_hf_logits(16, FEEDS):  # unquantized: the same maths, float32
+        assert torch.allclose(a, b, atol=1e-5, rtol=1e-5)
+
+
+def test_lean_int8_draft_stays_close_to_the_hugging_face_model():
+    for a, b in lean_and_hf_logits(8, FEEDS)[1:]:
+        assert (a - b).norm() / a.norm() < 0.1
+
+
+def test_lean_draft_applies_only_where_it_knows_the_architecture():
+    from types import SimpleNamespace
+
+    from specviz.models.leandraft import lean_draft, supported
+
+    assert supported(tiny_pair().draft)
+    other = SimpleNamespace(config=SimpleNamespace(model_type="gpt2"))
+    assert not supported(other)
+    windowed = SimpleNamespace(config=SimpleNamespace(model_type="qwen2", use_sliding_window=True))
+    assert not supported(windowed)
+    assert lean_draft(tiny_pair().draft, DraftQuant(bits=16)) is None  # nothing to quantize: keep HF's forward
+
+
+@pytest.mark.parametrize("keep_vocab", [48, None])
+def test_sampled_drafts_carry_the_fast_drafts_own_q(keep_vocab):
     """Exactness needs q to be what the draft sampled from: the fast draft's q, not the original's.
 
     Replays the drafter's feeding pattern (missing tokens first, then one drafted token at a time,
@@ -404,7 +452,7 @@ def test_sampled_drafts_carry_the_fast_drafts_own_q():
     from specviz.engine.plumbing import rollback
 
     pair = tiny_pair()
-    fast = fast_pair(pair, DraftQuant(bits=8, keep_vocab=48))
+    fast = fast_pair(pair, DraftQuant(bits=8, keep_vocab=keep_vocab))
     config = DecodeConfig(k=3, max_new_tokens=12, sampling=SamplingParams(1.0), seed=3)
     history = [3, 4, 5, 6, 7, 8]
     rounds = list(speculative_generate(fast, history, config))

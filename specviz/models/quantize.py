@@ -18,7 +18,7 @@ tokenizer merged first, its most frequent ones, plus the special tokens; every o
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import torch
 from torch import nn
@@ -37,11 +37,12 @@ class DraftQuant:
 
 
 class QuantLinear(nn.Module):
-    """A weight-only quantized linear for one-token steps; many-token inputs use `dense`."""
+    """A weight-only quantized linear for one-token steps; many-token inputs use `dense` if kept."""
 
-    def __init__(self, dense: nn.Linear):
+    def __init__(self, dense: nn.Linear, keep_dense: bool = True):
         super().__init__()
-        self.dense = dense  # shared with the original model, not copied
+        self.dense = dense if keep_dense else None  # shared with the original model, not copied
+        self.bias = dense.bias
         self.out_features = dense.out_features
 
     def matmul(self, x2: torch.Tensor) -> torch.Tensor:
@@ -49,17 +50,17 @@ class QuantLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
-        if x2.shape[0] > DENSE_ABOVE:
+        if self.dense is not None and x2.shape[0] > DENSE_ABOVE:
             return self.dense(x)
         y = self.matmul(x2).view(*x.shape[:-1], self.out_features)
-        return y if self.dense.bias is None else y + self.dense.bias
+        return y if self.bias is None else y + self.bias
 
 
 class Int8Linear(QuantLinear):
     """Symmetric per-output-channel int8 weights (torch's `_weight_int8pack_mm`)."""
 
-    def __init__(self, dense: nn.Linear):
-        super().__init__(dense)
+    def __init__(self, dense: nn.Linear, keep_dense: bool = True):
+        super().__init__(dense, keep_dense)
         w = dense.weight.detach().float()
         scale = w.abs().amax(1).clamp_min(1e-12) / 127
         self.register_buffer("qweight", (w / scale[:, None]).round().clamp(-127, 127).to(torch.int8))
@@ -72,8 +73,8 @@ class Int8Linear(QuantLinear):
 class Int4Linear(QuantLinear):
     """Asymmetric per-group uint4 weights in torch's CPU int4 packing (bf16 activations)."""
 
-    def __init__(self, dense: nn.Linear, group_size: int):
-        super().__init__(dense)
+    def __init__(self, dense: nn.Linear, group_size: int, keep_dense: bool = True):
+        super().__init__(dense, keep_dense)
         w = dense.weight.detach().float()
         n, k = w.shape
         g = w.reshape(n, k // group_size, group_size)
@@ -112,12 +113,14 @@ def supports(device: torch.device, bits: int) -> bool:
     return device.type == "cpu" and bits in (4, 8)
 
 
-def quantize_linear(linear: nn.Linear, bits: int, group_size: int = 32) -> nn.Module:
-    """int4 where the kernel's shape rules allow it, else int8; `linear` itself is not modified."""
+def quantize_linear(linear: nn.Linear, bits: int, group_size: int = 32, keep_dense: bool = True) -> nn.Module:
+    """int4 where the kernel's shape rules allow it, else int8; `linear` itself is not modified.
+
+    `keep_dense=False` drops the reference to `linear` (for a temporary one, e.g. fused weights)."""
     if bits == 4 and linear.in_features % group_size == 0 and linear.out_features % 16 == 0:
-        return Int4Linear(linear, group_size)
+        return Int4Linear(linear, group_size, keep_dense)
     if bits in (4, 8):
-        return Int8Linear(linear)
+        return Int8Linear(linear, keep_dense)
     return linear
 
 
@@ -161,18 +164,3 @@ def quantize_draft(model: nn.Module, spec: DraftQuant, special_ids: set[int] | f
         new_head = PrunedHead(new_head, keep.to(device), head.out_features)
     fast.set_output_embeddings(new_head)
     return fast.eval()
-
-
-def special_token_ids(tokenizer) -> set[int]:
-    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
-    ids |= set((getattr(tokenizer, "added_tokens_decoder", None) or {}).keys())
-    return ids
-
-
-def fast_pair(pair, spec: DraftQuant):
-    """The same pair with a cheaper draft (the pair's own draft stays as loaded, e.g. for HF)."""
-    if pair.draft is None:
-        return pair
-    special = special_token_ids(pair.tokenizer) | set(pair.eos_token_ids)
-    fast = quantize_draft(pair.draft, spec, special)
-    return pair if fast is pair.draft else replace(pair, draft=fast)

@@ -1,0 +1,133 @@
+"""A lean one-token decode step for Llama/Qwen2-style drafts: the same maths in a third of the ops.
+
+On a CPU the draft's decode step is memory-bound in its matmuls (int4 weights cut those) and
+Python/dispatch-bound in everything else: Hugging Face's generic forward runs ~75 tensor ops per
+layer (masks, rotary tables, dtype casts, cache bookkeeping). This module keeps the draft's own
+weights (int4-packed, with q/k/v and gate/up fused into one matmul each) and runs the layer as a
+dozen ops. Forwards over more than a few tokens (reading the prompt) go to the original model, on
+the same KV cache, since dense matmuls are the faster choice there.
+
+Exactness does not depend on any of this: the drafter samples from the q this module returns and
+the rule uses that q. Its outputs match the Hugging Face model up to rounding (tested), so the
+draft's acceptance is unchanged.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from specviz.models.quantize import DENSE_ABOVE, DraftQuant, quantize_linear
+
+SUPPORTED = ("qwen2", "llama")
+
+
+def supported(model: nn.Module) -> bool:
+    """Plain RoPE decoder layers (q/k/v/o, RMSNorm, SiLU-gated MLP), no sliding window."""
+    config = model.config
+    rope = getattr(config, "rope_scaling", None) or {}
+    return (config.model_type in SUPPORTED and not getattr(config, "use_sliding_window", False)
+            and rope.get("rope_type", rope.get("type", "default")) == "default"
+            and getattr(config, "hidden_act", "silu") == "silu")
+
+
+def _fused(linears: list[nn.Linear], bits: int, group_size: int) -> nn.Module:
+    """One linear whose output is the concatenation of `linears`' outputs, then quantized."""
+    first = linears[0]
+    weight = torch.cat([lin.weight.detach() for lin in linears])
+    has_bias = any(lin.bias is not None for lin in linears)
+    fused = nn.Linear(first.in_features, weight.shape[0], bias=has_bias, device=weight.device, dtype=weight.dtype)
+    fused.weight.data.copy_(weight)
+    if has_bias:
+        fused.bias.data.copy_(torch.cat([lin.bias.detach() if lin.bias is not None
+                                         else torch.zeros(lin.out_features, dtype=weight.dtype, device=weight.device)
+                                         for lin in linears]))
+    return quantize_linear(fused.requires_grad_(False), bits, group_size, keep_dense=False)
+
+
+class LeanLayer(nn.Module):
+    def __init__(self, layer: nn.Module, bits: int, group_size: int, eps: float):
+        super().__init__()
+        attn, mlp = layer.self_attn, layer.mlp
+        self.qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj], bits, group_size)
+        self.o = quantize_linear(attn.o_proj, bits, group_size)
+        self.gate_up = _fused([mlp.gate_proj, mlp.up_proj], bits, group_size)
+        self.down = quantize_linear(mlp.down_proj, bits, group_size)
+        self.norm1, self.norm2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
+        self.head_dim = attn.head_dim
+        self.q_size = attn.q_proj.out_features
+        self.kv_size = attn.k_proj.out_features
+        self.scaling = attn.scaling
+        self.ffn = mlp.gate_proj.out_features
+        self.eps, self.index = eps, attn.layer_idx
+
+    def forward(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, cache, mask) -> torch.Tensor:
+        t = h.shape[1]
+        x = F.rms_norm(h, (h.shape[-1],), self.norm1, self.eps)
+        q, k, v = self.qkv(x).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+        q = q.view(1, t, -1, self.head_dim).transpose(1, 2)
+        k = k.view(1, t, -1, self.head_dim).transpose(1, 2)
+        v = v.view(1, t, -1, self.head_dim).transpose(1, 2)
+        q, k = _rope(q, cos, sin), _rope(k, cos, sin)
+        k, v = cache.update(k, v, self.index)
+        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=True)
+        h = h + self.o(a.transpose(1, 2).reshape(1, t, -1))
+        x = F.rms_norm(h, (h.shape[-1],), self.norm2, self.eps)
+        gate, up = self.gate_up(x).split([self.ffn, self.ffn], dim=-1)
+        return h + self.down(F.silu(gate) * up)
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin
+
+
+class LeanDraft(nn.Module):
+    """Callable like a Hugging Face causal LM for what the drafter uses:
+    `model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits`."""
+
+    def __init__(self, model: nn.Module, spec: DraftQuant):
+        super().__init__()
+        self.full = model  # the original: prompt reading, config, and the weights shared below
+        self.config = model.config
+        inner = model.model
+        eps = model.config.rms_norm_eps
+        self.layers = nn.ModuleList(LeanLayer(layer, spec.bits, spec.group_size, eps) for layer in inner.layers)
+        self.embed = inner.embed_tokens
+        self.rotary = inner.rotary_emb
+        self.norm, self.eps = inner.norm.weight, eps
+        self.lm_head = quantize_linear(model.get_output_embeddings(), spec.bits, spec.group_size)
+
+    @property
+    def device(self) -> torch.device:
+        return self.full.device
+
+    def forward(self, input_ids: torch.Tensor, past_key_values=None, use_cache: bool = True,
+                logits_to_keep: int = 1, **kwargs) -> SimpleNamespace:
+        t = input_ids.shape[1]
+        if t > DENSE_ABOVE or past_key_values is None or kwargs:
+            return self.full(input_ids, past_key_values=past_key_values, use_cache=use_cache,
+                             logits_to_keep=logits_to_keep, **kwargs)
+        past = past_key_values.get_seq_length()
+        positions = torch.arange(past, past + t, device=input_ids.device)[None]
+        h = self.embed(input_ids)
+        cos, sin = (c[:, None] for c in self.rotary(h, positions))  # [1, 1, t, head_dim]
+        # one new token sees everything; a few see the past and, causally, each other
+        mask = None if t == 1 else (torch.arange(past + t, device=h.device)[None] <= positions[0, :, None])
+        for layer in self.layers:
+            h = layer(h, cos, sin, past_key_values, mask)
+        h = F.rms_norm(h[:, -logits_to_keep:], (h.shape[-1],), self.norm, self.eps)
+        return SimpleNamespace(logits=self.lm_head(h))
+
+
+def lean_draft(model: nn.Module, spec: DraftQuant) -> nn.Module | None:
+    """A LeanDraft of `model`, or None where this module does not apply (architecture, device)."""
+    from specviz.models.quantize import supports
+
+    if not supported(model) or not supports(next(model.parameters()).device, spec.bits):
+        return None
+    return LeanDraft(model, spec).eval()
