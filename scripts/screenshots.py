@@ -55,6 +55,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pair", default="embedded", choices=["embedded", "tiny"])
     ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--draft-quant", default="int4", choices=["int4", "int8", "none"], help="as `specviz serve`")
     ap.add_argument("--out", default=str(ASSETS / "screenshots"))
     ap.add_argument("--samples", type=int, default=100)
     ap.add_argument("--max-new-tokens", type=int, default=64)
@@ -62,7 +63,8 @@ def main() -> None:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    session = Session(spec=PairSpec(args.pair, args.pair, dtype=args.dtype, device="cpu"))
+    session = Session(spec=PairSpec(args.pair, args.pair, dtype=args.dtype, device="cpu",
+                                     draft_quant=args.draft_quant))
     session.load(args.pair, args.pair, args.dtype, status=print)
     demo = build_app(session, Limits(), h.Options(min_interval=0.08, stage_delay=0.0, assets_dir=ASSETS))
     _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)

@@ -228,3 +228,23 @@ def test_the_lookup_drafter_is_required_without_a_draft_model(tiny):
         list(h.run(s, Limits(), PROMPT, settings(drafter="model"), options=FAST))
     views = list(h.run(s, Limits(), PROMPT + " the man said", settings(drafter="lookup"), options=FAST))
     assert views[-1].record.rounds[-1].drafter == "lookup"
+
+
+def test_a_served_int4_draft_is_named_kept_across_loads_and_decodes_what_the_target_decodes():
+    from specviz.cli import build_parser
+    from specviz.engine import autoregressive_generate
+    from specviz.models.leandraft import LeanDraft
+
+    assert build_parser().parse_args(["serve"]).draft_quant == "int4"  # the CPU demo's default
+    s = Session(spec=PairSpec("tiny", "tiny", draft_quant="int4"), loader=lambda *a, **k: tiny_pair())
+    lines = list(h.load_pair(s, "tiny", "tiny", "float32"))
+    assert isinstance(s.pair.draft, LeanDraft) and "[int4 draft step]" in s.name and "int4" in lines[-1]
+    views = list(h.run(s, Limits(), PROMPT, settings(), options=FAST))
+    prompt = encode_prompt(s.pair.tokenizer, PROMPT)
+    ar = [step.token.id for step in autoregressive_generate(s.pair, prompt, DecodeConfig(max_new_tokens=24))]
+    assert [t for r in views[-1].record.rounds for t in r.new_token_ids] == ar  # greedy: the target's tokens
+    list(h.load_pair(s, "tiny", "tiny-2", "float32"))  # a pair picked in the UI keeps the server's setting
+    assert isinstance(s.pair.draft, LeanDraft)
+    plain = Session(spec=PairSpec("tiny", "tiny"), loader=lambda *a, **k: tiny_pair())
+    list(h.load_pair(plain, "tiny", "tiny", "float32"))
+    assert not isinstance(plain.pair.draft, LeanDraft) and "int4" not in plain.name

@@ -16,8 +16,6 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-DRAFT_QUANT = {"int4": 4, "int8": 8, "none": 16}
-
 
 def parse_ks(text: str) -> tuple[int, ...]:
     try:
@@ -32,6 +30,7 @@ def parse_ks(text: str) -> tuple[int, ...]:
 def register(sub) -> None:
     from specviz.bench.prompts import DEFAULT_PROMPTS
     from specviz.cli import add_decode_args, add_model_args
+    from specviz.models.fastdraft import DRAFT_QUANT
 
     p = sub.add_parser("bench", help="measure speedups: target alone vs speculative (vs transformers)",
                        conflict_handler="resolve")
@@ -88,7 +87,7 @@ def cmd_bench(args) -> int:
     from specviz.bench.runner import Plan, run_bench
     from specviz.cli import decode_config, load_from_args
     from specviz.models import encode_prompt
-    from specviz.models.fastdraft import fast_pair
+    from specviz.models.fastdraft import DRAFT_QUANT, fast_pair
     from specviz.models.quantize import DraftQuant, quantize_draft
 
     try:

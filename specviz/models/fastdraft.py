@@ -8,6 +8,9 @@ from dataclasses import replace
 from specviz.models.leandraft import lean_draft
 from specviz.models.quantize import DraftQuant, quantize_draft
 
+# --draft-quant choices -> bits (16: leave the draft's linears as they are)
+DRAFT_QUANT = {"int4": 4, "int8": 8, "none": 16}
+
 
 def special_token_ids(tokenizer) -> set[int]:
     ids = set(getattr(tokenizer, "all_special_ids", []) or [])
@@ -27,6 +30,8 @@ def fast_draft(pair, spec: DraftQuant, lean: bool = True):
 
 
 def fast_pair(pair, spec: DraftQuant, lean: bool = True):
-    """The same pair with the cheaper draft."""
+    """The same pair with the cheaper draft, named so (where it applies: CPU; elsewhere `pair` itself)."""
     draft = fast_draft(pair, spec, lean)
-    return pair if draft is None or draft is pair.draft else replace(pair, draft=draft)
+    if draft is None or draft is pair.draft:
+        return pair
+    return replace(pair, draft=draft, draft_name=f"{pair.draft_name} [int{spec.bits} draft step]")

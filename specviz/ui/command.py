@@ -14,6 +14,7 @@ import ipaddress
 def register(sub) -> None:
     from specviz.cli import add_decode_args, add_model_args
     from specviz.limits import Limits
+    from specviz.models.fastdraft import DRAFT_QUANT
 
     p = sub.add_parser("serve", help="serve the app (http://127.0.0.1:7860 by default)")
     p.add_argument("--host", default="127.0.0.1", help="interface to bind; 0.0.0.0 exposes the app to the network")
@@ -22,6 +23,9 @@ def register(sub) -> None:
                    help="let users load any hub id, folder or .gguf in the UI, not only the presets and the pair "
                         "served at start (default: on when --host is a loopback address, off otherwise)")
     add_model_args(p)
+    p.add_argument("--draft-quant", default="int4", choices=list(DRAFT_QUANT),
+                   help="on CPU, run the draft's one-token step with int4/int8 weights (about 2x cheaper; "
+                        "exactness holds since q is what that draft sampled from; the target is never changed)")
     add_decode_args(p)
     g = p.add_argument_group("limits (per request)")
     d = Limits()
@@ -78,7 +82,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         print(f"specviz: bad flag: {e}", file=sys.stderr)
         return 2
     spec = PairSpec(args.draft, args.target, dtype=args.dtype, device=args.device, device_map=args.device_map,
-                    trust_remote_code=args.trust_remote_code)
+                    trust_remote_code=args.trust_remote_code, draft_quant=args.draft_quant)
     session = Session(spec=spec, allow_any_model=allow_any_model(args))
     print(f"specviz: loading {spec.label}…", flush=True)
     session.load(spec.draft, spec.target, spec.dtype, status=lambda line: print(f"  {line}", flush=True))
