@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import replace
 from html.parser import HTMLParser
 
 import pytest
@@ -207,6 +208,10 @@ def test_caption_reports_the_rounds_numbers():
     bonus = teach.step_caption(bonus_round(), greedy=True)
     assert "Bonus" in bonus and "argmax" in bonus
     assert "next, the target checks" in teach.step_caption(corrected_round(), False, stage="draft")
+    last = make_round(2, [], emitted("w", BONUS, 7), finished="length")  # nothing drafted: a plain target step
+    assert "one token left" in teach.step_caption(last, greedy=True) and "plain target step" in teach.step_caption(last, True)
+    missed = replace(last, drafter="lookup")
+    assert "no match in the context" in teach.step_caption(missed, greedy=True)
 
 
 def test_stats_pool_counts_from_the_rounds():
