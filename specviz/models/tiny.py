@@ -1,6 +1,6 @@
 """A tiny random-weight pair built in-process: fast, deterministic, no download.
 
-Used by the engine's proofs and the UI's handler tests, and as `--pair tiny` for a quick look.
+Used by the engine's proofs and the UI's handler tests, and as `--draft tiny --target tiny` for a quick look.
 The draft is the target with noise added to its weights, so the two agree often but not always:
 every branch of the accept/reject rule gets exercised.
 """
