@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
 from specviz.engine.compare import Divergence, first_divergence
+from specviz.ui.stats import RunStats, summarize
 
 Timed = Callable[[Iterator], tuple[object | None, float]]
 
@@ -83,6 +84,15 @@ class RaceState:
         return self.ar.finished is not None and self.spec.finished is not None
 
     @property
+    def finished(self) -> str | None:
+        """Like a Round's: None until the race is over (both lanes), then the speculative lane's reason."""
+        return self.spec.finished if self.done else None
+
+    @property
+    def identical(self) -> bool:
+        return self.ar.token_ids == self.spec.token_ids
+
+    @property
     def speedup(self) -> float | None:
         """Speculative tokens/s over AR tokens/s, once both lanes have finished."""
         if not self.done or not self.ar.tokens_per_s:
@@ -97,6 +107,11 @@ class RaceState:
         differs = any(x != y for x, y in zip(self.ar.token_ids, self.spec.token_ids))
         if differs or self.done:
             self.divergence = first_divergence(self.spec.events, self.ar.events)
+
+
+def race_stats(state: RaceState) -> RunStats:
+    """The speculative lane's numbers against the target alone, each timed by its lane's own clock."""
+    return summarize(state.spec.events, state.ar.events, spec_seconds=state.spec.clock, ar_seconds=state.ar.clock)
 
 
 def run_race(ar_events: Iterator[Step], spec_events: Iterator[Round], greedy: bool,

@@ -107,15 +107,15 @@ def test_api_race_reports_speedup_from_lane_clocks(session):
 
 
 def test_same_distribution_compares_both_samplers_with_the_exact_distribution(session):
-    views = list(h.same_distribution(session, Limits(), PROMPT, settings(), 40, 1.0, FAST))
+    views = list(h.same_distribution(session, Limits(), PROMPT, settings(), 40, 1.0))
     last = views[-1]
     assert "40 speculative and 40 target-alone samples" in last.summary
     assert [t.name for t in last.fig.data] == ["exact p (target)", "target alone (n=40)", "speculative (n=40)"]
     assert sum(last.fig.data[0].y) <= 1.0 + 1e-9
     with pytest.raises(gr.Error, match="temperature above 0"):
-        list(h.same_distribution(session, Limits(), PROMPT, settings(), 40, 0.0, FAST))
+        list(h.same_distribution(session, Limits(), PROMPT, settings(), 40, 0.0))
     with pytest.raises(gr.Error, match="samples"):
-        list(h.same_distribution(session, Limits(max_samples=10), PROMPT, settings(), 40, 1.0, FAST))
+        list(h.same_distribution(session, Limits(max_samples=10), PROMPT, settings(), 40, 1.0))
 
 
 def test_export_then_replay_gives_back_the_same_rounds(session, tmp_path):
@@ -248,3 +248,32 @@ def test_a_served_int4_draft_is_named_kept_across_loads_and_decodes_what_the_tar
     plain = Session(spec=PairSpec("tiny", "tiny"), loader=lambda *a, **k: tiny_pair())
     list(h.load_pair(plain, "tiny", "tiny", "float32"))
     assert not isinstance(plain.pair.draft, LeanDraft) and "int4" not in plain.name
+
+
+def test_a_race_replaces_the_decode_record_only_when_it_is_done(session):
+    views = list(h.run_race(session, Limits(), PROMPT, settings(), options=FAST))
+    assert [isinstance(v.record, h.RunRecord) for v in views] == [False] * (len(views) - 1) + [True]
+    stopped = h.run_race(session, Limits(), PROMPT, settings(max_new_tokens=40), options=FAST)
+    early = [next(stopped) for _ in range(3)]
+    stopped.close()  # Stop: the Decode tab keeps its last run's record
+    assert not any(isinstance(v.record, h.RunRecord) for v in early)
+
+
+def test_two_exports_in_the_same_second_get_their_own_files(session, tmp_path, monkeypatch):
+    record = list(h.run(session, Limits(), PROMPT, settings(max_new_tokens=8), options=FAST))[-1].record
+    monkeypatch.setattr(h.time, "strftime", lambda *a: "20250101-000000")
+    first, second = (h.export(record, replace(FAST, trace_dir=tmp_path)) for _ in range(2))
+    assert first != second and Path(first).exists() and Path(second).exists()
+
+
+def test_the_app_is_offline_and_every_decode_resets_step_mode(monkeypatch):
+    from specviz.ui.app import build_app
+
+    monkeypatch.delenv("GRADIO_ANALYTICS_ENABLED", raising=False)  # conftest's switch; the app must not need it
+    demo = build_app(Session(), Limits(), FAST)
+    assert demo.analytics_enabled is False  # no telemetry, no version check calling home
+    prompt = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "sv-prompt")
+    run_btn = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "sv-run")
+    for trigger in ((run_btn._id, "click"), (prompt._id, "submit")):
+        fns = [f.fn for f in demo.fns.values() if trigger in f.targets]
+        assert h.reset_step in fns, trigger

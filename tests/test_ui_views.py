@@ -302,3 +302,44 @@ def test_recorded_times_are_the_events_own():
     event, seconds = recorded(iter([r]))
     assert event is r and seconds == pytest.approx(r.draft_time + r.verify_time + r.overhead_time)
     assert recorded(iter([])) == (None, 0.0)
+
+
+def test_a_slower_race_says_how_many_times_slower():
+    from specviz.ui import handlers as h
+
+    final = list(replay_race(fake_rounds(3, 0.6), fake_steps(9, 0.1), greedy=True))[-1]  # 9 tokens: 1.8 s vs 0.9 s
+    assert final.speedup == pytest.approx(0.5)
+    assert "2.00× slower" in h.race_result(final)
+
+
+def test_a_target_alone_lane_that_ended_early_gives_valid_json_and_a_dash_for_its_gap():
+    import json
+
+    from specviz.ui import api
+    from specviz.ui import handlers as h
+
+    final = list(replay_race(fake_rounds(3, 0.3), fake_steps(5, 0.1), greedy=True))[-1]
+    assert final.divergence.position == 5 and final.divergence.target_top2_gap is None
+    out = json.loads(json.dumps(api.race_dict(final, {}), allow_nan=False))  # bare NaN is not JSON
+    assert out["divergence"]["target_top2_gap"] is None and out["identical"] is False
+    assert "there is — (target alone)" in h.race_result(final)
+
+
+def test_a_race_state_is_finished_once_both_lanes_are_and_the_pacer_shows_it():
+    from specviz.ui import handlers as h
+
+    states = [(s.finished, s.done) for s in replay_race(fake_rounds(2, 0.3), fake_steps(6, 0.1), greedy=True)]
+    assert [f is not None for f, _ in states] == [done for _, done in states] == [False] * 7 + [True]
+    shown = [show for _, show in h.paced(replay_race(fake_rounds(2, 0.3), fake_steps(6, 0.1), True), 1e9)]
+    assert shown == [True] + [False] * 6 + [True]  # the first, then the last however soon
+
+
+def test_race_views_keep_the_decode_record_and_compute_stats_only_when_done(monkeypatch):
+    from specviz.ui import handlers as h
+
+    calls = []
+    monkeypatch.setattr(h, "race_stats", lambda state: calls.append(state) or summarize(state.spec.events))
+    record = h.RunRecord({})
+    views = [(h.race_view(s, record), s.done) for s in replay_race(fake_rounds(2, 0.3), fake_steps(6, 0.1), True)]
+    assert [v.record is record for v, _ in views] == [done for _, done in views]  # gr.skip() until done
+    assert len(calls) == 1 and "tokens in" in views[-1][0].stats

@@ -17,7 +17,7 @@ from specviz.engine.events import Round, Step
 @dataclass(frozen=True)
 class Divergence:
     position: int  # index in the generated sequence of the first differing token
-    target_top2_gap: float  # the target's top-1 minus top-2 logit there, as the AR run saw it
+    target_top2_gap: float | None  # the target's top-1 minus top-2 logit there, in the AR run (None past its end)
     spec_top2_gap: float | None  # the same from the speculative run's verify forward (None past its end)
 
 
@@ -45,5 +45,5 @@ def first_divergence(spec_rounds: Sequence[Round], ar_steps: Sequence[Step]) -> 
     if spec == ar:
         return None
     position = next((i for i, (x, y) in enumerate(zip(spec, ar)) if x != y), min(len(spec), len(ar)))
-    ar_gap = ar_steps[position].token.target_top2_gap if position < len(ar_steps) else float("nan")
+    ar_gap = ar_steps[position].token.target_top2_gap if position < len(ar_steps) else None
     return Divergence(position, ar_gap, spec_gap_at(spec_rounds, position))

@@ -11,13 +11,14 @@ from dataclasses import asdict
 
 from specviz.engine import Round, Step, speculative_generate
 from specviz.limits import Limits
-from specviz.race import RaceState, race, replay_race
+from specviz.race import RaceState, race, race_stats, replay_race
 from specviz.ui.handlers import (
     Options, RunRecord, Settings, locked, paced, prepare, sample_distributions, trace_data, trace_text_or_name,
     user_errors,
 )
 from specviz.ui.session import Session
 from specviz.ui.stats import RunStats, summarize
+
 
 def lane_dict(lane) -> dict:
     return {"tokens": lane.tokens, "clock_s": lane.clock, "tokens_per_s": lane.tokens_per_s,
@@ -51,9 +52,8 @@ def race_dict(state: RaceState, meta: dict | None = None) -> dict:
            "speedup": state.speedup, "greedy": state.greedy,
            "divergence": None if d is None else asdict(d)}
     if state.done:
-        out["stats"] = stats_dict(summarize(state.spec.events, state.ar.events, spec_seconds=state.spec.clock,
-                                            ar_seconds=state.ar.clock))
-        out["identical"] = state.ar.token_ids == state.spec.token_ids
+        out["stats"] = stats_dict(race_stats(state))
+        out["identical"] = state.identical
         out["meta"] = meta
     return out
 
@@ -64,7 +64,7 @@ def run_race(session: Session, limits: Limits, prompt, settings: Settings,
     job = prepare(session, limits, prompt, settings)
     with closing(paced(locked(session, lambda pair: race(pair, job.ids, job.config)), options.min_interval)) as events:
         for state, show in events:
-            if show or state.done:
+            if show:
                 yield race_dict(state, job.meta)
 
 

@@ -4,7 +4,9 @@
     launch(demo, host="127.0.0.1", port=7860)
 
 Every event that touches the model shares one concurrency group of size 1 (one model, one run at a
-time; other requests wait in the queue). Named JSON endpoints for scripts are listed in API_DOC.
+time; other requests wait in the queue). `register_api` adds the named JSON endpoints for scripts
+(/generate, /race, /replay, /same_distribution, /load_pair, /info; see the README's API section).
+The app is offline by default: no Gradio telemetry, no version check, no share link.
 """
 
 from __future__ import annotations
@@ -48,13 +50,6 @@ APP_CSS = render.CSS + """
 footer { display: none !important; }
 """
 
-API_DOC = """
-Named endpoints (gradio_client), all JSON: `/generate` (stream of rounds), `/race` (stream of race
-snapshots), `/replay` (a shipped trace's name or a trace's JSON text), `/same_distribution`,
-`/load_pair`, `/info`. See the README's API section.
-"""
-
-
 def header_html(pair: str) -> str:
     return (f'<div class="sv-header"><h1>specviz</h1><span class="sv-tagline">speculative decoding, visible</span>'
             f'<span id="sv-pair">serving {escape(pair)}</span></div>')
@@ -71,7 +66,8 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options | 
     shipped = h.shipped_traces(options.assets_dir)
     preset_names = list(PRESETS)
 
-    with gr.Blocks(title="specviz: speculative decoding, visible") as demo:
+    # analytics_enabled=False: no telemetry and no version check calling home (whatever the environment says)
+    with gr.Blocks(title="specviz: speculative decoding, visible", analytics_enabled=False) as demo:
         header = gr.HTML(header_html(session.name))
         record = gr.State(None)
         stepper = gr.State(None)
@@ -174,7 +170,12 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options | 
                 export_btn = gr.Button("Export last run as a trace", elem_id="sv-export-btn")
                 export_file = gr.File(label="trace (JSON)", interactive=False, visible=False, elem_id="sv-export")
 
-        settings = [k, adaptive, drafter, temperature, top_k, top_p, seed, max_new]
+        controls = dict(k=k, adaptive=adaptive, drafter=drafter, temperature=temperature, top_k=top_k, top_p=top_p,
+                        seed=seed, max_new_tokens=max_new)  # Settings' fields
+        settings = list(controls.values())
+
+        def settings_of(values) -> h.Settings:
+            return h.Settings(**dict(zip(controls, values)))
         main = dict(tokens=tokens, caption=caption, pq=pq, rounds=round_slider, positions=position,
                     drill=drill_plot, stats=stats_md, stats_fig=stats_fig, record=record)
         main_out = outputs_of(h.MainView, main)
@@ -184,19 +185,19 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options | 
 
         def on_run(text, *values):
             *s, show = values
-            yield from stream(h.run(session, limits, text, h.Settings(*s), show, options))
+            yield from stream(h.run(session, limits, text, settings_of(s), show, options))
 
         def on_step(state, text, *values):
             *s, show = values
-            yield from stream(h.step(session, limits, state, text, h.Settings(*s), show, options),
+            yield from stream(h.step(session, limits, state, text, settings_of(s), show, options),
                               lambda pair: (*astuple_shallow(pair[0]), pair[1]))
 
         def on_race(text, *s):
             yield (gr.Tabs(selected="race"), *race_blank())
-            yield from stream(h.run_race(session, limits, text, h.Settings(*s), options), with_tabs)
+            yield from stream(h.run_race(session, limits, text, settings_of(s), options), with_tabs)
 
         def on_distribution(text, n, temp, *s):
-            yield from stream(h.same_distribution(session, limits, text, h.Settings(*s), n, temp, options))
+            yield from stream(h.same_distribution(session, limits, text, settings_of(s), n, temp))
 
         def on_replay(file, name, pace, show):
             yield (gr.Tabs(selected="decode"), *astuple_shallow(h.main_view(None)))
@@ -231,12 +232,12 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options | 
                                                             api_visibility="private")
         stop_btn.click(None, None, None, cancels=[run_ev, submit_ev, step_ev, race_ev, dist_ev, replay_ev,
                                                   replay_race_ev, load_ev])
-        run_btn.click(h.reset_step, [stepper], [stepper], api_visibility="private", queue=False)
+        for decode in (run_btn.click, prompt.submit):  # a plain run ends any paused step-mode run
+            decode(h.reset_step, [stepper], [stepper], api_visibility="private", queue=False)
 
-        round_slider.input(lambda rec, n, show: astuple_shallow(h.browse(rec, n, show)),
-                           [record, round_slider, show_rejected], main_out, api_visibility="private")
-        show_rejected.input(lambda rec, n, show: astuple_shallow(h.browse(rec, n, show)),
-                            [record, round_slider, show_rejected], main_out, api_visibility="private")
+        gr.on([round_slider.input, show_rejected.input],
+              lambda rec, n, show: astuple_shallow(h.browse(rec, n, show)),
+              [record, round_slider, show_rejected], main_out, api_visibility="private")
         position.input(h.pick_position, [record, round_slider, position], [drill_plot], api_visibility="private")
         preset.input(lambda name: (PRESETS[name][0] or "", PRESETS[name][1]), [preset], [draft_src, target_src],
                      api_visibility="private")
@@ -275,7 +276,8 @@ def register_api(session: Session, limits: Limits, options: h.Options) -> None:
                  ) -> Iterator[dict]:
         """Speculative decoding, streamed: one {"event": "round", "round": {...}} per round, then
         {"event": "done", "text", "rounds", "finished", "stats", "meta"}."""
-        s = h.Settings(k, adaptive, drafter, temperature, top_k, top_p, seed, max_new_tokens)
+        s = h.Settings(k=k, adaptive=adaptive, drafter=drafter, temperature=temperature, top_k=top_k, top_p=top_p,
+                       seed=seed, max_new_tokens=max_new_tokens)
         yield from api.generate(session, limits, prompt, s)
 
     def race(prompt: str, k: int = 4, max_new_tokens: int = 64, temperature: float = 0.0, top_k: int = 0,
@@ -283,7 +285,8 @@ def register_api(session: Session, limits: Limits, options: h.Options) -> None:
         """The target alone vs speculative decoding, alternated on one device, each lane timed on its own
         clock. Streams {"event": "race", "ar": lane, "spec": lane, ...}; the last has "event": "done",
         "speedup", "identical", "divergence", "stats"."""
-        s = h.Settings(k, adaptive, drafter, temperature, top_k, top_p, seed, max_new_tokens)
+        s = h.Settings(k=k, adaptive=adaptive, drafter=drafter, temperature=temperature, top_k=top_k, top_p=top_p,
+                       seed=seed, max_new_tokens=max_new_tokens)
         yield from api.run_race(session, limits, prompt, s, options)
 
     def replay(trace: str) -> Iterator[dict]:
@@ -295,12 +298,14 @@ def register_api(session: Session, limits: Limits, options: h.Options) -> None:
                           top_p: float = 1.0, seed: int = 0, drafter: str = "model") -> Iterator[dict]:
         """First-token frequencies of speculative vs target-alone samples against the exact distribution,
         with total variation and χ² p-values. Streams progress; the last has "event": "done"."""
-        s = h.Settings(k, "fixed", drafter, temperature, top_k, top_p, seed, 2)
+        s = h.Settings(k=k, drafter=drafter, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                       max_new_tokens=2)
         yield from api.same_distribution(session, limits, prompt, s, samples, temperature)
 
     def load_pair(draft: str, target: str, dtype: str = "auto") -> str:
         """Swap the served pair (the previous one is released first). Returns the new pair's name."""
-        *_, last = h.load_pair(session, draft, target, dtype)
+        for _ in h.load_pair(session, draft, target, dtype):  # run the load to its end; errors raise
+            pass
         return session.name
 
     def info() -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 from scipy import stats
@@ -50,8 +50,6 @@ class Comparison:
     p_ar: float | None  # χ² goodness-of-fit p-value against the exact distribution (None: not testable)
     p_spec: float | None
     tv_noise: float  # mean TV of N samples drawn from the exact distribution itself: the chance level
-    counts_ar: dict[int, int] = field(default_factory=dict)
-    counts_spec: dict[int, int] = field(default_factory=dict)
 
 
 def total_variation(exact: np.ndarray, counts: Counter, n: int) -> float:
@@ -102,7 +100,6 @@ def compare(exact: np.ndarray, counts_ar: Counter, counts_spec: Counter, top: in
         tv_ar=total_variation(exact, counts_ar, n_ar), tv_spec=total_variation(exact, counts_spec, n_spec),
         p_ar=chi_square_p(exact, counts_ar, n_ar), p_spec=chi_square_p(exact, counts_spec, n_spec),
         tv_noise=sampling_noise_tv(exact, max(1, min(n_ar, n_spec) or max(n_ar, n_spec))),
-        counts_ar=dict(counts_ar), counts_spec=dict(counts_spec),
     )
 
 

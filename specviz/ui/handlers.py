@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import inspect
 import json
+import os
 import queue
 import tempfile
 import threading
@@ -29,7 +30,7 @@ from specviz.engine.exact import next_token_distribution
 from specviz.limits import InputError, Limits, _number, check_prompt_tokens, clean_prompt, decode_config
 from specviz.models import ModelLoadError, encode_prompt
 from specviz.models.loading import OUT_OF_MEMORY, release_memory
-from specviz.race import RaceState, race, replay_race
+from specviz.race import RaceState, race, race_stats, replay_race
 from specviz.trace import Trace, TraceError
 from specviz.ui import figures, render, teach
 from specviz.ui.distribution import Comparison, compare, sample_both
@@ -185,6 +186,13 @@ def drill(r: Round | None, position, greedy: bool):
     return figures.drilldown_figure(token, greedy, emitted if not isinstance(token, EmittedToken) else None)
 
 
+def round_index(n_rounds: int, selected) -> int:
+    """The 0-based round a 1-based slider value points at, kept within the rounds (None: the last)."""
+    if selected is None:
+        return max(n_rounds - 1, 0)
+    return max(0, min(int(selected) - 1, n_rounds - 1))
+
+
 def main_view(record: RunRecord | None, *, show_rejected: bool = True, selected: int | None = None,
               stage: str = "done", live: bool = False) -> MainView:
     """Everything the Decode tab shows for a record. `live` (mid-run) leaves the drill-down and the
@@ -192,7 +200,7 @@ def main_view(record: RunRecord | None, *, show_rejected: bool = True, selected:
     rounds = record.rounds if record else []
     greedy = record.greedy if record else True
     n = len(rounds)
-    i = n - 1 if selected is None else max(0, min(int(selected) - 1, n - 1))
+    i = round_index(n, selected)
     current = rounds[i] if rounds else None
     done = stage == "done"
     pos = default_position(current) if done else None
@@ -201,7 +209,7 @@ def main_view(record: RunRecord | None, *, show_rejected: bool = True, selected:
         tokens=render.rounds_html(rounds, greedy, show_rejected=show_rejected, stage=stage),
         caption=teach.step_caption(current, greedy, stage) if current else "",
         pq=figures.pq_figure(current, greedy, verdict=stage != "draft"),
-        rounds=gr.update(minimum=1, maximum=max(n, 2), value=i + 1 if n else 1, interactive=n > 1),  # min < max
+        rounds=gr.update(minimum=1, maximum=max(n, 2), value=i + 1, interactive=n > 1),  # min < max
         positions=gr.update(choices=position_choices(current) if done else [], value=pos),
         drill=gr.skip() if live else drill(current, pos, greedy),
         stats=teach.stats_markdown(s, record.source if record else ""),
@@ -211,12 +219,13 @@ def main_view(record: RunRecord | None, *, show_rejected: bool = True, selected:
 
 
 def paced(events: Iterator, min_interval: float, clock: Callable[[], float] = time.monotonic) -> Iterator[tuple]:
-    """(event, show) pairs: show is True at most every min_interval seconds, and for the last event."""
+    """(event, show) pairs: show is True at most every min_interval seconds, and for the last event
+    (a Round or a RaceState whose `finished` is set)."""
     last = None
     with closing(events):  # closing the pacer (Stop) closes the run it paces
         for event in events:
             now = clock()
-            show = last is None or now - last >= min_interval or bool(getattr(event, "finished", None))
+            show = last is None or now - last >= min_interval or event.finished is not None
             if show:
                 last = now
             yield event, show
@@ -252,8 +261,8 @@ def browse(record: RunRecord | None, round_number, show_rejected: bool = True) -
 def pick_position(record: RunRecord | None, round_number, position):
     if record is None or not record.rounds:
         return figures.drilldown_figure(None, True)
-    i = max(0, min(int(round_number or 1) - 1, len(record.rounds) - 1))
-    return drill(record.rounds[i], position, record.greedy)
+    r = record.rounds[round_index(len(record.rounds), round_number or 1)]
+    return drill(r, position, record.greedy)
 
 
 # ---------------------------------------------------------------- step mode
@@ -329,22 +338,21 @@ def race_result(state: RaceState, recorded: str | None = None) -> str:
     if state.speedup is None:
         return "Both lanes are running, taking turns on the device…"
     s = state.speedup
-    word = "faster" if s >= 1 else "slower"
+    times, word = (s, "faster") if s >= 1 else (1 / s, "slower")  # 0.5× faster reads as 2.00× slower
     how = f"as recorded on {recorded}" if recorded else "measured on each lane's own clock"
-    lines = [f'<span class="sv-speedup">Speculative decoding: {s:.2f}× {word}</span> '
+    lines = [f'<span class="sv-speedup">Speculative decoding: {times:.2f}× {word}</span> '
              f"({state.spec.tokens_per_s:.1f} vs {state.ar.tokens_per_s:.1f} tokens/s, {how})"]
     if state.greedy:
         d = state.divergence
         if d is None:
-            same = state.ar.token_ids == state.spec.token_ids
-            lines.append("Greedy texts are **identical**." if same else
+            lines.append("Greedy texts are **identical**." if state.identical else
                          "Greedy texts agree on their common length (one lane stopped earlier).")
         else:
             lines.append(
                 f"⚠ Greedy texts **differ from token {d.position + 1}** (outlined). The target's top-2 logit gap "
-                f"there is {d.target_top2_gap:.3f} (target alone) / {gap(d.spec_top2_gap)} (verify pass): a near-tie that "
-                "low precision can flip when the target scores K+1 tokens at once instead of one. The rule is "
-                "exact; the arithmetic of a batched forward is not bit-identical.")
+                f"there is {gap(d.target_top2_gap)} (target alone) / {gap(d.spec_top2_gap)} (verify pass): a "
+                "near-tie that low precision can flip when the target scores K+1 tokens at once instead of one. "
+                "The rule is exact; the arithmetic of a batched forward is not bit-identical.")
     return "\n\n".join(lines)
 
 
@@ -353,15 +361,16 @@ def recorded_on(meta: dict) -> str:
 
 
 def race_view(state: RaceState, record: RunRecord, recorded: bool = False) -> RaceView:
+    """The Race tab. The record (the Decode tab's slider and Export) is replaced only by a finished race,
+    so starting a race, or stopping one, leaves the last run's record alone."""
     at = state.divergence.position if state.divergence else None
-    s = summarize(state.spec.events, state.ar.events, spec_seconds=state.spec.clock, ar_seconds=state.ar.clock)
     return RaceView(
         ar=render.lane_html(state.ar, render.steps_html(state.ar.events, at), recorded),
         spec=render.lane_html(state.spec, render.spec_lane_html(state.spec.events, state.greedy, at), recorded),
         fig=figures.race_figure(state.lanes),
         result=race_result(state, recorded_on(record.meta) if recorded else None),
-        stats=teach.stats_markdown(s, "Race, speculative lane") if state.done else "",
-        record=record,
+        stats=teach.stats_markdown(race_stats(state), "Race, speculative lane") if state.done else "",
+        record=record if state.done else gr.skip(),
     )
 
 
@@ -375,7 +384,7 @@ def run_race(session: Session, limits: Limits, prompt, settings: Settings,
         for state, show in events:
             if state.done:
                 record.rounds, record.ar_steps = list(state.spec.events), list(state.ar.events)
-            if show or state.done:
+            if show:
                 yield race_view(state, record)
 
 
@@ -431,8 +440,8 @@ def sample_distributions(session: Session, limits: Limits, prompt, settings: Set
 
 
 @user_errors
-def same_distribution(session: Session, limits: Limits, prompt, settings: Settings, n, temperature,
-                      options: Options = Options()) -> Iterator[DistributionView]:
+def same_distribution(session: Session, limits: Limits, prompt, settings: Settings, n, temperature
+                      ) -> Iterator[DistributionView]:
     with closing(sample_distributions(session, limits, prompt, settings, n, temperature)) as results:
         for c, texts, done in results:
             labels = token_labels(texts, c.token_ids)
@@ -449,7 +458,10 @@ def export(record: RunRecord | None, options: Options = Options()) -> str:
     folder = options.trace_dir or Path(tempfile.gettempdir()) / "specviz-traces"
     folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
-    path = folder / f"specviz-trace-{record.source.lower().replace(' ', '-')}-{stamp}.json"
+    # the folder is shared by every user of the server: a unique name, never one derived from the time alone
+    fd, path = tempfile.mkstemp(prefix=f"specviz-trace-{record.source.lower().replace(' ', '-')}-{stamp}-",
+                                suffix=".json", dir=folder)
+    os.close(fd)
     return str(tracefile.save(record.trace(), path))
 
 
@@ -557,6 +569,7 @@ def replay_race_view(upload, shipped, speed, options: Options = Options()) -> It
 # ---------------------------------------------------------------- model loading
 
 
+@user_errors
 def load_pair(session: Session, draft, target, dtype) -> Iterator[str]:
     """Load in a worker thread and stream its status lines; errors end as gr.Error."""
     lines: queue.Queue = queue.Queue()
@@ -578,6 +591,5 @@ def load_pair(session: Session, draft, target, dtype) -> Iterator[str]:
         yield "\n".join(log)
     worker.join()
     if "error" in outcome:
-        e = outcome["error"]
-        raise gr.Error(str(e), print_exception=False) if isinstance(e, USER_ERRORS) else e
+        raise outcome["error"]  # user_errors turns the user's mistakes into gr.Error
     yield "\n".join(log + [f"**Loaded:** {outcome['name']}"])
