@@ -6,9 +6,14 @@ import argparse
 import logging
 import sys
 
+from specviz import limits
 from specviz.engine.config import ADAPTIVE_MODES, DecodeConfig
 from specviz.engine.drafters import DRAFTERS
-from specviz.engine.sampling import SamplingParams
+
+# The CLI runs on the user's own machine: the same checks as the app's controls, but not the web
+# server's per-request caps (only the model's context bounds a run; K stays a sane number).
+CLI_LIMITS = limits.Limits(max_new_tokens=1_000_000, max_k=256)
+DECODING_COMMANDS = ("trace", "bench")  # `serve` checks its flags against its own --max-... limits
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -34,9 +39,16 @@ def add_decode_args(p: argparse.ArgumentParser) -> None:
 
 
 def decode_config(args, k: int | None = None) -> DecodeConfig:
-    return DecodeConfig(k=args.k if k is None else k, max_new_tokens=args.max_new_tokens,
-                        sampling=SamplingParams(args.temperature, args.top_k, args.top_p),
-                        seed=args.seed, drafter=args.drafter, adaptive=args.adaptive)
+    """The decoding flags as a config, validated (limits.InputError names the bad flag)."""
+    return limits.decode_config(CLI_LIMITS, k=args.k if k is None else k, max_new_tokens=args.max_new_tokens,
+                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                                drafter=args.drafter, adaptive=args.adaptive)
+
+
+def check_decode_flags(args) -> None:
+    """Fail on a bad decoding flag before any model loads; bench's --k is a list: every K is checked."""
+    for k in args.k if isinstance(args.k, tuple) else (args.k,):
+        decode_config(args, k)
 
 
 def load_from_args(args):
@@ -48,14 +60,14 @@ def load_from_args(args):
 
 def cmd_trace(args) -> int:
     from specviz import trace
+    from specviz.bench.stats import spec_stats
 
+    config = decode_config(args)
     pair = load_from_args(args)
-    t = trace.record(pair, args.prompt, decode_config(args), with_ar=args.with_ar)
+    t = trace.record(pair, args.prompt, config, with_ar=args.with_ar)
     trace.save(t, args.out)
-    n = sum(r.tokens_emitted for r in t.rounds)
-    drafted = sum(r.k for r in t.rounds)
-    accepted = sum(r.n_accepted for r in t.rounds)
-    print(f"wrote {args.out}: {len(t.rounds)} rounds, {n} tokens, acceptance {accepted / max(drafted, 1):.2f}")
+    s = spec_stats(t.rounds)
+    print(f"wrote {args.out}: {s.rounds} rounds, {s.tokens} tokens, acceptance {s.acceptance_rate:.2f}")
     return 0
 
 
@@ -98,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     from specviz.models import ModelLoadError
 
+    try:
+        if args.command in DECODING_COMMANDS:
+            check_decode_flags(args)
+    except limits.InputError as e:
+        print(f"specviz: bad flag: {e}", file=sys.stderr)
+        return 2
     try:
         return args.func(args)
     except ModelLoadError as e:

@@ -8,6 +8,7 @@ import json
 import pytest
 
 from specviz import cli, trace
+from specviz.bench.stats import spec_stats
 from specviz.engine import DecodeConfig, SamplingParams
 from specviz.trace import TraceError
 
@@ -95,8 +96,11 @@ def test_cli_trace_on_the_tiny_pair(tmp_path, capsys):
     rc = cli.main(["trace", "--draft", "tiny", "--target", "tiny", "--device", "cpu", "--prompt", "the a of",
                    "--out", str(out), "--max-new-tokens", "16", "--k", "3", "--with-ar"])
     assert rc == 0
-    assert f"wrote {out}" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert f"wrote {out}" in printed
     t = trace.load(out)
+    s = spec_stats(t.rounds)
+    assert f"{len(t.rounds)} rounds, 16 tokens, acceptance {s.acceptance_rate:.2f}" in printed
     spec = [x for r in t.rounds for x in r.new_token_ids]
     assert len(spec) == 16 and spec == [s.token.id for s in t.ar_steps]  # greedy by default: identical
     assert t.meta["draft"] == "tiny-draft" and t.meta["config"]["k"] == 3
@@ -105,3 +109,24 @@ def test_cli_trace_on_the_tiny_pair(tmp_path, capsys):
 def test_cli_rejects_half_a_tiny_pair(tmp_path, capsys):
     rc = cli.main(["trace", "--draft", "tiny", "--target", "embedded", "--prompt", "x", "--out", str(tmp_path / "t.json")])
     assert rc == 2 and "both --draft and --target" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--temperature", "1e-5"], "temperature"),
+    (["--k", "0"], "K must be"),
+    (["--max-new-tokens", "0"], "max new tokens"),
+    (["--top-p", "0"], "top-p"),
+])
+def test_cli_rejects_bad_decoding_flags_before_loading(tmp_path, capsys, flags, message):
+    out = tmp_path / "t.json"
+    rc = cli.main(["trace", "--draft", "tiny", "--target", "tiny", "--prompt", "x", "--out", str(out), *flags])
+    err = capsys.readouterr().err
+    assert rc == 2 and "specviz: bad flag:" in err and message in err and not out.exists()
+
+
+def test_cli_bench_checks_every_k_and_the_cli_is_not_held_to_the_web_limits(capsys):
+    rc = cli.main(["bench", "--draft", "tiny", "--target", "tiny", "--k", "2,4", "--temperature", "1e-5"])
+    assert rc == 2 and "temperature" in capsys.readouterr().err
+    args = cli.build_parser().parse_args(["trace", "--prompt", "x", "--max-new-tokens", "2000", "--k", "32"])
+    config = cli.decode_config(args)
+    assert (config.max_new_tokens, config.k) == (2000, 32)
