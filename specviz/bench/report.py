@@ -12,18 +12,10 @@ from dataclasses import asdict
 
 from specviz.bench.predict import CostModel, best_k, predicted_speedup, predicted_speedup_for_rounds
 from specviz.bench.runner import Plan, PromptResult
-from specviz.bench.stats import SpecStats, spec_stats
+from specviz.bench.stats import SpecStats, ratio, spec_stats
 from specviz.engine.compare import first_divergence
 
 PREDICT_KS = range(1, 17)
-
-
-def _ratio(a: float, b: float) -> float | None:
-    return a / b if b > 0 else None
-
-
-def _rate(tokens: int, seconds: float) -> float:
-    return tokens / seconds if seconds > 0 else 0.0
 
 
 def pooled_spec(results: Sequence[PromptResult], k: int) -> SpecStats:
@@ -34,15 +26,15 @@ def pooled_spec(results: Sequence[PromptResult], k: int) -> SpecStats:
 
 def pooled_rate(pairs: Sequence[tuple[int, float]]) -> float:
     """tokens/s over (tokens, seconds) pairs: Σ tokens / Σ seconds."""
-    return _rate(sum(t for t, _ in pairs), sum(s for _, s in pairs))
+    return ratio(sum(t for t, _ in pairs), sum(s for _, s in pairs))
 
 
 def ar_rate(results: Sequence[PromptResult]) -> float:
     return pooled_rate([(len(r.ar.tokens), r.ar.seconds) for r in results])
 
 
-def spec_rate(results: Sequence[PromptResult], k: int) -> float:
-    return pooled_rate([(len(r.spec[k].tokens), r.spec[k].seconds) for r in results])
+def by_kind(results: Sequence[PromptResult]) -> dict[str, list[PromptResult]]:
+    return {kind: [r for r in results if r.prompt.kind == kind] for kind in sorted({r.prompt.kind for r in results})}
 
 
 def hf_rate(results: Sequence[PromptResult], setting: str) -> float | None:
@@ -64,23 +56,23 @@ def predicted_for(rounds, stats: SpecStats, cost: CostModel | None) -> float | N
 def run_record(res: PromptResult, k: int, greedy: bool, cost: CostModel | None) -> dict:
     spec = res.spec[k]
     stats = spec_stats(spec.rounds, spec.seconds)
-    ar_tps, spec_tps = _rate(len(res.ar.tokens), res.ar.seconds), stats.tokens_per_s
+    ar_tps, spec_tps = ratio(len(res.ar.tokens), res.ar.seconds), stats.tokens_per_s
     hf = res.hf.get(f"k={k}")
     hf_default = res.hf.get("default")
     div = first_divergence(spec.rounds, res.ar.steps) if greedy else None
     return {
         "id": res.prompt.id, "kind": res.prompt.kind, "k": k, "new_tokens": stats.tokens,
         "ar_tokens_per_s": _round(ar_tps), "spec_tokens_per_s": _round(spec_tps),
-        "hf_tokens_per_s": _round(_rate(len(hf.tokens), hf.seconds)) if hf else None,
-        "speedup": _round(_ratio(spec_tps, ar_tps)),
+        "hf_tokens_per_s": _round(ratio(len(hf.tokens), hf.seconds)) if hf else None,
+        "speedup": _round(ratio(spec_tps, ar_tps)),
         "acceptance_rate": _round(stats.acceptance_rate), "mean_accepted_tokens": _round(stats.mean_accepted_tokens),
-        "identical_to_ar": (spec.tokens == res.ar.tokens) if greedy else None,
+        "identical_to_ar": div is None if greedy else None,
         "first_divergence": None if div is None else {
             "position": div.position, "target_top2_gap": _round(div.target_top2_gap),
             "spec_top2_gap": _round(div.spec_top2_gap)},
         # extras beyond the issue's keys
         "prompt_tokens": res.prompt_tokens, "ar_new_tokens": len(res.ar.tokens),
-        "hf_default_tokens_per_s": _round(_rate(len(hf_default.tokens), hf_default.seconds)) if hf_default else None,
+        "hf_default_tokens_per_s": _round(ratio(len(hf_default.tokens), hf_default.seconds)) if hf_default else None,
         "hf_identical_to_ar": (hf.tokens == res.ar.tokens) if hf and greedy else None,
         "hf_default_identical_to_ar": (hf_default.tokens == res.ar.tokens) if hf_default and greedy else None,
         "predicted_speedup": _round(predicted_for(spec.rounds, stats, cost)),
@@ -94,30 +86,32 @@ def run_record(res: PromptResult, k: int, greedy: bool, cost: CostModel | None) 
     }
 
 
-def k_summary(results: Sequence[PromptResult], k: int, greedy: bool, cost: CostModel | None) -> dict:
+def k_summary(results: Sequence[PromptResult], k: int, greedy: bool, cost: CostModel | None,
+              ar_tps: float, ar_by_kind: dict[str, float]) -> dict:
+    """All prompts pooled at K; `ar_tps` and `ar_by_kind` are the target alone's pooled rates."""
     stats = pooled_spec(results, k)
-    speedup = _ratio(stats.tokens_per_s, ar_rate(results))
+    speedup = ratio(stats.tokens_per_s, ar_tps)
     predicted = predicted_for([r for res in results for r in res.spec[k].rounds], stats, cost)
-    kinds = sorted({r.prompt.kind for r in results})
-    by_kind = {kind: [r for r in results if r.prompt.kind == kind] for kind in kinds}
+    kinds = {kind: pooled_spec(rs, k) for kind, rs in by_kind(results).items()}
     hf_same_k = hf_rate(results, f"k={k}")
     return {
         "k": k, "spec_tokens_per_s": _round(stats.tokens_per_s), "speedup": _round(speedup),
-        "speedup_by_kind": {kind: _round(_ratio(spec_rate(rs, k), ar_rate(rs))) for kind, rs in by_kind.items()},
+        "speedup_by_kind": {kind: _round(ratio(ks.tokens_per_s, ar_by_kind[kind])) for kind, ks in kinds.items()},
         "acceptance_rate": _round(stats.acceptance_rate),
-        "acceptance_by_kind": {kind: _round(pooled_spec(rs, k).acceptance_rate) for kind, rs in by_kind.items()},
+        "acceptance_by_kind": {kind: _round(ks.acceptance_rate) for kind, ks in kinds.items()},
         "mean_accepted_tokens": _round(stats.mean_accepted_tokens),
         "per_position_acceptance": [_round(a) for a in stats.per_position],
         "accepted_lengths": stats.accepted_lengths,
         "identical_fraction": _round(sum(r.spec[k].tokens == r.ar.tokens for r in results) / len(results))
         if greedy else None,
-        "predicted_speedup": _round(predicted), "efficiency": _round(_ratio(speedup, predicted) if predicted else None),
+        "predicted_speedup": _round(predicted), "efficiency": _round(ratio(speedup, predicted) if predicted else None),
         "predicted_speedup_fixed_k": _round(predicted_speedup(stats.per_position, cost, k)) if cost and stats.tested else None,
         "event_overhead": _round(stats.event_overhead),
         "round_ms": {"draft": _round(1e3 * stats.draft_s / stats.rounds, 2),
                      "verify": _round(1e3 * stats.verify_s / stats.rounds, 2),
                      "overhead": _round(1e3 * stats.overhead_s / stats.rounds, 2)} if stats.rounds else None,
-        "hf_tokens_per_s": _round(hf_same_k), "vs_hf_same_k": _round(_ratio(stats.tokens_per_s, hf_same_k or 0.0)),
+        "hf_tokens_per_s": _round(hf_same_k),
+        "vs_hf_same_k": _round(ratio(stats.tokens_per_s, hf_same_k)) if hf_same_k else None,
     }
 
 
@@ -132,12 +126,14 @@ def cost_record(cost: CostModel | None, stall: float | None = None) -> dict | No
 def build_report(results: Sequence[PromptResult], plan: Plan, cost: CostModel | None, *,
                  device: str, dtype: str, meta: dict | None = None, cost_stall: float | None = None) -> dict:
     greedy = plan.config.sampling.greedy
-    by_k = {k: k_summary(results, k, greedy, cost) for k in plan.ks}
+    ar_tps = ar_rate(results)
+    ar_by_kind = {kind: ar_rate(rs) for kind, rs in by_kind(results).items()}
+    by_k = {k: k_summary(results, k, greedy, cost, ar_tps, ar_by_kind) for k in plan.ks}
     k_best = max(plan.ks, key=lambda k: by_k[k]["spec_tokens_per_s"] or 0.0)
     best = by_k[k_best]
     settings = sorted({name for r in results for name in r.hf})
-    hf = {name: {"tokens_per_s": _round(hf_rate(results, name)),
-                 "speedup": _round(_ratio(hf_rate(results, name) or 0.0, ar_rate(results))),
+    hf_tps = {name: hf_rate(results, name) for name in settings}
+    hf = {name: {"tokens_per_s": _round(hf_tps[name]), "speedup": _round(ratio(hf_tps[name], ar_tps)),
                  "identical_fraction": _round(sum(r.hf[name].tokens == r.ar.tokens for r in results) / len(results))
                  if greedy else None}
           for name in settings}
@@ -146,12 +142,12 @@ def build_report(results: Sequence[PromptResult], plan: Plan, cost: CostModel | 
     curve = {k: _round(predicted_speedup(alpha, cost, k)) for k in PREDICT_KS} if cost and alpha else {}
     summary = {
         "speedup": best["speedup"], "speedup_by_kind": best["speedup_by_kind"],
-        "vs_hf": _round(_ratio(best["spec_tokens_per_s"], hf[hf_best]["tokens_per_s"])) if hf_best else None,
+        "vs_hf": _round(ratio(best["spec_tokens_per_s"], hf[hf_best]["tokens_per_s"])) if hf_best else None,
         "acceptance_rate": best["acceptance_rate"], "identical_fraction": best["identical_fraction"],
         "predicted_speedup": best["predicted_speedup"], "efficiency": best["efficiency"],
         "event_overhead": best["event_overhead"], "device": device, "dtype": dtype,
         # extras beyond the issue's keys
-        "k": k_best, "ar_tokens_per_s": _round(ar_rate(results)), "spec_tokens_per_s": best["spec_tokens_per_s"],
+        "k": k_best, "ar_tokens_per_s": _round(ar_tps), "spec_tokens_per_s": best["spec_tokens_per_s"],
         "hf_best_setting": hf_best, "hf_tokens_per_s": hf[hf_best]["tokens_per_s"] if hf_best else None,
         "best_k_predicted": best_k(alpha, cost, PREDICT_KS) if curve else None,
         # CPU contention from other processes (see bench/noise.py): the worst call kept, and how

@@ -6,6 +6,7 @@ summarising the concatenated rounds of many runs gives ratios of totals, never m
 
 from __future__ import annotations
 
+import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -13,7 +14,8 @@ from specviz.bench.predict import CostModel, expected_tokens, predicted_speedup_
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED, Round, Step
 
 
-def _ratio(a: float, b: float) -> float:
+def ratio(a: float, b: float) -> float:
+    """a / b, or 0.0 where nothing was measured (b = 0): rates, shares and speedups alike."""
     return a / b if b > 0 else 0.0
 
 
@@ -35,32 +37,32 @@ class SpecStats:
 
     @property
     def tokens_per_s(self) -> float:
-        return _ratio(self.tokens, self.seconds)
+        return ratio(self.tokens, self.seconds)
 
     @property
     def acceptance_rate(self) -> float:
         """accepted / drafted: the share of the draft's work that was kept."""
-        return _ratio(self.accepted, self.drafted)
+        return ratio(self.accepted, self.drafted)
 
     @property
     def mean_accepted_tokens(self) -> float:
         """Tokens emitted per round, correction/bonus included (one target forward each)."""
-        return _ratio(self.tokens, self.rounds)
+        return ratio(self.tokens, self.rounds)
 
     @property
     def per_position(self) -> list[float]:
         """α̂_i = P(token i accepted | tokens 1..i-1 accepted), i = 1..max K."""
-        return [_ratio(p, t) for p, t in zip(self.passed, self.tested)]
+        return [ratio(p, t) for p, t in zip(self.passed, self.tested)]
 
     @property
     def draft_step_s(self) -> float:
         """Mean draft time per drafted token (includes feeding the draft its missing tokens)."""
-        return _ratio(self.draft_s, self.drafted)
+        return ratio(self.draft_s, self.drafted)
 
     @property
     def event_overhead(self) -> float:
         """Fraction of the decode time spent building events."""
-        return _ratio(self.overhead_s, self.draft_s + self.verify_s + self.overhead_s)
+        return ratio(self.overhead_s, self.draft_s + self.verify_s + self.overhead_s)
 
 
 @dataclass
@@ -73,7 +75,7 @@ class ARStats:
 
     @property
     def tokens_per_s(self) -> float:
-        return _ratio(self.tokens, self.seconds)
+        return ratio(self.tokens, self.seconds)
 
 
 @dataclass
@@ -81,7 +83,8 @@ class Summary:
     spec: SpecStats
     ar: ARStats | None = None
     speedup: float | None = None  # spec tokens/s over AR tokens/s
-    predicted_speedup: float | None = None  # from α̂ and a cost model (given, or estimated from the events)
+    cost: CostModel | None = None  # given, or estimated from the events
+    predicted_speedup: float | None = None  # from α̂ and `cost`
     expected_tokens: float | None = None  # E(K) from α̂
 
 
@@ -111,46 +114,47 @@ def spec_stats(rounds: Sequence[Round], seconds: float | None = None) -> SpecSta
 
 
 def ar_stats(steps: Sequence[Step], seconds: float | None = None) -> ARStats:
-    later = sorted(st.time for st in steps[1:])
-    step_s = later[len(later) // 2] if later else (steps[0].time if steps else 0.0)
+    step_s = statistics.median(st.time for st in steps[1:]) if len(steps) > 1 else (steps[0].time if steps else 0.0)
     total = seconds if seconds is not None else sum(st.time for st in steps)
     return ARStats(tokens=len(steps), seconds=total, step_s=step_s)
 
 
-def estimated_costs(rounds: Sequence[Round], steps: Sequence[Step]) -> CostModel | None:
-    """A cost model from events alone, for when nothing was measured separately (the app's race).
+def estimated_costs(rounds: Sequence[Round], steps: Sequence[Step] | None = None) -> CostModel | None:
+    """A cost model from events alone, for when nothing was measured separately (the app).
 
-    T1 is the median AR step; the verify time is the mean of rounds after the first (which also
-    reads the prompt), taken as the cost at every K; the draft step is the mean per drafted token.
+    The verify time is the mean over rounds after the first (which also reads the prompt; a
+    one-round run keeps it), taken as the cost at every K; the draft step is the mean per drafted
+    token. T1 is the median AR step when the target also ran alone, else the mean verify pass.
     """
-    ar = ar_stats(steps)
-    later = [r for r in rounds[1:] if r.k > 0]
-    drafted = sum(r.k for r in later)
-    if ar.step_s <= 0 or not later or drafted == 0:
+    later = [r for r in rounds[1:] if r.k > 0] or [r for r in rounds if r.k > 0]
+    if not later:
         return None
-    verify = sum(r.verify_time for r in later) / len(later)
-    k_max = max(r.k for r in later)
-    return CostModel(ar.step_s, sum(r.draft_time for r in later) / drafted, (verify,) * (k_max + 1))
+    verify = statistics.fmean(r.verify_time for r in later)
+    target_step = ar_stats(steps).step_s if steps else verify
+    if target_step <= 0:
+        return None
+    draft_step = sum(r.draft_time for r in later) / sum(r.k for r in later)
+    return CostModel(target_step, draft_step, (verify,) * (max(r.k for r in later) + 1))
 
 
-def summarise(rounds: Sequence[Round], steps: Sequence[Step] | None = None, *,
-              spec_seconds: float | None = None, ar_seconds: float | None = None,
-              cost: CostModel | None = None, k: int | None = None) -> Summary:
+def summary_of(rounds: Sequence[Round], steps: Sequence[Step] | None = None, *,
+               spec_seconds: float | None = None, ar_seconds: float | None = None,
+               cost: CostModel | None = None, k: int | None = None) -> Summary:
     """Measured and predicted numbers for a speculative run and (optionally) the target alone.
 
     The prediction follows the rounds' own K's and tokens (`predicted_speedup_for_rounds`); `k` is
-    the K for `expected_tokens` from α̂ (default: the largest drafted). Without `cost`, the prediction uses costs
-    estimated from the events themselves, which needs the AR steps.
+    the K for `expected_tokens` from α̂ (default: the largest drafted). Without `cost`, the
+    prediction uses `estimated_costs` from the events themselves.
     """
     spec = spec_stats(rounds, spec_seconds)
     out = Summary(spec)
     if steps:
         out.ar = ar_stats(steps, ar_seconds)
-        out.speedup = _ratio(spec.tokens_per_s, out.ar.tokens_per_s) or None
+        out.speedup = ratio(spec.tokens_per_s, out.ar.tokens_per_s) or None
     k = k if k is not None else max((r.k for r in rounds), default=0)
     if k > 0 and spec.tested:
         out.expected_tokens = expected_tokens(spec.per_position, k)
-        cost = cost or (estimated_costs(rounds, steps) if steps else None)
-        if cost is not None:
-            out.predicted_speedup = predicted_speedup_for_rounds([r.k for r in rounds], spec.tokens, cost)
+        out.cost = cost or estimated_costs(rounds, steps)
+        if out.cost is not None:
+            out.predicted_speedup = predicted_speedup_for_rounds([r.k for r in rounds], spec.tokens, out.cost)
     return out

@@ -1,9 +1,10 @@
-"""Numbers for the stats panel: the benchmark's aggregation (specviz.bench.stats), arranged for display.
+"""Numbers for the stats panel: the benchmark's aggregation (`specviz.bench.stats.summary_of`),
+flattened for display.
 
 Reusing the bench's pure functions keeps the app and `specviz bench` from ever disagreeing on what
-"acceptance" or "predicted speedup" means. The one thing added here: a run without the target alone
-(plain Run or Step) has no measured target step, so its prediction takes the mean verify pass as
-the target step, and says so.
+"acceptance" or "predicted speedup" means. A run without the target alone (plain Run or Step) has
+no measured target step, so its prediction takes the mean verify pass as the target step
+(`estimated_costs`), and the panel says so.
 """
 
 from __future__ import annotations
@@ -11,8 +12,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specviz.bench.predict import CostModel
-from specviz.bench.stats import estimated_costs, summarise
+from specviz.bench.stats import ratio, summary_of
 from specviz.engine.events import Round, Step
 
 
@@ -41,30 +41,16 @@ class RunStats:
     measured: float | None = None  # speculative tokens/s over target-alone tokens/s (a race)
 
 
-def verify_only_costs(rounds: Sequence[Round]) -> CostModel | None:
-    """Without AR steps: take the mean verify pass (after the first round) as the target step."""
-    later = [r for r in rounds[1:] if r.k > 0] or [r for r in rounds if r.k > 0]
-    drafted = sum(r.k for r in later)
-    if not later or drafted == 0:
-        return None
-    verify = sum(r.verify_time for r in later) / len(later)
-    if verify <= 0:
-        return None
-    k_max = max(r.k for r in later)
-    return CostModel(verify, sum(r.draft_time for r in later) / drafted, (verify,) * (k_max + 1))
-
-
 def summarize(rounds: Sequence[Round], ar_steps: Sequence[Step] | None = None, *,
               spec_seconds: float | None = None, ar_seconds: float | None = None) -> RunStats:
+    """`summary_of` as the stats panel shows it."""
     if not rounds:
         return RunStats()
-    cost = estimated_costs(rounds, ar_steps) if ar_steps else verify_only_costs(rounds)
-    sm = summarise(rounds, ar_steps or None, spec_seconds=spec_seconds, ar_seconds=ar_seconds, cost=cost)
-    spec = sm.spec
-    tested = sum(spec.tested)
+    sm = summary_of(rounds, ar_steps, spec_seconds=spec_seconds, ar_seconds=ar_seconds)
+    spec, cost = sm.spec, sm.cost
     return RunStats(
         rounds=spec.rounds, tokens=spec.tokens, drafted=spec.drafted, accepted=spec.accepted,
-        acceptance_rate=spec.acceptance_rate, alpha=sum(spec.passed) / tested if tested else 0.0,
+        acceptance_rate=spec.acceptance_rate, alpha=ratio(sum(spec.passed), sum(spec.tested)),
         k=max(r.k for r in rounds), tokens_per_forward=spec.mean_accepted_tokens,
         per_position=spec.per_position, per_position_n=list(spec.tested),
         accepted_lengths=list(spec.accepted_lengths), compute_s=spec.seconds, tokens_per_s=spec.tokens_per_s,
