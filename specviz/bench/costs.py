@@ -12,7 +12,7 @@ import statistics
 import torch
 from transformers import DynamicCache
 
-from specviz.bench.noise import stall_between, stall_seconds
+from specviz.bench.noise import calmest, timed
 from specviz.bench.predict import CostModel
 from specviz.engine.plumbing import clock, rollback
 
@@ -40,20 +40,16 @@ def measure_costs_once(pair, prompt_ids: list[int], max_verify: int, reps: int =
     """T_verify(n) for n = 1..max_verify, T1 = T_verify(1), and the draft's one-token step."""
     sizes = list(range(1, max_verify + 1))
     verify = _forward_times(pair.target, prompt_ids, sizes, reps, pair.device)
-    draft = _forward_times(pair.draft, prompt_ids, [1], reps, pair.device) if pair.draft is not None else {1: 0.0}
+    draft = _forward_times(pair.draft, prompt_ids, [1], reps, pair.device)
     return CostModel(target_step_s=verify[1], draft_step_s=draft[1], verify_s=tuple(verify[n] for n in sizes))
 
 
 def measure_costs(pair, prompt_ids: list[int], max_verify: int, reps: int = 5, max_stall: float = 0.05,
                   retries: int = 2) -> tuple[CostModel, float | None]:
     """`measure_costs_once`, again while another process disturbed it; the calmest try and its stall."""
-    best: tuple[CostModel, float | None] | None = None
-    for _ in range(retries + 1):
-        s0, t0 = stall_seconds(), clock(pair.device)
-        cost = measure_costs_once(pair, prompt_ids, max_verify, reps)
-        stall = stall_between(s0, stall_seconds(), clock(pair.device) - t0).fraction
-        if best is None or (stall or 0.0) < (best[1] or 0.0):
-            best = (cost, stall)
-        if stall is None or stall <= max_stall:
-            break
+    def once() -> tuple[CostModel, float | None]:
+        cost, _, stall = timed(lambda: measure_costs_once(pair, prompt_ids, max_verify, reps), pair.device)
+        return cost, stall
+
+    best, _ = calmest(once, lambda m: m[1], max_stall, retries)
     return best

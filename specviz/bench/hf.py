@@ -8,7 +8,6 @@ applies the setting asked for: a constant K with no confidence cut-off, or HF's 
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 
 import torch
@@ -33,9 +32,11 @@ HF_DEFAULT = HFSetting("default", None)
 
 @dataclass
 class HFResult:
+    """One timed `HFAssisted.generate` call (timed by the runner, as its own decoders are)."""
+
     tokens: list[int]
     seconds: float
-    stall: float | None = None  # set by the runner (see noise.py)
+    stall: float | None = None  # fraction of the call's wall time another task waited for a CPU
 
 
 class HFAssisted:
@@ -58,17 +59,16 @@ class HFAssisted:
             config.assistant_confidence_threshold = setting.confidence  # 0: no early stop
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, setting: HFSetting) -> HFResult:
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, setting: HFSetting) -> list[int]:
+        """The new token ids; the assistant's settings are restored afterwards, even on an error."""
         self._apply(setting)
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-        t0 = time.perf_counter()
-        out = self.target.generate(
-            ids, attention_mask=torch.ones_like(ids), assistant_model=self.assistant, do_sample=False,
-            max_new_tokens=max_new_tokens, eos_token_id=self.eos, pad_token_id=self.pad,
-            temperature=None, top_p=None, top_k=None, repetition_penalty=None,
-        )
-        if self.device.type == "cuda":
-            torch.cuda.synchronize(self.device)
-        seconds = time.perf_counter() - t0
-        self._apply(HF_DEFAULT)
-        return HFResult(out[0, len(prompt_ids):].tolist(), seconds)
+        try:
+            out = self.target.generate(
+                ids, attention_mask=torch.ones_like(ids), assistant_model=self.assistant, do_sample=False,
+                max_new_tokens=max_new_tokens, eos_token_id=self.eos, pad_token_id=self.pad,
+                temperature=None, top_p=None, top_k=None, repetition_penalty=None,
+            )
+        finally:
+            self._apply(HF_DEFAULT)
+        return out[0, len(prompt_ids):].tolist()

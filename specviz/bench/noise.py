@@ -10,10 +10,15 @@ silently bending the numbers.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+from specviz.engine.plumbing import clock
 
 PSI_CPU = Path("/proc/pressure/cpu")
+
+T = TypeVar("T")
 
 
 def stall_seconds(path: Path = PSI_CPU) -> float | None:
@@ -28,19 +33,35 @@ def stall_seconds(path: Path = PSI_CPU) -> float | None:
     return None
 
 
-@dataclass
-class Stall:
-    """CPU stall accumulated over an interval, as a fraction of the interval's wall time."""
-
-    seconds: float | None
-    wall: float
-
-    @property
-    def fraction(self) -> float | None:
-        if self.seconds is None or self.wall <= 0:
-            return None
-        return self.seconds / self.wall
+def stall_between(before: float | None, after: float | None, wall: float) -> float | None:
+    """The CPU stall accumulated between two readings, as a fraction of the interval's wall time."""
+    if before is None or after is None or wall <= 0:
+        return None
+    return max(0.0, after - before) / wall
 
 
-def stall_between(before: float | None, after: float | None, wall: float) -> Stall:
-    return Stall(None if before is None or after is None else max(0.0, after - before), wall)
+def timed(fn: Callable[[], T], device) -> tuple[T, float, float | None]:
+    """fn()'s result, its wall seconds (queued device work included) and the CPU stall meanwhile."""
+    s0, t0 = stall_seconds(), clock(device)
+    out = fn()
+    seconds = clock(device) - t0
+    return out, seconds, stall_between(s0, stall_seconds(), seconds)
+
+
+def calmest(measure: Callable[[], T], stall_of: Callable[[T], float | None], max_stall: float, retries: int,
+            on_retry: Callable[[], None] = lambda: None) -> tuple[T, int]:
+    """`measure()` again while its stall exceeds `max_stall`, at most `retries` more times.
+
+    Returns the least disturbed measurement and how many were taken. An unknown stall (no PSI)
+    counts as calm: there is nothing to wait for.
+    """
+    best, best_stall, attempt = None, 0.0, 0
+    while True:
+        attempt += 1
+        out = measure()
+        stall = stall_of(out)
+        if best is None or (stall or 0.0) < best_stall:
+            best, best_stall = out, stall or 0.0
+        if stall is None or stall <= max_stall or attempt > retries:
+            return best, attempt
+        on_retry()

@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from specviz.bench.hf import HF_DEFAULT, HFAssisted, HFResult, HFSetting
-from specviz.bench.noise import stall_between, stall_seconds
+from specviz.bench.noise import calmest, timed
 from specviz.bench.prompts import BenchPrompt
 from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
-from specviz.engine.plumbing import clock
+from specviz.engine.compare import spec_token_ids
 from specviz.models import encode_prompt
 
 
@@ -29,7 +29,7 @@ class SpecRun:
 
     @property
     def tokens(self) -> list[int]:
-        return [t for r in self.rounds for t in r.new_token_ids]
+        return spec_token_ids(self.rounds)
 
 
 @dataclass
@@ -62,7 +62,6 @@ class PromptResult:
 class Plan:
     ks: tuple[int, ...]
     config: DecodeConfig  # its k is replaced by each of ks
-    hf: bool = False
     max_stall: float = 0.05  # re-measure a prompt when a call saw more CPU stall than this fraction
     retries: int = 2
 
@@ -71,33 +70,22 @@ class Plan:
         return HFSetting.fixed(k, self.config.confidence if self.config.adaptive == "confidence" else 0.0)
 
     def hf_settings(self) -> list[HFSetting]:
-        return [self.hf_setting(k) for k in self.ks] + [HF_DEFAULT] if self.hf else []
+        return [self.hf_setting(k) for k in self.ks] + [HF_DEFAULT]
 
-    @property
-    def calls_per_prompt(self) -> int:
-        return 1 + len(self.ks) + len(self.hf_settings())
-
-
-def _timed(fn: Callable[[], list], device) -> tuple[list, float, float | None]:
-    s0, t0 = stall_seconds(), clock(device)
-    events = fn()
-    seconds = clock(device) - t0
-    return events, seconds, stall_between(s0, stall_seconds(), seconds).fraction
+    def calls_per_prompt(self, hf: bool) -> int:
+        return 1 + len(self.ks) + (len(self.hf_settings()) if hf else 0)
 
 
 def run_ar(pair, ids: list[int], config: DecodeConfig) -> ARRun:
-    return ARRun(*_timed(lambda: list(autoregressive_generate(pair, ids, config)), pair.device))
+    return ARRun(*timed(lambda: list(autoregressive_generate(pair, ids, config)), pair.device))
 
 
 def run_spec(pair, ids: list[int], config: DecodeConfig) -> SpecRun:
-    return SpecRun(*_timed(lambda: list(speculative_generate(pair, ids, config)), pair.device))
+    return SpecRun(*timed(lambda: list(speculative_generate(pair, ids, config)), pair.device))
 
 
 def run_hf(hf: HFAssisted, ids: list[int], max_new_tokens: int, setting: HFSetting) -> HFResult:
-    s0 = stall_seconds()
-    out = hf.generate(ids, max_new_tokens, setting)
-    out.stall = stall_between(s0, stall_seconds(), out.seconds).fraction
-    return out
+    return HFResult(*timed(lambda: hf.generate(ids, max_new_tokens, setting), hf.device))
 
 
 def warm_up(pair, hf: HFAssisted | None, ids: list[int], plan: Plan, tokens: int = 8) -> None:
@@ -120,11 +108,11 @@ def run_prompt(pair, hf: HFAssisted | None, prompt: BenchPrompt, plan: Plan,
     for k in plan.ks:
         result.spec[k] = run_spec(pair, ids, replace(plan.config, k=k))
         tick(f"{prompt.id}: spec K={k}")
-        if plan.hf and hf is not None:
+        if hf is not None:
             setting = plan.hf_setting(k)
             result.hf[setting.name] = run_hf(hf, ids, plan.config.max_new_tokens, setting)
             tick(f"{prompt.id}: HF {setting.name}")
-    if plan.hf and hf is not None:
+    if hf is not None:
         result.hf[HF_DEFAULT.name] = run_hf(hf, ids, plan.config.max_new_tokens, HF_DEFAULT)
         tick(f"{prompt.id}: HF default")
     return result
@@ -134,16 +122,9 @@ def measure_prompt(pair, hf: HFAssisted | None, prompt: BenchPrompt, plan: Plan,
                    tick: Callable[[str], None] = lambda label: None,
                    on_retry: Callable[[], None] = lambda: None) -> PromptResult:
     """`run_prompt`, again while another process disturbed it (up to plan.retries); keeps the calmest."""
-    best, attempt = None, 0
-    while True:
-        attempt += 1
-        result = run_prompt(pair, hf, prompt, plan, tick)
-        if best is None or result.max_stall < best.max_stall:
-            best = result
-        if result.max_stall <= plan.max_stall or attempt > plan.retries:
-            break
-        on_retry()
-    best.attempts = attempt  # how many times this prompt was measured
+    best, attempts = calmest(lambda: run_prompt(pair, hf, prompt, plan, tick), lambda r: r.max_stall,
+                             plan.max_stall, plan.retries, on_retry)
+    best.attempts = attempts  # how many times this prompt was measured
     return best
 
 
@@ -153,13 +134,14 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFAssisted | Non
 
     warm_up(pair, hf, encode_prompt(pair.tokenizer, prompts[0].prompt), plan)
     results = []
-    with tqdm(total=len(prompts) * plan.calls_per_prompt, desc="bench", unit="run", disable=not progress) as bar:
+    calls = plan.calls_per_prompt(hf is not None)
+    with tqdm(total=len(prompts) * calls, desc="bench", unit="run", disable=not progress) as bar:
         def tick(label: str) -> None:
             bar.set_postfix_str(label, refresh=False)
             bar.update(1)
 
         def on_retry() -> None:
-            bar.total += plan.calls_per_prompt
+            bar.total += calls
             bar.refresh()
 
         for prompt in prompts:
