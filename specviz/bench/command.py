@@ -11,7 +11,6 @@ import logging
 import os
 import platform
 import sys
-from dataclasses import replace
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -41,8 +40,6 @@ def register(sub) -> None:
     p.add_argument("--html", default=None, metavar="OUT.html", help="write plots (plotly, self-contained)")
     p.add_argument("--draft-quant", default="int4", choices=list(DRAFT_QUANT),
                    help="weight-only quantization of the draft's linears on CPU (the target is never changed)")
-    p.add_argument("--draft-vocab", type=int, default=0,
-                   help="keep only the first N token ids (plus special tokens) in the draft's head; 0 keeps all")
     p.add_argument("--draft-group", type=int, default=32, help="int4: weights per scale/zero group")
     p.add_argument("--draft-step", default="lean", choices=["lean", "hf"],
                    help="the draft's one-token step: specviz's lean int4 layer loop, or the Hugging Face forward")
@@ -87,8 +84,8 @@ def cmd_bench(args) -> int:
     from specviz.bench.runner import Plan, run_bench
     from specviz.cli import decode_config, load_from_args
     from specviz.models import encode_prompt
-    from specviz.models.fastdraft import DRAFT_QUANT, fast_pair
-    from specviz.models.quantize import DraftQuant, quantize_draft
+    from specviz.models.fastdraft import DRAFT_QUANT, fast_draft, fast_pair
+    from specviz.models.quantize import DraftQuant
 
     try:
         prompts = load_prompts(args.prompts)[:args.limit]
@@ -102,21 +99,20 @@ def cmd_bench(args) -> int:
     if pair.draft is None:
         print("specviz bench: the benchmark needs a draft model.", file=sys.stderr)
         return 2
-    quant = DraftQuant(bits=DRAFT_QUANT[args.draft_quant], keep_vocab=args.draft_vocab or None,
-                       group_size=args.draft_group)
+    quant = DraftQuant(bits=DRAFT_QUANT[args.draft_quant], group_size=args.draft_group)
     spec_pair = fast_pair(pair, quant, lean=args.draft_step == "lean")
-    plan = Plan(ks=args.k, config=decode_config(args, k=args.k[0]), hf=args.compare_hf,
-                max_stall=args.max_stall, retries=args.retries)
+    plan = Plan(ks=args.k, config=decode_config(args, k=args.k[0]), max_stall=args.max_stall, retries=args.retries)
     hf = None
     if args.compare_hf:  # by default HF gets the draft as loaded: what a user would hand it
-        assistant = quantize_draft(pair.draft, quant) if args.hf_draft == "fast" else pair.draft
+        # "fast": specviz's cheaper draft, run through the Hugging Face forward that generate() needs
+        assistant = fast_draft(pair, quant, lean=False) if args.hf_draft == "fast" else pair.draft
         hf = HFAssisted(pair.target, assistant, pair.eos_token_ids, pair.tokenizer.pad_token_id, pair.device)
     cost, cost_stall = measure_costs(spec_pair, encode_prompt(pair.tokenizer, prompts[0].prompt), max(plan.ks) + 1,
                                      max_stall=args.max_stall, retries=args.retries)
     results = run_bench(spec_pair, prompts, plan, hf, progress=not args.no_progress)
     meta = {"machine": info, "draft": pair.draft_name, "target": pair.target_name,
-            "draft_quant": {"bits": quant.bits, "keep_vocab": quant.keep_vocab,
-                            "group_size": quant.group_size, "applied": spec_pair.draft is not pair.draft,
+            "draft_quant": {"bits": quant.bits, "group_size": quant.group_size,
+                            "applied": spec_pair.draft is not pair.draft,
                             "step": type(spec_pair.draft).__name__},
             "hf_draft": args.hf_draft if args.compare_hf else None,
             "prompts": str(args.prompts)}

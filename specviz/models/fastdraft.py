@@ -12,21 +12,13 @@ from specviz.models.quantize import DraftQuant, quantize_draft
 DRAFT_QUANT = {"int4": 4, "int8": 8, "none": 16}
 
 
-def special_token_ids(tokenizer) -> set[int]:
-    ids = set(getattr(tokenizer, "all_special_ids", []) or [])
-    ids |= set((getattr(tokenizer, "added_tokens_decoder", None) or {}).keys())
-    return ids
-
-
 def fast_draft(pair, spec: DraftQuant, lean: bool = True):
-    """The cheaper draft for `pair` (its own draft stays as loaded, e.g. for transformers' generate)."""
+    """The cheaper draft for `pair` (its own draft stays as loaded, e.g. for transformers' generate).
+    `lean=False` keeps the Hugging Face forward (what `generate(assistant_model=...)` needs)."""
     if pair.draft is None:
         return None
-    if lean and spec.keep_vocab is None:
-        model = lean_draft(pair.draft, spec)
-        if model is not None:
-            return model
-    return quantize_draft(pair.draft, spec, special_token_ids(pair.tokenizer) | set(pair.eos_token_ids))
+    model = lean_draft(pair.draft, spec) if lean else None
+    return model if model is not None else quantize_draft(pair.draft, spec)
 
 
 def fast_pair(pair, spec: DraftQuant, lean: bool = True):

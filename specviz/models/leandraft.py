@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specviz.models.quantize import DENSE_ABOVE, DraftQuant, quantize_linear
+from specviz.models.quantize import DENSE_ABOVE, DraftQuant, quantize_linear, supports
 
 SUPPORTED = ("qwen2", "llama")
 
@@ -53,9 +53,10 @@ class LeanLayer(nn.Module):
         super().__init__()
         attn, mlp = layer.self_attn, layer.mlp
         self.qkv = _fused([attn.q_proj, attn.k_proj, attn.v_proj], bits, group_size)
-        self.o = quantize_linear(attn.o_proj, bits, group_size)
+        # LeanDraft.forward only ever sends <= DENSE_ABOVE rows here: no dense fallback needed
+        self.o = quantize_linear(attn.o_proj, bits, group_size, keep_dense=False)
         self.gate_up = _fused([mlp.gate_proj, mlp.up_proj], bits, group_size)
-        self.down = quantize_linear(mlp.down_proj, bits, group_size)
+        self.down = quantize_linear(mlp.down_proj, bits, group_size, keep_dense=False)
         self.norm1, self.norm2 = layer.input_layernorm.weight, layer.post_attention_layernorm.weight
         self.head_dim = attn.head_dim
         self.q_size = attn.q_proj.out_features
@@ -100,7 +101,7 @@ class LeanDraft(nn.Module):
         self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
         self.norm, self.eps = inner.norm.weight, eps
-        self.lm_head = quantize_linear(model.get_output_embeddings(), spec.bits, spec.group_size)
+        self.lm_head = quantize_linear(model.get_output_embeddings(), spec.bits, spec.group_size, keep_dense=False)
 
     @property
     def device(self) -> torch.device:
@@ -126,8 +127,6 @@ class LeanDraft(nn.Module):
 
 def lean_draft(model: nn.Module, spec: DraftQuant) -> nn.Module | None:
     """A LeanDraft of `model`, or None where this module does not apply (architecture, device)."""
-    from specviz.models.quantize import supports
-
     if not supported(model) or not supports(next(model.parameters()).device, spec.bits):
         return None
     return LeanDraft(model, spec).eval()
