@@ -67,7 +67,7 @@ class Plan:
 
     def hf_setting(self, k: int) -> HFSetting:
         """HF at the same K, drafting as specviz does: a constant K, or at most K with the same confidence cut."""
-        return HFSetting.fixed(k, self.config.confidence if self.config.adaptive == "confidence" else 0.0)
+        return HFSetting.fixed(k, self.config.stop_below)
 
     def hf_settings(self) -> list[HFSetting]:
         return [self.hf_setting(k) for k in self.ks] + [HF_DEFAULT]

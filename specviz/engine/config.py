@@ -20,6 +20,11 @@ class DecodeConfig:
     confidence: float = 0.4  # "confidence": stop drafting when the draft's top probability drops below
     top_n: int = 10  # candidates recorded per position for drill-down
 
+    @property
+    def stop_below(self) -> float:
+        """The drafter's confidence cut: `confidence` in "confidence" mode, 0 (off) otherwise."""
+        return self.confidence if self.adaptive == "confidence" else 0.0
+
 
 def next_k(config: DecodeConfig, k: int, drafted: int, accepted: int) -> int:
     """K for the next round. "acceptance": grow by 2 after a clean sweep, shrink by 1 after a rejection."""

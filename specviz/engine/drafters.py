@@ -42,13 +42,18 @@ def point_mass_draft(tokens: list[int], vocab_size: int, device) -> Draft:
     return Draft(t, q, torch.log(q))
 
 
+def top_prob(logits: torch.Tensor) -> float:
+    """The top probability, max softmax = exp(max - logsumexp), without a [V] softmax: a host sync."""
+    return (logits.max() - torch.logsumexp(logits, -1)).exp().item()
+
+
 class ModelDrafter:
     """A small causal LM with its own KV cache.
 
     The cache holds every committed token the draft has seen; `propose` first feeds, in one
     forward, whatever it is missing (the last correction/bonus, or more after a lookup round).
     `stop_below`: stop drafting once the draft's top probability falls under it (costs one host
-    sync per drafted token, so it is off unless asked for).
+    sync per drafted token but a round's last, so it is off unless asked for).
     """
 
     name = "model"
@@ -66,7 +71,7 @@ class ModelDrafter:
         feed = ids[:, self.cache.get_seq_length():]
         if self.rows < self.vocab_size:
             feed = fit_ids(feed, self.rows)
-        for _ in range(k):
+        for i in range(k):
             out = self.model(feed, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
             logits = pad_vocab(out.logits[0, -1].float(), self.vocab_size)
             if greedy:
@@ -79,8 +84,7 @@ class ModelDrafter:
                 qs.append(q)
             tokens.append(x), all_logits.append(logits)
             feed = x.view(1, 1)
-            # the draft's top probability, max softmax = exp(max - logsumexp), without a [V] softmax
-            if self.stop_below and (logits.max() - torch.logsumexp(logits, -1)).exp().item() < self.stop_below:
+            if self.stop_below and i < k - 1 and top_prob(logits) < self.stop_below:  # the last needs no check
                 break
         if not tokens:
             empty = torch.empty(0, self.vocab_size, device=ids.device)
@@ -116,7 +120,7 @@ class PromptLookupDrafter:
         return []
 
     def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft:
-        return point_mass_draft(self.continuation(history, k) if k > 0 else [], self.vocab_size, self.device)
+        return point_mass_draft(self.continuation(history, k), self.vocab_size, self.device)
 
     def rollback(self, keep: int) -> None:
         pass

@@ -93,6 +93,25 @@ class Step:
         return asdict(self)
 
 
+def top_candidates(ids: list[float], probs: list[float], pieces) -> list[Candidate]:
+    """A top-n list from host values (ids arrive as floats from the one transfer); zero-mass entries dropped."""
+    return [Candidate(int(i), pieces(int(i)), p) for i, p in zip(ids, probs) if p > 0]
+
+
+def until_eos(tokens: list[int], eos_ids) -> list[int]:
+    """The tokens up to and including the first end-of-sequence: nothing is emitted after one."""
+    return tokens[:next((j + 1 for j, t in enumerate(tokens) if t in eos_ids), len(tokens))]
+
+
+def end_of_run(new: list[int], generated: int, eos_ids, max_new_tokens: int, should_stop) -> Finish:
+    """Why a run ends after committing `new` (cut by `until_eos`), `generated` tokens in all; None if it goes on."""
+    if new[-1] in eos_ids:
+        return "eos"
+    if generated >= max_new_tokens:
+        return "length"
+    return "stopped" if should_stop() else None
+
+
 def round_from_dict(d: dict) -> Round:
     drafted = [
         DraftedToken(**{**t, **{k: [Candidate(**c) for c in t[k]] for k in ("q_top", "p_top", "residual_top")}})

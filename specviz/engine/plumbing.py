@@ -1,4 +1,4 @@
-"""Small device-side helpers the decoders share: clocks, the per-round host transfer, KV rollback."""
+"""Small helpers the decoders share: clocks, the per-round host transfer, sync-free indexing, KV rollback."""
 
 from __future__ import annotations
 
@@ -14,15 +14,21 @@ def clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
-def to_host(**tensors: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Move many small tensors to the host in ONE transfer (one sync per round, not one per value).
+def to_host(**tensors: torch.Tensor) -> dict[str, float | list]:
+    """Move many small tensors to the host in ONE transfer (one sync per round, not one per value),
+    as Python numbers and (nested) lists: reading them later costs no tensor op at all.
 
     float32 carries token ids exactly (vocabularies are far below 2**24) and is supported everywhere.
     """
     names = list(tensors)
     flat = torch.cat([tensors[n].reshape(-1).to(torch.float32) for n in names]).cpu()
     parts = flat.split([tensors[n].numel() for n in names])
-    return {n: part.view(tensors[n].shape) for n, part in zip(names, parts)}
+    return {n: part.view(tensors[n].shape).tolist() for n, part in zip(names, parts)}
+
+
+def at(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
+    """x[i] for a 0-d index tensor i, staying on the device: x[i] itself would call i.item(), a host sync."""
+    return x.index_select(0, i.view(1))[0]
 
 
 def rollback(cache, keep: int) -> None:

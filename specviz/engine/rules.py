@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from specviz.engine.plumbing import at
 from specviz.engine.sampling import sample
 
 
@@ -54,6 +55,6 @@ def verify(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, generator) ->
     n = accepted_prefix(accept_prob, u)
     res = residual(p[:k], q)
     # row n of [residuals..., bonus]: the correction at the first rejection, or the bonus if none
-    next_dist = torch.cat([res, p[k:]])[n]
+    next_dist = at(torch.cat([res, p[k:]]), n)
     next_token = sample(next_dist, generator)
-    return Verdict(n, next_token, next_dist[next_token], accept_prob, u, res)
+    return Verdict(n, next_token, at(next_dist, next_token), accept_prob, u, res)

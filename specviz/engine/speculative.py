@@ -14,9 +14,10 @@ from transformers import DynamicCache
 from specviz.engine.config import DecodeConfig, next_k
 from specviz.engine.drafters import Drafter, make_drafter
 from specviz.engine.events import (
-    ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, Candidate, DraftedToken, EmittedToken, Round,
+    ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, EmittedToken, Round, end_of_run,
+    top_candidates, until_eos,
 )
-from specviz.engine.plumbing import Pieces, clock, fit_ids, model_vocab, pad_vocab, rollback, to_host
+from specviz.engine.plumbing import Pieces, at, clock, fit_ids, model_vocab, pad_vocab, rollback, to_host
 from specviz.engine.rules import verify
 from specviz.engine.sampling import logits_to_probs, make_generator
 
@@ -29,8 +30,7 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
     target_rows = model_vocab(pair.target)
     gen = make_generator(device, config.seed)
     if drafter is None:
-        stop_below = config.confidence if config.adaptive == "confidence" else 0.0
-        drafter = make_drafter(config.drafter, pair.draft, config.sampling, gen, vocab, device, stop_below)
+        drafter = make_drafter(config.drafter, pair.draft, config.sampling, gen, vocab, device, config.stop_below)
     pieces = Pieces(pair.tokenizer)
     cache = DynamicCache()
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
@@ -53,29 +53,19 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
         # it counts as overhead, not as verification
         host = to_host(**_round_stats(draft, logits, p, verdict, config))
         n = int(host["n"])
-        new = [int(t) for t in host["tokens"][:n]] + [int(host["next"])]
-        finished = None
-        for j, t in enumerate(new):  # an end-of-sequence ends the output right there
-            if t in pair.eos_token_ids:
-                new, finished = new[:j + 1], "eos"
-                break
+        new = until_eos([int(t) for t in host["tokens"][:n]] + [int(host["next"])], pair.eos_token_ids)
         position = len(generated)
         generated += new
         history += new
-        if finished is None and len(generated) >= config.max_new_tokens:
-            finished = "length"
-        if finished is None and should_stop():
-            finished = "stopped"
+        finished = end_of_run(new, len(generated), pair.eos_token_ids, config.max_new_tokens, should_stop)
         # both caches keep the context plus the accepted drafts; the new token is fed next round
         keep = ids.shape[1] + n
         rollback(cache, keep)
         drafter.rollback(keep)
         ids = torch.cat([ids, torch.tensor([new], dtype=torch.long, device=device)], dim=1)
-        event = _round_event(index, drafter.name, host, n, new, position, pieces, draft.k)
-        event.text = pieces.text(generated)
-        event.draft_time, event.verify_time = t1 - t0, t2 - t1
-        event.finished = finished
-        event.overhead_time = clock(device) - t2
+        event = _round_event(host, n, new, draft.k, pieces, index=index, drafter=drafter.name, position=position,
+                             text=pieces.text(generated), draft_time=t1 - t0, verify_time=t2 - t1, finished=finished)
+        event.overhead_time = clock(device) - t2  # building the event is part of the overhead
         yield event
         if finished:
             return
@@ -97,7 +87,7 @@ def _round_stats(draft, logits, p, verdict, config) -> dict[str, torch.Tensor]:
     top2 = logits.topk(2, dim=-1).values
     q_top, p_top, r_top = q_show.topk(n_top, -1), p_show.topk(n_top, -1), verdict.residual.topk(n_top, -1)
     return dict(
-        tokens=draft.tokens, n=n, next=nxt, next_p=verdict.next_prob, next_p_soft=p_soft[n, nxt],
+        tokens=draft.tokens, n=n, next=nxt, next_p=verdict.next_prob, next_p_soft=at(at(p_soft, n), nxt),
         accept_prob=verdict.accept_prob, u=verdict.u,
         q=draft.q.gather(-1, idx).squeeze(-1), p=p[:k].gather(-1, idx).squeeze(-1),
         q_soft=q_soft.gather(-1, idx).squeeze(-1), p_soft=p_soft[:k].gather(-1, idx).squeeze(-1),
@@ -107,11 +97,8 @@ def _round_stats(draft, logits, p, verdict, config) -> dict[str, torch.Tensor]:
     )
 
 
-def _candidates(ids, vals, pieces) -> list[Candidate]:
-    return [Candidate(int(i), pieces(int(i)), float(v)) for i, v in zip(ids.tolist(), vals.tolist()) if v > 0]
-
-
-def _round_event(index, drafter_name, h, n, new, position, pieces, k) -> Round:
+def _round_event(h, n, new, k, pieces, **fields) -> Round:
+    """The Round for host values `h`; `fields` (index, drafter, position, text, times, finished) pass through."""
     drafted = []
     kept = min(n, len(new))  # drafted tokens in the output: an end-of-sequence may cut the round short
     for i in range(k):
@@ -123,21 +110,19 @@ def _round_event(index, drafter_name, h, n, new, position, pieces, k) -> Round:
             status = NOT_VERIFIED
         tid = int(h["tokens"][i])
         drafted.append(DraftedToken(
-            id=tid, text=pieces(tid), q=float(h["q"][i]), p=float(h["p"][i]),
-            accept_prob=float(h["accept_prob"][i]), u=float(h["u"][i]), status=status,
-            q_soft=float(h["q_soft"][i]), p_soft=float(h["p_soft"][i]), target_top2_gap=float(h["gap"][i]),
-            q_top=_candidates(h["q_top_ids"][i], h["q_top_vals"][i], pieces),
-            p_top=_candidates(h["p_top_ids"][i], h["p_top_vals"][i], pieces),
-            residual_top=_candidates(h["r_top_ids"][i], h["r_top_vals"][i], pieces),
+            id=tid, text=pieces(tid), q=h["q"][i], p=h["p"][i], accept_prob=h["accept_prob"][i], u=h["u"][i],
+            status=status, q_soft=h["q_soft"][i], p_soft=h["p_soft"][i], target_top2_gap=h["gap"][i],
+            q_top=top_candidates(h["q_top_ids"][i], h["q_top_vals"][i], pieces),
+            p_top=top_candidates(h["p_top_ids"][i], h["p_top_vals"][i], pieces),
+            residual_top=top_candidates(h["r_top_ids"][i], h["r_top_vals"][i], pieces),
         ))
     emitted = None
     if len(new) > n:  # the correction/bonus made it into the output
         tid = new[n]
         emitted = EmittedToken(
-            id=tid, text=pieces(tid), kind=CORRECTION if n < k else BONUS, p=float(h["next_p"]),
-            p_soft=float(h["next_p_soft"]), target_top2_gap=float(h["gap"][n]),
-            p_top=_candidates(h["p_top_ids"][n], h["p_top_vals"][n], pieces),
+            id=tid, text=pieces(tid), kind=CORRECTION if n < k else BONUS, p=h["next_p"],
+            p_soft=h["next_p_soft"], target_top2_gap=h["gap"][n],
+            p_top=top_candidates(h["p_top_ids"][n], h["p_top_vals"][n], pieces),
         )
-    return Round(index=index, drafter=drafter_name, k=k, drafted=drafted, n_accepted=kept,
-                 emitted=emitted, new_token_ids=new, position=position, text="",
-                 draft_time=0.0, verify_time=0.0, overhead_time=0.0)
+    return Round(k=k, drafted=drafted, n_accepted=kept, emitted=emitted, new_token_ids=new,
+                 overhead_time=0.0, **fields)  # overhead_time: measured once the event is built

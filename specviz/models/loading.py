@@ -17,6 +17,7 @@ from urllib.parse import urlparse
 
 import torch
 
+from specviz.engine.plumbing import model_vocab
 from specviz.models.embedded import (
     DRAFT,
     TARGET,
@@ -69,10 +70,7 @@ class ModelPair:
     @property
     def vocab_size(self) -> int:
         """Draft and target may pad their embedding tables differently; we work in the larger."""
-        sizes = [self.target.config.get_text_config().vocab_size]
-        if self.draft is not None:
-            sizes.append(self.draft.config.get_text_config().vocab_size)
-        return max(sizes)
+        return max(model_vocab(m) for m in (self.target, self.draft) if m is not None)
 
     def release(self) -> None:
         """Drop the weights now, so loading another pair does not hold two in memory."""
