@@ -2,23 +2,30 @@
 
 from __future__ import annotations
 
-import pytest
-import torch
+import os
 
-from specviz.models.tiny import tiny_pair
+# Before gradio, transformers or huggingface_hub are imported (they read these once, at import):
+# the suite never calls home and never waits on the model hub; CI has no network.
+os.environ.setdefault("GRADIO_ANALYTICS_ENABLED", "False")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from types import SimpleNamespace  # noqa: E402
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+from specviz.models.tiny import tiny_pair  # noqa: E402
+
+ALL_THREADS = torch.get_num_threads()
 
 
-@pytest.fixture(autouse=True)
-def one_thread_for_tiny_models(request):
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
     """Tiny models gain nothing from intra-op threads; with other processes on the machine, spinning
-    OpenMP workers made the tiny-model files 20x slower. The real pair keeps all threads."""
-    if request.node.get_closest_marker("embedded"):
-        yield
-        return
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+    OpenMP workers made the tiny-model files 20x slower. The real pair keeps all threads. Set here,
+    before any fixture of the test is created, so module- and session-scoped setups follow the same rule."""
+    torch.set_num_threads(ALL_THREADS if item.get_closest_marker("embedded") else 1)
 
 
 @pytest.fixture(scope="session")
@@ -36,11 +43,26 @@ def embedded_pair():
 
 
 @pytest.fixture(scope="module")
-def serve():
-    """Launch apps in-process on loopback (Gradio picks a free port): `demo, client = serve(session, limits)`.
-    Every app started is closed when the module's tests are done."""
+def open_client():
+    """`open_client(url)`: a gradio_client.Client, a session of its own like a separate browser or script.
+    Every client opened is closed (its heartbeat thread stopped) when the module's tests are done."""
     from gradio_client import Client
 
+    clients = []
+
+    def open_(url):
+        clients.append(Client(url, verbose=False))
+        return clients[-1]
+
+    yield open_
+    for client in clients:
+        client.close()
+
+
+@pytest.fixture(scope="module")
+def serve(open_client):
+    """Launch apps in-process on loopback (Gradio picks a free port): `demo, client = serve(session, limits)`.
+    Every app started is closed when the module's tests are done."""
     from specviz.ui import handlers as h
     from specviz.ui.app import ASSETS, build_app, launch
 
@@ -50,8 +72,31 @@ def serve():
         demo = build_app(session, limits, h.Options(min_interval=0.0, stage_delay=0.0, assets_dir=ASSETS))
         _, url, _ = launch(demo, host="127.0.0.1", port=None, prevent_thread_lock=True, quiet=True)
         demos.append(demo)
-        return demo, Client(url, verbose=False)
+        return demo, open_client(url)
 
     yield start
     for demo in demos:
         demo.close()
+
+
+@pytest.fixture(scope="module")
+def server_session():
+    """The session `server` serves: the tiny pair. A module overrides this fixture to serve another."""
+    from specviz.ui.session import PairSpec, Session
+
+    return Session(tiny_pair(), PairSpec("tiny", "tiny"))
+
+
+@pytest.fixture(scope="module")
+def server_limits():
+    """The limits `server` enforces. A module overrides this fixture to enforce others."""
+    from specviz.limits import Limits
+
+    return Limits()
+
+
+@pytest.fixture(scope="module")
+def server(serve, server_session, server_limits):
+    """One app per module: `server.session`, `server.demo`, `server.client`."""
+    demo, client = serve(server_session, server_limits)
+    return SimpleNamespace(session=server_session, demo=demo, client=client)
