@@ -7,14 +7,15 @@ Every wait is bounded, so a hang fails the test instead of stalling the suite.
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from types import SimpleNamespace
 
+import gradio.routes
 import pytest
-from gradio_client import Client
 from gradio_client.utils import QueueError, Status
 
 from specviz.engine import DecodeConfig, speculative_generate
@@ -29,6 +30,7 @@ PROMPT = "the man said that it was good and"
 LIMITS = Limits(max_new_tokens=200)
 USERS = 10
 SECONDS = 120  # the bound on the whole concurrent test
+FREE_FORWARDS = 6  # target forwards a cancelled run makes before it is held: enough for 3 streamed messages
 
 
 class CountingSession(Session):
@@ -53,10 +55,13 @@ class CountingSession(Session):
 
 
 @pytest.fixture(scope="module")
-def server(serve):
-    session = CountingSession(load_pair("tiny", "tiny"), PairSpec("tiny", "tiny"))
-    demo, client = serve(session, LIMITS)
-    return SimpleNamespace(session=session, demo=demo, client=client)
+def server_session():
+    return CountingSession(load_pair("tiny", "tiny"), PairSpec("tiny", "tiny"))
+
+
+@pytest.fixture(scope="module")
+def server_limits():
+    return LIMITS
 
 
 def until(condition, seconds: float, what: str) -> float:
@@ -78,7 +83,7 @@ def test_model_events_share_one_queue_slot(server):
     assert all(fn.concurrency_id == MODEL and fn.concurrency_limit in ("default", 1) for fn in fns)
 
 
-def test_ten_concurrent_users_all_get_their_own_correct_result(server):
+def test_ten_concurrent_users_all_get_their_own_correct_result(server, open_client):
     pair = tiny_pair()
     prompts = [f"{PROMPT} {WORDS[10 + i]}" for i in range(USERS)]
     expected = []
@@ -90,7 +95,7 @@ def test_ten_concurrent_users_all_get_their_own_correct_result(server):
     ready = threading.Barrier(USERS, timeout=60)
 
     def user(i: int) -> dict:
-        client = Client(url, verbose=False)  # a session of its own, like a separate browser or script
+        client = open_client(url)  # a session of its own, like a separate browser or script
         ready.wait()  # everyone submits at once
         return client.predict(prompts[i], 4, 8, 0.8, 0, 1.0, i, api_name="/generate")
 
@@ -108,18 +113,22 @@ def test_ten_concurrent_users_all_get_their_own_correct_result(server):
     assert server.session.most == 1  # one run on the model at a time; the rest waited in the queue
 
 
-def slow_target(session, monkeypatch, seconds: float = 0.03) -> list:
-    """Make each target forward take a while, so a run lasts long enough to be cancelled mid-round."""
-    calls: list = []
+def gated_target(session, monkeypatch, after: int = 0) -> SimpleNamespace:
+    """Hold the run inside a target forward until the test opens the gate: the first `after` forwards run
+    freely, every later one waits on `gate`. `calls` counts forwards begun; `held` is set once one waits.
+    A run held this way is mid-run for as long as the test needs, however slow the machine."""
+    gated = SimpleNamespace(gate=threading.Event(), held=threading.Event(), calls=[])
     forward = session.pair.target.forward
 
-    def slow(*args, **kwargs):
-        calls.append(1)
-        time.sleep(seconds)
+    def held_forward(*args, **kwargs):
+        gated.calls.append(1)
+        if len(gated.calls) > after:
+            gated.held.set()
+            gated.gate.wait(SECONDS)  # bounded: a test that never opens the gate fails instead of hanging
         return forward(*args, **kwargs)
 
-    monkeypatch.setattr(session.pair.target, "forward", slow)
-    return calls
+    monkeypatch.setattr(session.pair.target, "forward", held_forward)
+    return gated
 
 
 def tokens_of(endpoint: str, messages: list[dict]):
@@ -130,6 +139,21 @@ def tokens_of(endpoint: str, messages: list[dict]):
     return last["ar"]["text"], last["spec"]["text"], last["ar"]["tokens"], last["spec"]["tokens"]
 
 
+def open_the_gate_on_cancel(gated, monkeypatch) -> None:
+    """A cancel reaches a held run while its worker thread waits in a forward: Gradio cancels the run's task,
+    then waits for that thread to come back. Open the gate right after the cancel, not before (the run would
+    go on to another round) and not never (the cancel request would wait for ever)."""
+    cancel_tasks = gradio.routes.cancel_tasks
+
+    async def cancel_then_open(task_ids):
+        cancelling = asyncio.ensure_future(cancel_tasks(task_ids))
+        await asyncio.sleep(0)  # cancel_tasks cancels every matching task before its first await
+        gated.gate.set()
+        return await cancelling
+
+    monkeypatch.setattr(gradio.routes, "cancel_tasks", cancel_then_open)
+
+
 @pytest.mark.parametrize("endpoint", ["/generate", "/race"])
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_cancel_mid_run_ends_promptly_and_the_next_run_is_exact(server, monkeypatch, endpoint, temperature):
@@ -137,19 +161,24 @@ def test_cancel_mid_run_ends_promptly_and_the_next_run_is_exact(server, monkeypa
     reference = list(server.client.submit(*args, api_name=endpoint))  # uninterrupted
     assert reference[-1]["event"] == "done"
 
-    calls = slow_target(server.session, monkeypatch)
+    gated = gated_target(server.session, monkeypatch, after=FREE_FORWARDS)
+    open_the_gate_on_cancel(gated, monkeypatch)
     job = server.client.submit(*args, api_name=endpoint)
-    until(lambda: len(job.outputs()) >= 3, 30, "three streamed messages")
-    assert server.session.lock.locked()  # the run holds the pair, mid-run
-    job.cancel()
-    took = until(lambda: not server.session.lock.locked(), 5, "the pair released after cancel")
-    n = len(calls)
+    try:
+        until(lambda: gated.held.is_set() and len(job.outputs()) >= 3, 30, "three streamed messages, then held")
+        assert server.session.lock.locked()  # the run holds the pair, mid-run
+        held_at = len(gated.calls)
+        job.cancel()  # returns once the server has cancelled the run and its thread has come back
+    finally:
+        gated.gate.set()
+    until(lambda: not server.session.lock.locked(), 30, "the pair released after cancel")
+    until(job.done, 30, "the job ended")
+    n = len(gated.calls)
     time.sleep(0.2)
-    assert len(calls) == n  # nothing runs on after the release
-    until(job.done, 5, "the job ended")
+    assert len(gated.calls) == n  # nothing runs on after the release
+    assert n == held_at  # promptly: the run stopped with the forward it was in, it began no other
     assert job.status().code == Status.CANCELLED
     assert len(job.outputs()) < len(reference) and job.outputs()[-1]["event"] != "done"  # really cut short
-    assert took < 5
 
     monkeypatch.undo()
     again = list(server.client.submit(*args, api_name=endpoint))
@@ -159,11 +188,14 @@ def test_cancel_mid_run_ends_promptly_and_the_next_run_is_exact(server, monkeypa
 def test_a_full_queue_turns_requests_away_and_serves_the_rest(serve, monkeypatch):
     session = Session(tiny_pair(), PairSpec("tiny", "tiny"))
     _, client = serve(session, Limits(max_queue=1))
-    slow_target(session, monkeypatch, seconds=0.02)
+    gated = gated_target(session, monkeypatch)  # the first run holds the pair until the gate opens
     running = client.submit(PROMPT, 4, 40, api_name="/generate")
-    until(lambda: session.lock.locked(), 30, "the first run started")
-    waiting = client.submit(PROMPT, 4, 8, api_name="/generate")
-    until(lambda: waiting.status().code == Status.IN_QUEUE, 10, "the second run queued")
-    with pytest.raises(QueueError, match="Queue is full"):  # HTTP 503, at once: nothing piles up
-        client.predict(PROMPT, 4, 8, api_name="/generate")
+    try:
+        until(lambda: session.lock.locked() and gated.held.is_set(), 30, "the first run started")
+        waiting = client.submit(PROMPT, 4, 8, api_name="/generate")
+        until(lambda: waiting.status().code == Status.IN_QUEUE, 30, "the second run queued")
+        with pytest.raises(QueueError, match="Queue is full"):  # HTTP 503, at once: nothing piles up
+            client.predict(PROMPT, 4, 8, api_name="/generate")
+    finally:
+        gated.gate.set()
     assert running.result(timeout=60)["event"] == "done" and waiting.result(timeout=60)["event"] == "done"
