@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import replace
 
 import pytest
@@ -91,7 +92,10 @@ def test_wrong_package_version_is_refused(fake_model):
 
 def test_embedded_pins_are_exact():
     reqs = [r for m in embedded.EMBEDDED_PAIR for r in m.requirements()]
-    assert len(reqs) == 28 and all("==" in r for r in reqs)
+    packages = [p for m in embedded.EMBEDDED_PAIR for p in m.packages]
+    assert reqs and len(reqs) == len(set(packages)) == len(packages)  # one pin per chunk package, none twice
+    assert reqs == [f"{p}=={m.version}" for m in embedded.EMBEDDED_PAIR for p in m.packages]
+    assert all(re.fullmatch(r"[A-Za-z0-9._-]+==\d+(\.\d+)+", r) for r in reqs)  # exact versions, no ranges
 
 
 def test_local_folder_roundtrip_and_tokenizer_check(tmp_path):
@@ -115,8 +119,9 @@ def test_missing_gguf_file_is_a_clear_error(tmp_path):
 
 
 def test_unreachable_hub_id_is_a_clear_error(monkeypatch):
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    with pytest.raises(ModelLoadError, match="model hub"):
+    monkeypatch.setattr(loading, "hub_reachable", lambda *a, **kw: False)  # the same answer with or without a network
+    with pytest.raises(ModelLoadError, match=r"the model hub is unreachable and 'someone/no-such-model-xyz' is not "
+                                             r"in the local hub cache"):
         load_pair(None, "someone/no-such-model-xyz", device="cpu")
 
 
