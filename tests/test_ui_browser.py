@@ -1,9 +1,11 @@
-"""A real browser (Debian's headless Chromium via Playwright) drives the app on the tiny pair."""
+"""A real browser (Debian's headless Chromium via Playwright) drives the app on the tiny pair.
+
+One browser page serves the module (starting Chromium is the slow part); each test reloads it, which opens
+a fresh Gradio session, and types its own prompt, so any test runs alone or in any order."""
 
 from __future__ import annotations
 
 import shutil
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +16,7 @@ from specviz.ui.app import ASSETS, build_app, launch
 from specviz.ui.session import PairSpec, Session
 
 pytestmark = pytest.mark.browser
-SCREENSHOT = ASSETS / "screenshots" / "browser_test.png"
+PROMPT = "the man said that it was good and"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 
 
@@ -30,25 +32,36 @@ def app_url():
 
 
 @pytest.fixture(scope="module")
-def page(app_url):
+def browser_page():
     from playwright.sync_api import sync_playwright
 
     chromium = shutil.which("chromium")
     assert chromium, "Debian's chromium is not installed (scripts/setup.sh test installs it)"
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=chromium, args=CHROMIUM_ARGS)
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
-        page.goto(app_url)
-        page.wait_for_selector("#sv-run", timeout=60_000)
-        yield page
-        browser.close()
+        try:
+            yield browser.new_page(viewport={"width": 1400, "height": 1000})
+        finally:
+            browser.close()
 
 
-def test_run_shows_coloured_tokens_and_the_pq_plot(page):
-    page.fill("#sv-prompt textarea", "the man said that it was good and")
+@pytest.fixture
+def page(browser_page, app_url):
+    """The app freshly loaded: a new Gradio session, with no run, step or export left by another test."""
+    browser_page.goto(app_url)
+    browser_page.wait_for_selector("#sv-run", timeout=60_000)
+    return browser_page
+
+
+def run_to_the_end(page, prompt: str) -> None:
+    page.fill("#sv-prompt textarea", prompt)
     page.click("#sv-run")
     page.wait_for_selector("#sv-tokens .sv-tok.sv-accepted", timeout=60_000)
     page.wait_for_function("document.querySelector('#sv-caption')?.innerText.includes('finished (')", timeout=60_000)
+
+
+def test_run_shows_coloured_tokens_and_the_pq_plot(page):
+    run_to_the_end(page, PROMPT)
     classes = page.eval_on_selector_all("#sv-tokens .sv-tok", "els => els.map(e => e.className)")
     kinds = {c.split()[1] for c in classes}
     assert "sv-accepted" in kinds and kinds & {"sv-correction", "sv-bonus"}
@@ -61,6 +74,7 @@ def test_run_shows_coloured_tokens_and_the_pq_plot(page):
 
 
 def test_step_mode_adds_one_round_per_click(page):
+    page.fill("#sv-prompt textarea", PROMPT)
     for n in (1, 2):
         page.click("#sv-step")
         page.wait_for_function(f"document.querySelectorAll('#sv-tokens .sv-round').length === {n} && "
@@ -69,14 +83,17 @@ def test_step_mode_adds_one_round_per_click(page):
 
 
 def test_export_downloads_the_run_as_a_trace(page):
+    prompt = "she said that it was the one"  # not the other tests' prompt: the trace is of this run
+    run_to_the_end(page, prompt)
     page.click("#sv-export-btn")
     link = page.wait_for_selector("#sv-export a[href]", timeout=30_000)
     data = page.request.get(link.get_attribute("href")).json()
     assert data["format"] == "specviz-trace" and data["rounds"]
-    assert data["meta"]["prompt"] == "the man said that it was good and"
+    assert data["meta"]["prompt"] == prompt
 
 
-def test_race_shows_both_timers_running_to_the_end(page):
+def test_race_shows_both_timers_running_to_the_end(page, tmp_path):
+    page.fill("#sv-prompt textarea", PROMPT)
     page.click("#sv-race-run")
     page.wait_for_selector("#sv-lane-ar .sv-done", timeout=120_000)
     page.wait_for_selector("#sv-lane-spec .sv-done", timeout=120_000)
@@ -86,9 +103,9 @@ def test_race_shows_both_timers_running_to_the_end(page):
         assert elapsed > 0 and rate > 0
     assert "Speculative decoding:" in page.inner_text("#sv-race-result")
     page.wait_for_selector("#sv-race-plot .js-plotly-plot .scatterlayer", timeout=30_000)
-    SCREENSHOT.parent.mkdir(parents=True, exist_ok=True)
-    page.screenshot(path=str(SCREENSHOT), full_page=True)
-    assert Path(SCREENSHOT).stat().st_size > 10_000
+    screenshot = tmp_path / "race.png"
+    page.screenshot(path=str(screenshot), full_page=True)
+    assert screenshot.stat().st_size > 10_000  # a rendered page, not a blank one
 
 
 def test_loading_a_preset_streams_status_and_updates_the_header(page):
