@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 
 from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
 from specviz.engine.compare import Divergence, first_divergence
-from specviz.ui.stats import RunStats, summarize
 
 Timed = Callable[[Iterator], tuple[object | None, float]]
 
@@ -107,11 +106,6 @@ class RaceState:
         differs = any(x != y for x, y in zip(self.ar.token_ids, self.spec.token_ids))
         if differs or self.done:
             self.divergence = first_divergence(self.spec.events, self.ar.events)
-
-
-def race_stats(state: RaceState) -> RunStats:
-    """The speculative lane's numbers against the target alone, each timed by its lane's own clock."""
-    return summarize(state.spec.events, state.ar.events, spec_seconds=state.spec.clock, ar_seconds=state.ar.clock)
 
 
 def run_race(ar_events: Iterator[Step], spec_events: Iterator[Round], greedy: bool,

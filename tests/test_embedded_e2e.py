@@ -7,7 +7,7 @@ Loads the pair once per session (about 10 GB of RAM); run under `flock /tmp/spec
 from __future__ import annotations
 
 import pytest
-from test_speculative import check_rounds, spec_tokens
+from helpers import check_rounds, spec_tokens
 
 from specviz import trace
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate

@@ -9,9 +9,6 @@ last token, so the test decides exactly what each model wants to say.
 from __future__ import annotations
 
 import copy
-import json
-import math
-import re
 from dataclasses import replace
 from types import SimpleNamespace
 
@@ -22,9 +19,11 @@ from transformers import PretrainedConfig
 
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.engine.compare import first_divergence, spec_gap_at
-from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, round_from_dict
+from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED
 from specviz.models.loading import ModelPair
 from specviz.models.tiny import EOS_ID, tiny_pair, tiny_tokenizer
+
+from helpers import check_rounds, spec_tokens
 
 PROMPTS = ["the a of", "she said that", "one", "it was the", "we"]  # "one" ends with an EOS from the target
 KS = [1, 2, 4, 8]
@@ -36,56 +35,12 @@ def encode(pair, prompt: str) -> list[int]:
     return pair.tokenizer(prompt)["input_ids"]
 
 
-def spec_tokens(rounds) -> list[int]:
-    return [t for r in rounds for t in r.new_token_ids]
-
-
 def ar_tokens(pair, ids, config: DecodeConfig) -> list[int]:
     return [s.token.id for s in autoregressive_generate(pair, ids, config)]
 
 
 def without_times(rounds) -> list[dict]:
     return [{k: v for k, v in r.to_dict().items() if not k.endswith("_time")} for r in rounds]
-
-
-def check_rounds(pair, rounds, config: DecodeConfig) -> None:
-    """Every invariant a consumer relies on, for one complete run."""
-    generated: list[int] = []
-    for i, r in enumerate(rounds):
-        assert r.index == i and r.k == len(r.drafted)
-        assert r.k <= config.k and r.k <= config.max_new_tokens - len(generated) - 1
-        statuses = "".join({ACCEPTED: "A", REJECTED: "R", NOT_VERIFIED: "N"}[d.status] for d in r.drafted)
-        assert re.fullmatch("A*R?N*", statuses), statuses
-        assert r.n_accepted == statuses.count("A")
-        accepted = [d.id for d in r.drafted[:r.n_accepted]]
-        if r.emitted is None:  # only an end-of-sequence among the accepted drafts drops the correction/bonus
-            assert r.finished == "eos" and accepted and accepted[-1] in pair.eos_token_ids and "R" not in statuses
-        else:
-            assert r.emitted.kind == (CORRECTION if "R" in statuses else BONUS)
-            assert (r.emitted.kind == BONUS) == (r.n_accepted == r.k)
-        assert r.new_token_ids == accepted + ([r.emitted.id] if r.emitted else [])
-        assert r.position == len(generated)
-        generated += r.new_token_ids
-        assert r.text == pair.tokenizer.decode(generated, skip_special_tokens=True)
-        assert min(r.draft_time, r.verify_time, r.overhead_time) >= 0
-        for d in r.drafted[:r.n_accepted + ("R" in statuses)]:  # the tokens the rule decided
-            assert d.accept_prob == pytest.approx(min(1.0, d.p / d.q) if d.q > 0 else 1.0, rel=1e-5, abs=1e-6)
-            assert (d.u < d.accept_prob) == (d.status == ACCEPTED)
-            assert 0 <= d.u < 1
-        for t in [*r.drafted, *([r.emitted] if r.emitted else [])]:
-            assert math.isfinite(t.target_top2_gap) and t.target_top2_gap >= 0
-            assert len(t.p_top) <= config.top_n
-        if config.sampling.greedy:  # point masses: accepted tokens are the target's argmax, rejected are not
-            assert all(d.p == 1.0 for d in r.drafted[:r.n_accepted])
-            assert all(d.p == 0.0 for d in r.drafted if d.status == REJECTED)
-        assert round_from_dict(json.loads(json.dumps(r.to_dict()))) == r
-        assert (r.finished is not None) == (i == len(rounds) - 1)
-    assert len(generated) <= config.max_new_tokens
-    assert not any(t in pair.eos_token_ids for t in generated[:-1])  # nothing after an end-of-sequence
-    last = rounds[-1].finished
-    assert (last == "eos") == (generated[-1] in pair.eos_token_ids)
-    if last == "length":
-        assert len(generated) == config.max_new_tokens
 
 
 @pytest.fixture(scope="module")

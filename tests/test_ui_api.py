@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-from gradio_client import Client
 from gradio_client.exceptions import AppError
 
 from specviz.limits import Limits
@@ -18,12 +17,12 @@ pytestmark = pytest.mark.embedded
 
 
 @pytest.fixture(scope="module")
-def client(embedded_pair):
+def client(embedded_pair, open_client):
     session = Session(embedded_pair, PairSpec("embedded", "embedded", dtype="float32"))
     demo = build_app(session, Limits(), h.Options(min_interval=0.0, stage_delay=0.0, assets_dir=ASSETS))
     _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
     try:
-        yield Client(url, verbose=False)
+        yield open_client(url)
     finally:
         demo.close()
 

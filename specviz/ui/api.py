@@ -11,13 +11,13 @@ from dataclasses import asdict
 
 from specviz.engine import Round, Step, speculative_generate
 from specviz.limits import Limits
-from specviz.race import RaceState, race, race_stats, replay_race
+from specviz.race import RaceState, race, replay_race
 from specviz.ui.handlers import (
     Options, RunRecord, Settings, locked, paced, prepare, sample_distributions, trace_data, trace_text_or_name,
     user_errors,
 )
 from specviz.ui.session import Session
-from specviz.ui.stats import RunStats, summarize
+from specviz.ui.stats import RunStats, race_stats, summarize
 
 
 def lane_dict(lane) -> dict:

@@ -30,12 +30,12 @@ from specviz.engine.exact import next_token_distribution
 from specviz.limits import InputError, Limits, _number, check_prompt_tokens, clean_prompt, decode_config
 from specviz.models import ModelLoadError, encode_prompt
 from specviz.models.loading import OUT_OF_MEMORY, release_memory
-from specviz.race import RaceState, race, race_stats, replay_race
+from specviz.race import RaceState, race, replay_race
 from specviz.trace import Trace, TraceError
 from specviz.ui import figures, render, teach
 from specviz.ui.distribution import Comparison, compare, sample_both
 from specviz.ui.session import Session
-from specviz.ui.stats import summarize
+from specviz.ui.stats import race_stats, summarize
 
 USER_ERRORS = (InputError, ModelLoadError, TraceError)
 

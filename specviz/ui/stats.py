@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from specviz.bench.stats import ratio, summary_of
 from specviz.engine.events import Round, Step
+from specviz.race import RaceState
 
 
 @dataclass
@@ -59,3 +60,8 @@ def summarize(rounds: Sequence[Round], ar_steps: Sequence[Step] | None = None, *
         expected_tokens=sm.expected_tokens, predicted=sm.predicted_speedup,
         ar_tokens_per_s=sm.ar.tokens_per_s if sm.ar else None, measured=sm.speedup,
     )
+
+
+def race_stats(state: RaceState) -> RunStats:
+    """The speculative lane's numbers against the target alone, each timed by its lane's own clock."""
+    return summarize(state.spec.events, state.ar.events, spec_seconds=state.spec.clock, ar_seconds=state.ar.clock)
