@@ -1,69 +1,34 @@
-"""The `specviz` command: serve the app, record a trace, run benchmarks."""
+"""The `specviz` command: serve the app, record a trace, run benchmarks, prepare the embedded pair.
+
+Every model, decoding and limit option is generated from the settings specs (`runs.options`) and
+checked by the same validation as the app's controls; trace and bench use the CLI's own limits.
+
+Serving's security defaults, in one place: loopback unless --host is given; never a Gradio share link;
+remote model code only for the pair named on the command line with --trust-remote-code; users may load
+any model only when the server is bound to loopback (or --allow-any-model says so), else only the presets.
+"""
 
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import logging
 import sys
 
-from specviz import limits
-from specviz.engine.config import ADAPTIVE_MODES, DecodeConfig
-from specviz.engine.drafters import DRAFTERS
-
-# The CLI runs on the user's own machine: the same checks as the app's controls, but not the web
-# server's per-request caps (only the model's context bounds a run; K stays a sane number).
-CLI_LIMITS = limits.Limits(max_new_tokens=1_000_000, max_k=256)
-DECODING_COMMANDS = ("trace", "bench")  # `serve` checks its flags against its own --max-... limits
-
-
-def add_model_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("models")
-    g.add_argument("--draft", default="embedded", help="'embedded', 'tiny', a hub id, a model folder or a .gguf file")
-    g.add_argument("--target", default="embedded", help="same choices as --draft")
-    g.add_argument("--device", default="auto", help="auto (cuda if available), cpu, cuda, cuda:1 ...")
-    g.add_argument("--dtype", default="auto", choices=["auto", "float32", "bfloat16", "float16"])
-    g.add_argument("--device-map", default=None, help="e.g. 'auto': spread a large target over GPUs (accelerate)")
-    g.add_argument("--trust-remote-code", action="store_true", help="run model code shipped with a hub model (off by default)")
-
-
-def add_decode_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("decoding")
-    g.add_argument("--k", type=int, default=4, help="tokens drafted per round")
-    g.add_argument("--max-new-tokens", type=int, default=64)
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy")
-    g.add_argument("--top-k", type=int, default=0)
-    g.add_argument("--top-p", type=float, default=1.0)
-    g.add_argument("--seed", type=int, default=0)
-    g.add_argument("--drafter", default="model", choices=DRAFTERS)
-    g.add_argument("--adaptive", default="fixed", choices=ADAPTIVE_MODES)
-
-
-def decode_config(args, k: int | None = None) -> DecodeConfig:
-    """The decoding flags as a config, validated (limits.InputError names the bad flag)."""
-    return limits.decode_config(CLI_LIMITS, k=args.k if k is None else k, max_new_tokens=args.max_new_tokens,
-                                temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                                drafter=args.drafter, adaptive=args.adaptive)
-
-
-def check_decode_flags(args) -> None:
-    """Fail on a bad decoding flag before any model loads; bench's --k is a list: every K is checked."""
-    for k in args.k if isinstance(args.k, tuple) else (args.k,):
-        decode_config(args, k)
-
-
-def load_from_args(args):
-    from specviz.models import load_pair
-
-    return load_pair(args.draft, args.target, device=args.device, dtype=args.dtype,
-                     trust_remote_code=args.trust_remote_code, device_map=args.device_map)
+from specviz.engine import DecodeConfig
+from specviz.models import ModelLoadError, PairSpec, load_spec
+from specviz.runs.errors import InputError
+from specviz.runs.limits import CLI_LIMITS, Limits
+from specviz.runs.options import add_options, values_of
+from specviz.runs.settings import validate
 
 
 def cmd_trace(args) -> int:
-    from specviz import trace
-    from specviz.bench.stats import spec_stats
+    from specviz.analysis.stats import spec_stats
+    from specviz.runs import trace
 
-    config = decode_config(args)
-    pair = load_from_args(args)
+    config = validate(DecodeConfig, values_of(args, DecodeConfig), CLI_LIMITS)
+    pair = load_spec(validate(PairSpec, values_of(args, PairSpec)))
     t = trace.record(pair, args.prompt, config, with_ar=args.with_ar)
     trace.save(t, args.out)
     s = spec_stats(t.rounds)
@@ -80,7 +45,55 @@ def cmd_prepare(args) -> int:
     return 0
 
 
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # a host name: it may resolve to anything, so it counts as exposed
+        return False
+
+
+def allow_any_model(args: argparse.Namespace) -> bool:
+    """--allow-any-model / --no-allow-any-model when given; otherwise only on a loopback address."""
+    return is_loopback(args.host) if args.allow_any_model is None else args.allow_any_model
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    from specviz.runs.session import Session
+    from specviz.server import build_server, launch  # gradio: only when serving
+
+    limits = validate(Limits, values_of(args, Limits))  # fail at start-up, not on the first click
+    defaults = validate(DecodeConfig, values_of(args, DecodeConfig), limits)
+    spec = validate(PairSpec, values_of(args, PairSpec))
+    session = Session(spec=spec, allow_any_model=allow_any_model(args))
+    print(f"specviz: loading {spec.label}…", flush=True)
+    session.load(spec.draft, spec.target, spec.dtype, status=lambda line: print(f"  {line}", flush=True))
+    demo = build_server(session, limits, defaults=defaults)
+    models = "any model" if session.allow_any_model else "the presets and the pair above only"
+    print(f"specviz: serving {session.name} on http://{args.host}:{args.port} (users may load {models})", flush=True)
+    if not is_loopback(args.host):
+        print("specviz: bound beyond loopback: anyone who can reach this port can run the models.", flush=True)
+    launch(demo, host=args.host, port=args.port)
+    return 0
+
+
+def add_serve(sub) -> None:
+    p = sub.add_parser("serve", help="serve the app (http://127.0.0.1:7860 by default)")
+    p.add_argument("--host", default="127.0.0.1", help="interface to bind; 0.0.0.0 exposes the app to the network")
+    p.add_argument("--port", type=int, default=7860)
+    p.add_argument("--allow-any-model", action=argparse.BooleanOptionalAction, default=None,
+                   help="let users load any hub id, folder or .gguf in the UI, not only the presets and the pair "
+                        "served at start (default: on when --host is a loopback address, off otherwise)")
+    add_options(p.add_argument_group("models"), PairSpec)
+    add_options(p.add_argument_group("decoding (the app opens with these)"), DecodeConfig, Limits())
+    add_options(p.add_argument_group("limits (per request)"), Limits)
+    p.set_defaults(func=cmd_serve)
+
+
 def build_parser() -> argparse.ArgumentParser:
+    from specviz.bench import command as bench
+
     parser = argparse.ArgumentParser(prog="specviz", description="See speculative decoding work.")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -92,32 +105,23 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", required=True)
     p.add_argument("--out", default="trace.json")
     p.add_argument("--with-ar", action="store_true", help="also record the target alone (for replaying the race)")
-    add_model_args(p)
-    add_decode_args(p)
+    add_options(p.add_argument_group("models"), PairSpec)
+    add_options(p.add_argument_group("decoding"), DecodeConfig, CLI_LIMITS)
     p.set_defaults(func=cmd_trace)
 
-    # each consumer registers its own subcommand next to its code
-    from specviz.bench.command import register as register_bench
-    from specviz.ui.command import register as register_serve
-
-    register_bench(sub)
-    register_serve(sub)
+    add_serve(sub)
+    bench.register(sub)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
-    from specviz.models import ModelLoadError
-
-    try:
-        if args.command in DECODING_COMMANDS:
-            check_decode_flags(args)
-    except limits.InputError as e:
-        print(f"specviz: bad flag: {e}", file=sys.stderr)
-        return 2
     try:
         return args.func(args)
+    except InputError as e:
+        print(f"specviz: bad flag: {e}", file=sys.stderr)
+        return 2
     except ModelLoadError as e:
         print(f"specviz: {e}", file=sys.stderr)
         return 2

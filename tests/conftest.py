@@ -63,13 +63,14 @@ def open_client():
 def serve(open_client):
     """Launch apps in-process on loopback (Gradio picks a free port): `demo, client = serve(session, limits)`.
     Every app started is closed when the module's tests are done."""
-    from specviz.ui import handlers as h
-    from specviz.ui.app import ASSETS, build_app, launch
+    from specviz.runs.pacing import Pace
+    from specviz.server import build_server, launch
+    from specviz.ui.handlers import Options
 
     demos = []
 
     def start(session, limits):
-        demo = build_app(session, limits, h.Options(min_interval=0.0, stage_delay=0.0, assets_dir=ASSETS))
+        demo = build_server(session, limits, Options(Pace(0.0, 0.0)))
         _, url, _ = launch(demo, host="127.0.0.1", port=None, prevent_thread_lock=True, quiet=True)
         demos.append(demo)
         return demo, open_client(url)
@@ -82,7 +83,8 @@ def serve(open_client):
 @pytest.fixture(scope="module")
 def server_session():
     """The session `server` serves: the tiny pair. A module overrides this fixture to serve another."""
-    from specviz.ui.session import PairSpec, Session
+    from specviz.models import PairSpec
+    from specviz.runs.session import Session
 
     return Session(tiny_pair(), PairSpec("tiny", "tiny"))
 
@@ -90,7 +92,7 @@ def server_session():
 @pytest.fixture(scope="module")
 def server_limits():
     """The limits `server` enforces. A module overrides this fixture to enforce others."""
-    from specviz.limits import Limits
+    from specviz.runs.limits import Limits
 
     return Limits()
 

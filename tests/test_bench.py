@@ -18,13 +18,13 @@ from specviz.bench.html import write_html
 from specviz.bench.prompts import BenchPrompt, PromptFileError, parse_prompts
 from specviz.bench.report import build_report, format_table
 from specviz.bench.runner import ARRun, Plan, PromptResult, SpecRun, run_bench
-from specviz.bench.stats import spec_stats, summary_of
+from specviz.analysis.stats import spec_stats, summary_of
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
-from specviz.engine.compare import first_divergence
+from specviz.analysis.divergence import first_divergence
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, EmittedToken, Round, Step
 from specviz.models.fastdraft import fast_pair
-from specviz.models.leandraft import LeanDraft
-from specviz.models.quantize import DraftQuant, Int4Linear, Int8Linear, QuantLinear, quantize_linear
+from specviz.models.draft.lean import LeanDraft
+from specviz.models.draft.quantized import DraftQuant, Int4Linear, Int8Linear, QuantLinear, quantize_linear
 from specviz.models.tiny import tiny_pair
 
 RUN_KEYS = {"id", "kind", "k", "new_tokens", "ar_tokens_per_s", "spec_tokens_per_s", "hf_tokens_per_s", "speedup",
@@ -426,7 +426,7 @@ def test_lean_int8_draft_stays_close_to_the_hugging_face_model():
 def test_lean_draft_applies_only_where_it_knows_the_architecture():
     from types import SimpleNamespace
 
-    from specviz.models.leandraft import lean_draft, supported
+    from specviz.models.draft.lean import lean_draft, supported
 
     assert supported(tiny_pair().draft)
     other = SimpleNamespace(config=SimpleNamespace(model_type="gpt2"))

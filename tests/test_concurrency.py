@@ -20,11 +20,12 @@ from gradio_client.utils import QueueError, Status
 
 from specviz.engine import DecodeConfig, speculative_generate
 from specviz.engine.sampling import SamplingParams
-from specviz.limits import Limits
+from specviz.runs.limits import Limits
 from specviz.models import encode_prompt, load_pair
 from specviz.models.tiny import WORDS, tiny_pair
 from specviz.ui.app import MODEL
-from specviz.ui.session import PairSpec, Session
+from specviz.models import PairSpec
+from specviz.runs.session import Session
 
 PROMPT = "the man said that it was good and"
 LIMITS = Limits(max_new_tokens=200)

@@ -9,9 +9,9 @@ from __future__ import annotations
 import pytest
 from helpers import check_rounds, spec_tokens
 
-from specviz import trace
+from specviz.runs import trace
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
-from specviz.engine.compare import first_divergence
+from specviz.analysis.divergence import first_divergence
 from specviz.models import embedded, encode_prompt
 
 pytestmark = pytest.mark.embedded

@@ -22,17 +22,18 @@ import torch
 import transformers
 from gradio_client.exceptions import AppError
 
-from specviz import trace as tracefile
+from specviz.runs import trace as tracefile
 from specviz.cli import build_parser, main
 from specviz.engine import DecodeConfig, speculative_generate
 from specviz.engine.sampling import SamplingParams
-from specviz.limits import InputError, Limits, clean_prompt
+from specviz.runs.limits import InputError, Limits, clean_prompt
 from specviz.models import ModelLoadError, embedded, encode_prompt, loading
 from specviz.models.tiny import WORDS, tiny_model, tiny_pair, tiny_tokenizer
 from specviz.ui import app as app_module
 from specviz.ui import handlers as h
-from specviz.ui.command import allow_any_model
-from specviz.ui.session import PairSpec, Session
+from specviz.cli import allow_any_model
+from specviz.models import PairSpec
+from specviz.runs.session import Session
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "assets" / "trace_embedded_code.json"

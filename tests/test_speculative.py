@@ -18,9 +18,9 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from transformers import PretrainedConfig
 
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
-from specviz.engine.compare import first_divergence, spec_gap_at
+from specviz.analysis.divergence import first_divergence, spec_gap_at
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED
-from specviz.models.loading import ModelPair
+from specviz.models.pair import ModelPair
 from specviz.models.tiny import EOS_ID, tiny_pair, tiny_tokenizer
 
 from helpers import check_rounds, spec_tokens
@@ -59,7 +59,7 @@ def test_greedy_speculative_equals_autoregressive(tiny, ar_greedy, prompt, k):
 
 
 def test_the_tiny_pair_exercises_both_acceptance_and_rejection(tiny):
-    config = DecodeConfig(k=4, max_new_tokens=24, sampling=GREEDY)
+    config = DecodeConfig(k=4, max_new_tokens=24, sampling=GREEDY, adaptive="fixed")
     rounds = [r for p in PROMPTS for r in speculative_generate(tiny, encode(tiny, p), config)]
     statuses = {d.status for r in rounds for d in r.drafted}
     kinds = {r.emitted.kind for r in rounds if r.emitted}
@@ -210,7 +210,7 @@ def test_the_sync_counter_sees_item_and_zero_d_indexing():
 @pytest.mark.parametrize("drafter", ["model", "lookup", "hybrid"])
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED])
 def test_a_round_never_syncs_outside_its_one_transfer(tiny, drafter, sampling):
-    config = DecodeConfig(k=4, max_new_tokens=24, sampling=sampling, drafter=drafter)
+    config = DecodeConfig(k=4, max_new_tokens=24, sampling=sampling, drafter=drafter, adaptive="fixed")
     rounds, counts = syncs_per_event(speculative_generate(tiny, encode(tiny, "the a of"), config))
     assert len(rounds) > 1 and counts == [0] * len(rounds)
     steps, counts = syncs_per_event(autoregressive_generate(tiny, encode(tiny, "the a of"), config))

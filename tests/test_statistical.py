@@ -42,7 +42,7 @@ from scipy.stats import chisquare
 from specviz.engine import DecodeConfig, SamplingParams, speculative_generate
 from specviz.engine import rules
 from specviz.engine.sampling import logits_to_probs, sample
-from specviz.models.loading import ModelPair
+from specviz.models.pair import ModelPair
 from specviz.models.tiny import EOS_ID, tiny_model, tiny_tokenizer
 
 V, END, LENGTH, K = 16, 16, 3, 2

@@ -7,10 +7,11 @@ import json
 
 import pytest
 
-from specviz import cli, trace
-from specviz.bench.stats import spec_stats
+from specviz import cli
+from specviz.runs import trace
+from specviz.analysis.stats import spec_stats
 from specviz.engine import DecodeConfig, SamplingParams
-from specviz.trace import TraceError
+from specviz.runs.errors import TraceError
 
 
 @pytest.fixture(scope="module")

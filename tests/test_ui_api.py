@@ -5,10 +5,11 @@ from __future__ import annotations
 import pytest
 from gradio_client.exceptions import AppError
 
-from specviz.limits import Limits
+from specviz.runs.limits import Limits
 from specviz.ui import handlers as h
 from specviz.ui.app import ASSETS, build_app, launch
-from specviz.ui.session import PairSpec, Session
+from specviz.models import PairSpec
+from specviz.runs.session import Session
 
 PROMPT = "Write a Python function that returns the square of a number."
 ENDPOINTS = {"/generate", "/race", "/replay", "/same_distribution", "/load_pair", "/info"}

@@ -9,11 +9,12 @@ import shutil
 
 import pytest
 
-from specviz.limits import Limits
+from specviz.runs.limits import Limits
 from specviz.models.tiny import tiny_pair
 from specviz.ui import handlers as h
 from specviz.ui.app import ASSETS, build_app, launch
-from specviz.ui.session import PairSpec, Session
+from specviz.models import PairSpec
+from specviz.runs.session import Session
 
 pytestmark = pytest.mark.browser
 PROMPT = "the man said that it was good and"

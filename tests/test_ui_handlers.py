@@ -9,15 +9,16 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from specviz import trace as tracefile
+from specviz.runs import trace as tracefile
 from specviz.engine import DecodeConfig, speculative_generate
-from specviz.limits import Limits
+from specviz.runs.limits import Limits
 from specviz.models import ModelLoadError, encode_prompt
 from specviz.models.tiny import tiny_pair
 from specviz.ui import api
 from specviz.ui import handlers as h
 from specviz.ui.app import ASSETS
-from specviz.ui.session import PairSpec, Session
+from specviz.models import PairSpec
+from specviz.runs.session import Session
 
 PROMPT = "the man said that it was good and"
 FAST = h.Options(min_interval=0.0, stage_delay=0.0, assets_dir=ASSETS)
@@ -233,7 +234,7 @@ def test_the_lookup_drafter_is_required_without_a_draft_model(tiny):
 def test_a_served_int4_draft_is_named_kept_across_loads_and_decodes_what_the_target_decodes():
     from specviz.cli import build_parser
     from specviz.engine import autoregressive_generate
-    from specviz.models.leandraft import LeanDraft
+    from specviz.models.draft.lean import LeanDraft
 
     assert build_parser().parse_args(["serve"]).draft_quant == "int4"  # the CPU demo's default
     s = Session(spec=PairSpec("tiny", "tiny", draft_quant="int4"), loader=lambda *a, **k: tiny_pair())

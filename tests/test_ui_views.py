@@ -13,7 +13,7 @@ from specviz.engine.events import (
 )
 from specviz.race import recorded, replay_race, run_race, stopwatch
 from specviz.ui import figures, render, teach
-from specviz.ui.distribution import chi_square_p, compare, total_variation
+from specviz.analysis.distribution import chi_square_p, compare, total_variation
 from specviz.ui.stats import summarize
 
 

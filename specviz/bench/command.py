@@ -5,41 +5,32 @@
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
 import platform
 import sys
+from dataclasses import replace
 from pathlib import Path
+
+from specviz.bench.runner import Plan
+from specviz.engine import DecodeConfig
+from specviz.models import PairSpec
+from specviz.runs.limits import CLI_LIMITS
+from specviz.runs.options import add_options, several_values, values_of
+from specviz.runs.settings import validate
 
 log = logging.getLogger(__name__)
 
 
-def parse_ks(text: str) -> tuple[int, ...]:
-    try:
-        ks = tuple(sorted({int(part) for part in text.split(",") if part.strip()}))
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--k takes whole numbers separated by commas, got {text!r}") from None
-    if not ks or min(ks) < 1:
-        raise argparse.ArgumentTypeError(f"--k values must be at least 1, got {text!r}")
-    return ks
-
-
 def register(sub) -> None:
-    from specviz.bench.prompts import DEFAULT_PROMPTS
-    from specviz.cli import add_decode_args, add_model_args
-    from specviz.models.fastdraft import DRAFT_QUANT
-
-    p = sub.add_parser("bench", help="measure speedups: target alone vs speculative (vs transformers)",
-                       conflict_handler="resolve")
-    p.add_argument("--prompts", default=str(DEFAULT_PROMPTS), help="JSON Lines: {\"id\", \"prompt\", \"kind\"} per line")
+    p = sub.add_parser("bench", help="measure speedups: target alone vs speculative (vs transformers)")
+    p.add_argument("--prompts", default=None, help="JSON Lines: {\"id\", \"prompt\", \"kind\"} per line "
+                                                  "(default: the shipped set, specviz/data/prompts.jsonl)")
     p.add_argument("--compare-hf", action="store_true",
                    help="also run transformers' generate(assistant_model=...) at each K and at its defaults")
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the full report as JSON")
     p.add_argument("--html", default=None, metavar="OUT.html", help="write plots (plotly, self-contained)")
-    p.add_argument("--draft-quant", default="int4", choices=list(DRAFT_QUANT),
-                   help="weight-only quantization of the draft's linears on CPU (the target is never changed)")
     p.add_argument("--draft-group", type=int, default=32, help="int4: weights per scale/zero group")
     p.add_argument("--draft-step", default="lean", choices=["lean", "hf"],
                    help="the draft's one-token step: specviz's lean int4 layer loop, or the Hugging Face forward")
@@ -51,11 +42,17 @@ def register(sub) -> None:
                         "fraction of a call (Linux pressure stall information)")
     p.add_argument("--retries", type=int, default=2, help="at most this many re-measurements per prompt")
     p.add_argument("--no-progress", action="store_true")
-    add_model_args(p)
-    add_decode_args(p)
-    # same flag as decoding's --k, but a comma-separated list here ("resolve" replaces the int one)
-    p.add_argument("--k", type=parse_ks, default=(4,), help="tokens drafted per round; several: --k 2,4,6,8")
+    add_options(p.add_argument_group("models"), PairSpec)
+    add_options(p.add_argument_group("decoding"), DecodeConfig, CLI_LIMITS, several=("k",))
     p.set_defaults(func=cmd_bench)
+
+
+def plan_of(args) -> Plan:
+    """The decoding flags as a plan: every K of --k validated, as any single run's settings are."""
+    values = values_of(args, DecodeConfig)
+    configs = [validate(DecodeConfig, {**values, "k": k}, CLI_LIMITS) for k in several_values(values["k"])]
+    ks = tuple(sorted({c.k for c in configs}))
+    return Plan(ks=ks, config=replace(configs[0], k=ks[0]), max_stall=args.max_stall, retries=args.retries)
 
 
 def machine() -> dict:
@@ -81,12 +78,12 @@ def cmd_bench(args) -> int:
     from specviz.bench.html import write_html
     from specviz.bench.prompts import PromptFileError, load_prompts
     from specviz.bench.report import build_report, format_table
-    from specviz.bench.runner import Plan, run_bench
-    from specviz.cli import decode_config, load_from_args
-    from specviz.models import encode_prompt
-    from specviz.models.fastdraft import DRAFT_QUANT, fast_draft, fast_pair
-    from specviz.models.quantize import DraftQuant
+    from specviz.bench.runner import run_bench
+    from specviz.models import encode_prompt, load_spec
+    from specviz.models.draft import DraftQuant, cheaper_draft, with_cheaper_draft
 
+    plan = plan_of(args)  # a bad flag fails here, before any model loads
+    spec = validate(PairSpec, values_of(args, PairSpec))
     try:
         prompts = load_prompts(args.prompts)[:args.limit]
     except PromptFileError as e:
@@ -95,17 +92,16 @@ def cmd_bench(args) -> int:
     info = machine()
     if info["cpu_count"] and info["torch_threads"] != info["cpu_count"]:
         log.warning("torch uses %s threads on %s cores", info["torch_threads"], info["cpu_count"])
-    pair = load_from_args(args)
+    pair = load_spec(replace(spec, draft_quant="none"))  # the draft as loaded; the cheaper one is chosen below
     if pair.draft is None:
         print("specviz bench: the benchmark needs a draft model.", file=sys.stderr)
         return 2
-    quant = DraftQuant(bits=DRAFT_QUANT[args.draft_quant], group_size=args.draft_group)
-    spec_pair = fast_pair(pair, quant, lean=args.draft_step == "lean")
-    plan = Plan(ks=args.k, config=decode_config(args, k=args.k[0]), max_stall=args.max_stall, retries=args.retries)
+    quant = DraftQuant.named(spec.draft_quant, args.draft_group)
+    spec_pair = with_cheaper_draft(pair, quant, lean=args.draft_step == "lean")
     hf = None
     if args.compare_hf:  # by default HF gets the draft as loaded: what a user would hand it
         # "fast": specviz's cheaper draft, run through the Hugging Face forward that generate() needs
-        assistant = fast_draft(pair, quant, lean=False) if args.hf_draft == "fast" else pair.draft
+        assistant = cheaper_draft(pair, quant, lean=False) if args.hf_draft == "fast" else pair.draft
         hf = HFAssisted(pair.target, assistant, pair.eos_token_ids, pair.tokenizer.pad_token_id, pair.device)
     cost, cost_stall = measure_costs(spec_pair, encode_prompt(pair.tokenizer, prompts[0].prompt), max(plan.ks) + 1,
                                      max_stall=args.max_stall, retries=args.retries)
@@ -115,7 +111,7 @@ def cmd_bench(args) -> int:
                             "applied": spec_pair.draft is not pair.draft,
                             "step": type(spec_pair.draft).__name__},
             "hf_draft": args.hf_draft if args.compare_hf else None,
-            "prompts": str(args.prompts)}
+            "prompts": str(args.prompts or "specviz/data/prompts.jsonl")}
     report = build_report(results, plan, cost, device=str(pair.device),
                           dtype=str(pair.dtype).removeprefix("torch."), meta=meta, cost_stall=cost_stall)
     print(format_table(report))

@@ -13,7 +13,7 @@ import torch
 from transformers import DynamicCache
 
 from specviz.bench.noise import calmest, timed
-from specviz.bench.predict import CostModel
+from specviz.analysis.predict import CostModel
 from specviz.engine.plumbing import clock, rollback
 
 

@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass
+from importlib import resources
 from pathlib import Path
-
-DEFAULT_PROMPTS = Path(__file__).resolve().parents[2] / "assets" / "prompts.jsonl"
 
 
 class PromptFileError(ValueError):
@@ -40,10 +39,11 @@ def parse_prompts(lines, source: str = "prompts") -> list[BenchPrompt]:
     return prompts
 
 
-def load_prompts(path: str | Path = DEFAULT_PROMPTS) -> list[BenchPrompt]:
-    path = Path(path)
+def load_prompts(path: str | Path | None = None) -> list[BenchPrompt]:
+    """The prompts in a JSON Lines file; by default the shipped set (package data: installed or not)."""
+    source = resources.files("specviz.data") / "prompts.jsonl" if path is None else Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = source.read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as e:
-        raise PromptFileError(f"could not read {path}: {e}") from None
-    return parse_prompts(text.splitlines(), path.name)
+        raise PromptFileError(f"could not read {source}: {e}") from None
+    return parse_prompts(text.splitlines(), source.name)

@@ -10,10 +10,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from specviz.bench.predict import CostModel, best_k, predicted_speedup, predicted_speedup_for_rounds
+from specviz.analysis.predict import CostModel, best_k, predicted_speedup, predicted_speedup_for_rounds
 from specviz.bench.runner import Plan, PromptResult
-from specviz.bench.stats import SpecStats, ratio, spec_stats
-from specviz.engine.compare import first_divergence
+from specviz.analysis.stats import SpecStats, ratio, spec_stats
+from specviz.analysis.divergence import first_divergence
 
 PREDICT_KS = range(1, 17)
 

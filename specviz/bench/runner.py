@@ -17,7 +17,7 @@ from specviz.bench.hf import HF_DEFAULT, HFAssisted, HFResult, HFSetting
 from specviz.bench.noise import calmest, timed
 from specviz.bench.prompts import BenchPrompt
 from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
-from specviz.engine.compare import spec_token_ids
+from specviz.analysis.divergence import spec_token_ids
 from specviz.models import encode_prompt
 
 

@@ -1,24 +1,46 @@
-"""All decoding settings in one frozen dataclass, passed in; nothing persists between runs."""
+"""All decoding settings in one frozen dataclass, passed in; nothing persists between runs.
+
+This is also the settings *spec*: each field declares its type, default, range or choices, label
+(title) and help (description). The CLI options, validation messages, Gradio controls and API
+parameters are generated from it (`specviz.runs.settings`), so adding a setting means adding one
+field here. "limit" names the server limit (`specviz.runs.limits.Limits`) that caps a field.
+Defaults: the settings `specviz bench` measured fastest on the embedded pair (README, Benchmarks).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from typing import Literal
 
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from specviz.engine.drafters import DrafterName
 from specviz.engine.sampling import SamplingParams
 
-ADAPTIVE_MODES = ("fixed", "confidence", "acceptance")
+Adaptive = Literal["fixed", "confidence", "acceptance"]
 
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    k: int = 4  # tokens drafted per round (the cap, for adaptive modes)
-    max_new_tokens: int = 64
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    seed: int | None = 0
-    drafter: str = "model"  # model | lookup | hybrid
-    adaptive: str = "fixed"  # fixed | confidence | acceptance
-    confidence: float = 0.4  # "confidence": stop drafting when the draft's top probability drops below
-    top_n: int = 10  # candidates recorded per position for drill-down
+    k: int = Field(8, ge=1, title="K", description="tokens drafted per round (the cap, for adaptive modes)",
+                   json_schema_extra={"limit": "max_k"})
+    max_new_tokens: int = Field(64, ge=1, title="max new tokens", description="tokens to generate at most",
+                                json_schema_extra={"limit": "max_new_tokens"})
+    sampling: SamplingParams = Field(default_factory=SamplingParams)
+    seed: int | None = Field(0, ge=0, le=2**32 - 1, title="seed",
+                             description="same seed, same tokens; none (empty) = a fresh seed each run",
+                             json_schema_extra={"must": "a whole number between 0 and 4294967295"})
+    drafter: DrafterName = Field("model", title="drafter",
+                             description="model: the draft model · lookup: copy from the context · hybrid: lookup, "
+                                         "else the model")
+    adaptive: Adaptive = Field("confidence", title="adaptive K",
+                               description="fixed: always K · confidence: stop drafting when the draft is unsure · "
+                                           "acceptance: grow K after a clean sweep, shrink it after a rejection")
+    confidence: float = Field(0.4, ge=0, le=1, title="confidence cut",
+                              description="'confidence' mode: stop drafting when the draft's top probability "
+                                          "drops below this", json_schema_extra={"step": 0.05})
+    top_n: int = Field(10, ge=1, le=50, title="candidates shown",
+                       description="top candidates recorded per position for the drill-down")
 
     @property
     def stop_below(self) -> float:

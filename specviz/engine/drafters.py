@@ -8,13 +8,13 @@ probability p(x), and the correction is p with x removed, renormalised).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Protocol
+from typing import Literal, Protocol, get_args
 
 import torch
 from transformers import DynamicCache
 
 from specviz.engine.plumbing import fit_ids, model_vocab, pad_vocab, rollback
-from specviz.engine.sampling import SamplingParams, logits_to_probs, sample
+from specviz.engine.sampling import SamplingParams, draw, logits_to_probs
 
 
 @dataclass
@@ -74,14 +74,9 @@ class ModelDrafter:
         for i in range(k):
             out = self.model(feed, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
             logits = pad_vocab(out.logits[0, -1].float(), self.vocab_size)
-            if greedy:
-                # q is a point mass on the argmax, and a draw from it is that argmax: skip the
-                # random draw (torch.multinomial over 152k ids costs ~3 ms on a CPU, ~10% of a step)
-                x = logits.argmax()
-            else:
-                q = logits_to_probs(logits, self.sampling)
-                x = sample(q, self.generator)
-                qs.append(q)
+            q = None if greedy else logits_to_probs(logits, self.sampling)  # greedy: built once, below
+            x = draw(logits, q, greedy, self.generator)
+            qs.append(q)
             tokens.append(x), all_logits.append(logits)
             feed = x.view(1, 1)
             if self.stop_below and i < k - 1 and top_prob(logits) < self.stop_below:  # the last needs no check
@@ -142,7 +137,8 @@ class HybridDrafter:
         self.model.rollback(keep)
 
 
-DRAFTERS = ("model", "lookup", "hybrid")
+DrafterName = Literal["model", "lookup", "hybrid"]
+DRAFTERS = get_args(DrafterName)
 
 
 def make_drafter(name: str, draft_model, sampling: SamplingParams, generator, vocab_size: int,

@@ -93,11 +93,6 @@ class Step:
         return asdict(self)
 
 
-def top_candidates(ids: list[float], probs: list[float], pieces) -> list[Candidate]:
-    """A top-n list from host values (ids arrive as floats from the one transfer); zero-mass entries dropped."""
-    return [Candidate(int(i), pieces(int(i)), p) for i, p in zip(ids, probs) if p > 0]
-
-
 def until_eos(tokens: list[int], eos_ids) -> list[int]:
     """The tokens up to and including the first end-of-sequence: nothing is emitted after one."""
     return tokens[:next((j + 1 for j, t in enumerate(tokens) if t in eos_ids), len(tokens))]

@@ -14,12 +14,12 @@ from transformers import DynamicCache
 from specviz.engine.config import DecodeConfig, next_k
 from specviz.engine.drafters import Drafter, make_drafter
 from specviz.engine.events import (
-    ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, EmittedToken, Round, end_of_run,
-    top_candidates, until_eos,
+    ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, Round, end_of_run, until_eos,
 )
 from specviz.engine.plumbing import Pieces, at, clock, fit_ids, model_vocab, pad_vocab, rollback, to_host
 from specviz.engine.rules import verify
 from specviz.engine.sampling import logits_to_probs, make_generator
+from specviz.engine.tokens import candidates, emitted_token, shown, target_stats, top
 
 
 @torch.inference_mode()
@@ -73,27 +73,18 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
 
 
 def _round_stats(draft, logits, p, verdict, config) -> dict[str, torch.Tensor]:
-    """Everything the event shows, computed on the device so it crosses to the host in one go.
-
-    Greedy warps are point masses, which say little on a chart: the displayed distributions are
-    the warped ones when sampling and the temperature-1 softmax when greedy.
-    """
-    k, n_top = draft.k, min(config.top_n, logits.shape[-1])
+    """Everything the round's event shows, computed on the device so it crosses to the host in one go."""
+    k, greedy, top_n = draft.k, config.sampling.greedy, config.top_n
     n, nxt = verdict.n_accepted, verdict.next_token
-    p_soft, q_soft = torch.softmax(logits, -1), torch.softmax(draft.logits, -1)
-    p_show = p_soft if config.sampling.greedy else p
-    q_show = q_soft if config.sampling.greedy else draft.q
+    p_soft, target = target_stats(logits, p, greedy, top_n)
+    q_soft = torch.softmax(draft.logits, -1)
     idx = draft.tokens[:, None]
-    top2 = logits.topk(2, dim=-1).values
-    q_top, p_top, r_top = q_show.topk(n_top, -1), p_show.topk(n_top, -1), verdict.residual.topk(n_top, -1)
     return dict(
         tokens=draft.tokens, n=n, next=nxt, next_p=verdict.next_prob, next_p_soft=at(at(p_soft, n), nxt),
         accept_prob=verdict.accept_prob, u=verdict.u,
         q=draft.q.gather(-1, idx).squeeze(-1), p=p[:k].gather(-1, idx).squeeze(-1),
         q_soft=q_soft.gather(-1, idx).squeeze(-1), p_soft=p_soft[:k].gather(-1, idx).squeeze(-1),
-        gap=top2[:, 0] - top2[:, 1],
-        q_top_ids=q_top.indices, q_top_vals=q_top.values, p_top_ids=p_top.indices, p_top_vals=p_top.values,
-        r_top_ids=r_top.indices, r_top_vals=r_top.values,
+        **target, **top(shown(draft.logits, draft.q, greedy), top_n, "q"), **top(verdict.residual, top_n, "r"),
     )
 
 
@@ -112,17 +103,11 @@ def _round_event(h, n, new, k, pieces, **fields) -> Round:
         drafted.append(DraftedToken(
             id=tid, text=pieces(tid), q=h["q"][i], p=h["p"][i], accept_prob=h["accept_prob"][i], u=h["u"][i],
             status=status, q_soft=h["q_soft"][i], p_soft=h["p_soft"][i], target_top2_gap=h["gap"][i],
-            q_top=top_candidates(h["q_top_ids"][i], h["q_top_vals"][i], pieces),
-            p_top=top_candidates(h["p_top_ids"][i], h["p_top_vals"][i], pieces),
-            residual_top=top_candidates(h["r_top_ids"][i], h["r_top_vals"][i], pieces),
+            q_top=candidates(h, "q", i, pieces), p_top=candidates(h, "p", i, pieces),
+            residual_top=candidates(h, "r", i, pieces),
         ))
-    emitted = None
-    if len(new) > n:  # the correction/bonus made it into the output
-        tid = new[n]
-        emitted = EmittedToken(
-            id=tid, text=pieces(tid), kind=CORRECTION if n < k else BONUS, p=h["next_p"],
-            p_soft=h["next_p_soft"], target_top2_gap=h["gap"][n],
-            p_top=top_candidates(h["p_top_ids"][n], h["p_top_vals"][n], pieces),
-        )
+    # the correction/bonus, when it made it into the output
+    emitted = emitted_token(h, n, new[n], CORRECTION if n < k else BONUS, h["next_p"], h["next_p_soft"],
+                            pieces) if len(new) > n else None
     return Round(k=k, drafted=drafted, n_accepted=kept, emitted=emitted, new_token_ids=new,
                  overhead_time=0.0, **fields)  # overhead_time: measured once the event is built

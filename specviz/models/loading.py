@@ -9,15 +9,12 @@ import gc
 import logging
 import shutil
 import socket
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
 
-from specviz.engine.plumbing import model_vocab
 from specviz.models.embedded import (
     DRAFT,
     TARGET,
@@ -26,79 +23,15 @@ from specviz.models.embedded import (
     assemble,
     cache_dir,
 )
+from specviz.models.pair import (
+    DTYPES, EMBEDDED, OUT_OF_MEMORY, TINY, ModelLoadError, ModelPair, PairSpec, release_memory, resolve_device,
+    resolve_dtype,
+)
+from specviz.models.tiny import tiny_pair
 
 log = logging.getLogger(__name__)
 
-EMBEDDED = "embedded"
-TINY = "tiny"  # the in-process random pair (specviz.models.tiny): no files, for quick looks and tests
 Status = Callable[[str], None]
-
-
-class ModelLoadError(RuntimeError):
-    """A model could not be loaded; the message tells the user what to do about it."""
-
-
-OUT_OF_MEMORY = (torch.OutOfMemoryError, MemoryError)
-
-
-def release_memory(error: BaseException | None = None) -> None:
-    """Give memory back after a failure: an exception's traceback keeps every frame it passed through
-    alive, with their tensors (weights half-loaded, KV caches, activations), for as long as anyone holds
-    the exception, so clear those frames first, then collect and return the CUDA cache to the device."""
-    if error is not None:
-        for e in (error, error.__cause__, error.__context__):
-            if e is not None and e.__traceback__ is not None:
-                traceback.clear_frames(e.__traceback__)
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
-
-
-@dataclass
-class ModelPair:
-    """A draft and a target that share one tokenizer, on one device, in one dtype."""
-
-    draft: torch.nn.Module | None
-    target: torch.nn.Module
-    tokenizer: object
-    device: torch.device
-    dtype: torch.dtype
-    draft_name: str = "draft"
-    target_name: str = "target"
-    eos_token_ids: frozenset[int] = field(default_factory=frozenset)
-
-    @property
-    def vocab_size(self) -> int:
-        """Draft and target may pad their embedding tables differently; we work in the larger."""
-        return max(model_vocab(m) for m in (self.target, self.draft) if m is not None)
-
-    def release(self) -> None:
-        """Drop the weights now, so loading another pair does not hold two in memory."""
-        self.draft = None
-        self.target = None
-        release_memory()
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if device.startswith("cuda") and not torch.cuda.is_available():
-        raise ModelLoadError(f"device {device!r} was asked for, but no CUDA GPU is visible to torch.")
-    return torch.device(device)
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def resolve_dtype(dtype: str, device: torch.device) -> torch.dtype:
-    """bf16 everywhere by default: on GPUs for the usual reasons, and on this CPU because it measured
-    faster (target step 194 ms vs 214 ms, and a flat verify cost up to 9 tokens where fp32 steps up).
-    float32 is the dtype in which exactness against plain decoding is proven."""
-    if dtype == "auto":
-        return torch.bfloat16
-    if dtype not in DTYPES:
-        raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of auto, {', '.join(DTYPES)}.")
-    return DTYPES[dtype]
 
 
 def hub_reachable(timeout: float = 3.0) -> bool:
@@ -260,8 +193,6 @@ def load_pair(draft: str | None = EMBEDDED, target: str = EMBEDDED, *, device: s
     if TINY in (draft, target):
         if (draft, target) != (TINY, TINY):
             raise ModelLoadError("'tiny' is a pair of its own: pass it as both --draft and --target.")
-        from specviz.models.tiny import tiny_pair
-
         return tiny_pair(device=device, dtype=DTYPES.get(dtype, torch.float32))
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
@@ -297,3 +228,17 @@ def _display(source: str | None, role: str) -> str:
     if source == EMBEDDED:
         return (DRAFT if role == "draft" else TARGET).name
     return source
+
+
+def load_spec(spec: PairSpec, *, loader: Callable[..., ModelPair] = load_pair, status: Status = log.info,
+              progress: bool = True) -> ModelPair:
+    """The pair `spec` names, with its cheaper draft step where `spec.draft_quant` asks for one (CPU)."""
+    from specviz.models.draft import DraftQuant, with_cheaper_draft  # torch kernels: only when asked for
+
+    pair = loader(spec.draft, spec.target, device=spec.device, dtype=spec.dtype,
+                  trust_remote_code=spec.trust_remote_code, device_map=spec.device_map, status=status,
+                  progress=progress)
+    if spec.draft_quant == "none" or pair.draft is None:
+        return pair
+    status(f"Packing the draft's weights as {spec.draft_quant}…")
+    return with_cheaper_draft(pair, DraftQuant.named(spec.draft_quant))

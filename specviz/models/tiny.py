@@ -11,7 +11,7 @@ import copy
 
 import torch
 
-from specviz.models.loading import ModelPair, resolve_device
+from specviz.models.pair import ModelPair, resolve_device
 
 WORDS = ["<eos>"] + [w for w in "the a of to and in is it that on was for with as be at by this had not are but from or have an they which one you were her all she there would their we him been has when who will more no if out so said what up its about into than them can only other new some could time these two may then do first any my now such like our over man me even most made after also did many before must through back years where much your way well down should because each just those people how too little state good very make world".split()][:95]
 EOS_ID = 0

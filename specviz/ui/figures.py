@@ -7,7 +7,7 @@ from plotly.subplots import make_subplots
 
 from specviz.engine.events import BONUS, CORRECTION, TARGET, Candidate, DraftedToken, EmittedToken, Round
 from specviz.ui.render import COLORS
-from specviz.ui.stats import RunStats
+from specviz.analysis.stats import RunStats
 
 FONT = dict(family="Inter, system-ui, sans-serif", size=12)
 
@@ -108,7 +108,8 @@ def drilldown_figure(token: DraftedToken | EmittedToken | None, greedy: bool, em
                         "token, and in the residual the correction", height=300)
 
 
-def stats_figure(s: RunStats) -> go.Figure:
+def stats_figure(stats: RunStats) -> go.Figure:
+    s = stats.spec
     if not s.rounds:
         return empty_figure("acceptance by position and accepted lengths appear after a run", height=280)
     fig = make_subplots(rows=1, cols=2, horizontal_spacing=0.12,
@@ -116,7 +117,7 @@ def stats_figure(s: RunStats) -> go.Figure:
                                         "accepted drafts per round"])
     positions = [str(i + 1) for i in range(len(s.per_position))]
     fig.add_bar(x=positions, y=s.per_position, marker_color=COLORS["accepted"], showlegend=False,
-                customdata=s.per_position_n, hovertemplate="position %{x}: %{y:.2f} (n=%{customdata})<extra></extra>",
+                customdata=s.tested, hovertemplate="position %{x}: %{y:.2f} (n=%{customdata})<extra></extra>",
                 row=1, col=1)
     counts = s.accepted_lengths
     fig.add_bar(x=[str(n) for n in range(len(counts))], y=counts, marker_color="#64748b", showlegend=False,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from html import escape
 
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED, REJECTED, Round
-from specviz.ui.stats import RunStats
+from specviz.analysis.stats import RunStats
 
 FORMULAS = r"""
 ### One round of speculative decoding
@@ -56,6 +56,14 @@ RACE_NOTE = (
     "once on one device would slow both down, so the race **alternates**: it always advances the lane "
     "whose own clock is behind. Each lane's clock counts **only its own compute** (the wall time spent "
     "inside that lane's next step, device-synchronized), never the other lane's turns."
+)
+
+
+DISTRIBUTION_NOTE = (
+    "Sample many short continuations of the prompt with speculative decoding and with the target alone (seed i "
+    "for sample i), and compare the **first token** with the target's exact distribution. Each speculative first "
+    "token went through accept/reject: it is an accepted draft or a correction from the residual. K, drafter, "
+    "top-k and top-p come from the settings."
 )
 
 
@@ -135,27 +143,31 @@ def _x(v: float | None, fmt: str = "{:.2f}×") -> str:
 
 
 def stats_markdown(s: RunStats, source: str) -> str:
-    if not s.rounds:
+    sp = s.spec
+    if not sp.rounds:
         return "*Statistics appear after a run.*"
-    if s.target_step_s:
-        target = f"{ms(s.target_step_s)} per target step (measured: target alone)"
+    cost = s.cost
+    if s.ar is not None:
+        target = f"{ms(s.ar.step_s)} per target step (measured: target alone)"
     else:
-        target = f"{ms(s.target_step_used_s)} per verify pass, used as the target step (the race measures it)"
-    if s.measured is not None:
-        measured = f"**{_x(s.measured)}** ({s.tokens_per_s:.1f} vs {s.ar_tokens_per_s:.1f} tokens/s)"
+        used = cost.target_step_s if cost else 0.0
+        target = f"{ms(used)} per verify pass, used as the target step (the race measures it)"
+    if s.speedup is not None:
+        measured = f"**{_x(s.speedup)}** ({sp.tokens_per_s:.1f} vs {s.ar.tokens_per_s:.1f} tokens/s)"
     else:
         measured = "— (press **Run race** to measure against the target alone)"
     return "\n".join([
-        f"**{source}** · {s.tokens} tokens in {s.rounds} rounds · {s.compute_s:.2f} s of compute · "
-        f"{s.tokens_per_s:.1f} tokens/s",
+        f"**{source}** · {sp.tokens} tokens in {sp.rounds} rounds · {sp.seconds:.2f} s of compute · "
+        f"{sp.tokens_per_s:.1f} tokens/s",
         "",
         "| measure | value |",
         "|---|---|",
-        f"| acceptance rate (accepted ÷ drafted) | {s.acceptance_rate:.2f} ({s.accepted} / {s.drafted}) |",
+        f"| acceptance rate (accepted ÷ drafted) | {sp.acceptance_rate:.2f} ({sp.accepted} / {sp.drafted}) |",
         f"| α̂ (accepted ÷ tested drafts) | {s.alpha:.2f} |",
-        f"| tokens per target forward | {s.tokens_per_forward:.2f} |",
-        f"| ĉ (draft step ÷ target step) | {_x(s.c_hat, '{:.2f}')} ({ms(s.draft_step_s)} per draft token; {target}) |",
-        f"| predicted speedup (from α̂, K, ĉ) | {_x(s.predicted)} (E = {_x(s.expected_tokens, '{:.2f}')} tokens per "
-        f"round at K = {s.k}, from the per-position α̂) |",
+        f"| tokens per target forward | {sp.mean_accepted_tokens:.2f} |",
+        f"| ĉ (draft step ÷ target step) | {_x(cost.c if cost else None, '{:.2f}')} ({ms(sp.draft_step_s)} per draft "
+        f"token; {target}) |",
+        f"| predicted speedup (from α̂, K, ĉ) | {_x(s.predicted_speedup)} (E = {_x(s.expected_tokens, '{:.2f}')} "
+        f"tokens per round at K = {s.k}, from the per-position α̂) |",
         f"| measured speedup | {measured} |",
     ])

@@ -30,6 +30,11 @@ class DraftQuant:
     bits: int = 4  # 4, 8, or 16 (= leave the linears as they are)
     group_size: int = 32  # int4: weights per scale/zero group
 
+    @staticmethod
+    def named(name: str, group_size: int = 32) -> DraftQuant:
+        """From a `PairSpec.draft_quant` name: "int4", "int8" or "none" (16 bits: as loaded)."""
+        return DraftQuant({"int4": 4, "int8": 8, "none": 16}[name], group_size)
+
 
 class QuantLinear(nn.Module):
     """A weight-only quantized linear for one-token steps; many-token inputs use `dense` if kept."""

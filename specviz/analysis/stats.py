@@ -1,7 +1,10 @@
 """Aggregate event streams into measured numbers: pure functions of `Round`s and `Step`s.
 
-Shared by the benchmark and the app's race. Everything is pooled from counts and totals, so
+One `RunStats` for the benchmark, the app's panels and the API alike, so they never disagree on
+what "acceptance" or "predicted speedup" means. Everything is pooled from counts and totals, so
 summarising the concatenated rounds of many runs gives ratios of totals, never means of ratios.
+A run without the target alone (plain Run or Step) has no measured target step: its prediction
+takes the mean verify pass as the target step (`estimated_costs`).
 """
 
 from __future__ import annotations
@@ -10,7 +13,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from specviz.bench.predict import CostModel, expected_tokens, predicted_speedup_for_rounds
+from specviz.analysis.predict import CostModel, expected_tokens, predicted_speedup_for_rounds
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED, Round, Step
 
 
@@ -79,13 +82,36 @@ class ARStats:
 
 
 @dataclass
-class Summary:
-    spec: SpecStats
+class RunStats:
+    """A speculative run and, when it ran too, the target alone: measured and predicted."""
+
+    spec: SpecStats = field(default_factory=SpecStats)
     ar: ARStats | None = None
-    speedup: float | None = None  # spec tokens/s over AR tokens/s
+    speedup: float | None = None  # spec tokens/s over AR tokens/s (measured)
     cost: CostModel | None = None  # given, or estimated from the events
     predicted_speedup: float | None = None  # from α̂ and `cost`
     expected_tokens: float | None = None  # E(K) from α̂
+    k: int = 0  # the K `expected_tokens` is for (the largest drafted)
+
+    @property
+    def alpha(self) -> float:
+        """α̂ pooled over positions: accepted ÷ tested drafts."""
+        return ratio(sum(self.spec.passed), sum(self.spec.tested))
+
+    def to_dict(self) -> dict:
+        """Flat, JSON-ready: the API's "stats"."""
+        s, cost = self.spec, self.cost
+        return {
+            "rounds": s.rounds, "tokens": s.tokens, "drafted": s.drafted, "accepted": s.accepted,
+            "acceptance_rate": s.acceptance_rate, "alpha": self.alpha, "k": self.k,
+            "tokens_per_forward": s.mean_accepted_tokens, "per_position": s.per_position,
+            "per_position_n": list(s.tested), "accepted_lengths": list(s.accepted_lengths), "compute_s": s.seconds,
+            "tokens_per_s": s.tokens_per_s, "draft_step_s": s.draft_step_s,
+            "target_step_s": self.ar.step_s if self.ar else None,
+            "target_step_used_s": cost.target_step_s if cost else 0.0, "c_hat": cost.c if cost else None,
+            "expected_tokens": self.expected_tokens, "predicted": self.predicted_speedup,
+            "ar_tokens_per_s": self.ar.tokens_per_s if self.ar else None, "measured": self.speedup,
+        }
 
 
 def _grow(counts: list[int], n: int) -> None:
@@ -137,9 +163,9 @@ def estimated_costs(rounds: Sequence[Round], steps: Sequence[Step] | None = None
     return CostModel(target_step, draft_step, (verify,) * (max(r.k for r in later) + 1))
 
 
-def summary_of(rounds: Sequence[Round], steps: Sequence[Step] | None = None, *,
-               spec_seconds: float | None = None, ar_seconds: float | None = None,
-               cost: CostModel | None = None, k: int | None = None) -> Summary:
+def run_stats(rounds: Sequence[Round], steps: Sequence[Step] | None = None, *,
+              spec_seconds: float | None = None, ar_seconds: float | None = None,
+              cost: CostModel | None = None, k: int | None = None) -> RunStats:
     """Measured and predicted numbers for a speculative run and (optionally) the target alone.
 
     The prediction follows the rounds' own K's and tokens (`predicted_speedup_for_rounds`); `k` is
@@ -147,11 +173,11 @@ def summary_of(rounds: Sequence[Round], steps: Sequence[Step] | None = None, *,
     prediction uses `estimated_costs` from the events themselves.
     """
     spec = spec_stats(rounds, spec_seconds)
-    out = Summary(spec)
+    k = k if k is not None else max((r.k for r in rounds), default=0)
+    out = RunStats(spec, k=k)
     if steps:
         out.ar = ar_stats(steps, ar_seconds)
         out.speedup = ratio(spec.tokens_per_s, out.ar.tokens_per_s) or None
-    k = k if k is not None else max((r.k for r in rounds), default=0)
     if k > 0 and spec.tested:
         out.expected_tokens = expected_tokens(spec.per_position, k)
         out.cost = cost or estimated_costs(rounds, steps)

@@ -1,40 +1,15 @@
-"""The "same distribution" experiment: speculative decoding samples exactly what the target samples.
+"""Empirical token frequencies against an exact distribution: total variation and χ² goodness of fit.
 
-Draw N short continuations with speculative decoding and N with the target alone (seed i for the
-i-th), and compare the first generated token's empirical frequencies with the target's exact
-distribution at the prompt. With max_new_tokens = 2 the speculative run drafts one token in its
-first round, so every first token has been through accept/reject (accepted draft or correction).
+The statistics of the "same distribution" experiment (`specviz.runs.distribution` draws the samples).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 import numpy as np
 from scipy import stats
-
-from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
-
-SPEC_TOKENS = 2  # one drafted + verified token, then its correction/bonus
-
-
-def _first(events: Iterator):
-    try:
-        return next(events)
-    finally:
-        events.close()  # only the first event is needed: free the run's caches now
-
-
-def first_token_spec(pair, prompt_ids: list[int], config: DecodeConfig) -> int:
-    first: Round = _first(speculative_generate(pair, prompt_ids, replace(config, max_new_tokens=SPEC_TOKENS)))
-    return first.new_token_ids[0]
-
-
-def first_token_ar(pair, prompt_ids: list[int], config: DecodeConfig) -> int:
-    first: Step = _first(autoregressive_generate(pair, prompt_ids, replace(config, max_new_tokens=1)))
-    return first.token.id
 
 
 @dataclass
@@ -101,18 +76,3 @@ def compare(exact: np.ndarray, counts_ar: Counter, counts_spec: Counter, top: in
         p_ar=chi_square_p(exact, counts_ar, n_ar), p_spec=chi_square_p(exact, counts_spec, n_spec),
         tv_noise=sampling_noise_tv(exact, max(1, min(n_ar, n_spec) or max(n_ar, n_spec))),
     )
-
-
-def sample_both(pair, prompt_ids: list[int], config: DecodeConfig, n: int,
-                every: int = 10) -> Iterator[tuple[Counter, Counter, int]]:
-    """Alternate one speculative and one target-alone sample (seed = config.seed + i); yield the
-    counts every `every` pairs and at the end. Interleaving keeps both sides comparable if stopped early."""
-    base = config.seed or 0
-    counts_ar, counts_spec = Counter(), Counter()
-    for i in range(n):
-        c = replace(config, seed=base + i)
-        counts_spec[first_token_spec(pair, prompt_ids, c)] += 1
-        counts_ar[first_token_ar(pair, prompt_ids, c)] += 1
-        if (i + 1) % every == 0 or i + 1 == n:
-            yield counts_ar, counts_spec, i + 1
-

@@ -1,7 +1,7 @@
-"""The app's one loaded model pair: who holds it, how it is switched, and the lock that guards it.
+"""The served model pair: who holds it, how it is switched, and the lock that guards it.
 
-Created by whoever builds the app (`specviz serve`, app.py, a test) and captured by the handlers;
-nothing here is module-level state.
+Created by whoever serves (`specviz serve`, a test) and handed to the run paths; nothing here is
+module-level state. `stream` lends the pair to one run at a time.
 """
 
 from __future__ import annotations
@@ -11,45 +11,15 @@ import unicodedata
 import weakref
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
-from specviz.limits import InputError
-from specviz.models import EMBEDDED, ModelLoadError, ModelPair, load_pair
-from specviz.models.fastdraft import DRAFT_QUANT, fast_pair
-from specviz.models.quantize import DraftQuant
-from specviz.models.loading import OUT_OF_MEMORY, release_memory
+from specviz.models import ModelLoadError, ModelPair, PairSpec, load_pair, load_spec
+from specviz.models.pair import OUT_OF_MEMORY, release_memory
+from specviz.models.presets import PRESETS
+from specviz.runs.errors import InputError
+from specviz.runs.settings import checked_values
 
 Loader = Callable[..., ModelPair]
-
-
-@dataclass(frozen=True)
-class PairSpec:
-    """Where a pair comes from: what `load_pair` needs, plus the server's device settings."""
-
-    draft: str | None
-    target: str
-    dtype: str = "auto"
-    device: str = "auto"
-    device_map: str | None = None
-    trust_remote_code: bool = False
-    draft_quant: str = "none"  # "int4"/"int8": a cheaper draft step on CPU (the target is never changed)
-
-    @property
-    def label(self) -> str:
-        return f"{self.draft or 'no draft'} → {self.target}"
-
-
-# Same-family pairs (draft and target share a tokenizer). Hub pairs need the hub (or its cache).
-PRESETS: dict[str, tuple[str | None, str]] = {
-    "Embedded: Qwen2.5-Coder 0.5B → 1.5B Instruct (offline)": (EMBEDDED, EMBEDDED),
-    "Qwen2.5 0.5B → 7B Instruct (hub, GPU)": ("Qwen/Qwen2.5-0.5B-Instruct", "Qwen/Qwen2.5-7B-Instruct"),
-    "Qwen2.5-Coder 0.5B → 7B Instruct (hub, GPU)": ("Qwen/Qwen2.5-Coder-0.5B-Instruct",
-                                                     "Qwen/Qwen2.5-Coder-7B-Instruct"),
-    "Llama 3.2 1B → Llama 3.1 8B Instruct (hub, GPU)": ("meta-llama/Llama-3.2-1B-Instruct",
-                                                         "meta-llama/Llama-3.1-8B-Instruct"),
-    "Target only, prompt-lookup drafter (offline)": (None, EMBEDDED),
-    "Tiny random pair (instant; to try the UI, not the models)": ("tiny", "tiny"),
-}
 
 MAX_SOURCE_CHARS = 400
 
@@ -113,6 +83,12 @@ class Session:
             raise InputError("no model pair is loaded: pick one under 'Model pair' and press Load.")
         return self.pair
 
+    def stream(self, events_of: Callable[[ModelPair], Iterator]) -> Iterator:
+        """Run an event stream while holding the pair. Closing this generator between two events (Stop)
+        closes the engine's generator and releases the lock at once."""
+        with self.using() as pair:
+            yield from events_of(pair)
+
     @contextmanager
     def using(self) -> Iterator[ModelPair]:
         """The pair, for the duration of one decoding call (waits while another call holds it)."""
@@ -133,12 +109,11 @@ class Session:
         """Release the current pair, load the new one; if that fails, bring the previous one back."""
         draft = clean_source(draft, "draft", optional=True)
         target = clean_source(target, "target")
-        if dtype not in ("auto", "float32", "bfloat16", "float16"):
-            raise InputError(f"dtype must be auto, float32, bfloat16 or float16, got {dtype!r}.")
+        checked_values(PairSpec, {"dtype": dtype})
         if not self.allowed(draft, target):
             raise InputError("this server only serves its preset model pairs (the operator can allow others "
                              "with --allow-any-model).")
-        base = self.origin or self.spec or PairSpec(draft, target)
+        base = self.origin or self.spec or PairSpec(draft, target, draft_quant="none")
         spec = replace(base, draft=draft, target=target, dtype=dtype,
                        trust_remote_code=base.trust_remote_code and self.is_origin(draft, target))
         if not self.lock.acquire(timeout=self.busy_timeout):
@@ -163,13 +138,7 @@ class Session:
             self.lock.release()
 
     def _load(self, spec: PairSpec, status) -> ModelPair:
-        pair = self.loader(spec.draft, spec.target, device=spec.device, dtype=spec.dtype,
-                           trust_remote_code=spec.trust_remote_code, device_map=spec.device_map,
-                           status=status, progress=False)
-        if spec.draft_quant == "none" or pair.draft is None:
-            return pair
-        status(f"Packing the draft's weights as {spec.draft_quant}…")
-        return fast_pair(pair, DraftQuant(bits=DRAFT_QUANT[spec.draft_quant]))
+        return load_spec(spec, loader=self.loader, status=status, progress=False)
 
     def _release(self) -> None:
         self.generation += 1

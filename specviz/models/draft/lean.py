@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specviz.models.quantize import DENSE_ABOVE, DraftQuant, quantize_linear, supports
+from specviz.models.draft.quantized import DENSE_ABOVE, DraftQuant, quantize_linear, supports
 
 SUPPORTED = ("qwen2", "llama")
 

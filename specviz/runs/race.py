@@ -14,8 +14,13 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from specviz.analysis.divergence import Divergence, first_divergence
+from specviz.analysis.stats import RunStats, run_stats
 from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
-from specviz.engine.compare import Divergence, first_divergence
+from specviz.runs.job import prepare
+from specviz.runs.limits import Limits
+from specviz.runs.session import Session
+from specviz.runs.trace import RunMeta, Trace
 
 Timed = Callable[[Iterator], tuple[object | None, float]]
 
@@ -29,7 +34,7 @@ def stopwatch(timer: Callable[[], float] = time.perf_counter) -> Timed:
     return timed
 
 
-def recorded(it: Iterator) -> tuple[object | None, float]:
+def recorded_time(it: Iterator) -> tuple[object | None, float]:
     """Advance by one event and charge the time the trace recorded for it (replay)."""
     event = next(it, None)
     if event is None:
@@ -71,8 +76,13 @@ class Lane:
 class RaceState:
     ar: Lane
     spec: Lane
-    greedy: bool
+    meta: RunMeta
     divergence: Divergence | None = None
+    recorded: bool = False  # a replay: the clocks are the times a trace recorded
+
+    @property
+    def greedy(self) -> bool:
+        return self.meta.greedy
 
     @property
     def lanes(self) -> tuple[Lane, Lane]:
@@ -98,6 +108,13 @@ class RaceState:
             return None
         return self.spec.tokens_per_s / self.ar.tokens_per_s
 
+    def stats(self) -> RunStats:
+        """The speculative lane's numbers against the target alone, each timed by its lane's own clock."""
+        return run_stats(self.spec.events, self.ar.events, spec_seconds=self.spec.clock, ar_seconds=self.ar.clock)
+
+    def trace(self, source: str = "Race") -> Trace:
+        return Trace(self.meta, list(self.spec.events), list(self.ar.events), source=source)
+
     def check_divergence(self) -> None:
         """Greedy lanes should agree token for token; mark the first difference as soon as both passed it
         (sampled lanes draw different random numbers, so different texts are expected there)."""
@@ -108,10 +125,11 @@ class RaceState:
             self.divergence = first_divergence(self.spec.events, self.ar.events)
 
 
-def run_race(ar_events: Iterator[Step], spec_events: Iterator[Round], greedy: bool,
-             timed: Timed) -> Iterator[RaceState]:
+def alternate(ar_events: Iterator[Step], spec_events: Iterator[Round], meta: RunMeta, timed: Timed,
+              recorded: bool = False) -> Iterator[RaceState]:
     """Alternate the two event streams, always advancing the lane whose own clock is behind."""
-    state = RaceState(Lane("ar", "Target alone (autoregressive)"), Lane("spec", "Speculative decoding"), greedy)
+    state = RaceState(Lane("ar", "Target alone (autoregressive)"), Lane("spec", "Speculative decoding"), meta,
+                      recorded=recorded)
     iterators = {"ar": ar_events, "spec": spec_events}
     try:
         while not state.done:
@@ -130,13 +148,19 @@ def run_race(ar_events: Iterator[Step], spec_events: Iterator[Round], greedy: bo
                 close()
 
 
-def race(pair, prompt_ids: list[int], config: DecodeConfig,
-         timer: Callable[[], float] = time.perf_counter) -> Iterator[RaceState]:
+def race_decoders(pair, prompt_ids: list[int], config: DecodeConfig, meta: RunMeta,
+                  timer: Callable[[], float] = time.perf_counter) -> Iterator[RaceState]:
     """Race the real decoders on the same prompt and settings (same seed for both)."""
-    return run_race(autoregressive_generate(pair, prompt_ids, config), speculative_generate(pair, prompt_ids, config),
-                    config.sampling.greedy, stopwatch(timer))
+    return alternate(autoregressive_generate(pair, prompt_ids, config), speculative_generate(pair, prompt_ids, config),
+                     meta, stopwatch(timer))
 
 
-def replay_race(rounds: list[Round], steps: list[Step], greedy: bool) -> Iterator[RaceState]:
+def race(session: Session, limits: Limits, prompt, settings) -> Iterator[RaceState]:
+    """Validate, take the pair, race: the state after every event of either lane."""
+    job = prepare(session, limits, prompt, settings)
+    return session.stream(lambda pair: race_decoders(pair, job.ids, job.config, job.meta))
+
+
+def replay_race(trace: Trace) -> Iterator[RaceState]:
     """The same race over a recorded trace, each lane charged its recorded times."""
-    return run_race(iter(steps), iter(rounds), greedy, recorded)
+    return alternate(iter(trace.ar_steps), iter(trace.rounds), trace.meta, recorded_time, recorded=True)

@@ -5,6 +5,8 @@ Format (version 1):
      "meta": {"draft", "target", "device", "dtype", "prompt", "prompt_tokens", "config"},
      "rounds": [Round, ...],        # speculative decoding, one object per round
      "ar_steps": [Step, ...]}       # optional: the target alone, one object per token
+
+A `Trace` is also what the run paths yield as a run grows (`source` says which path made it).
 """
 
 from __future__ import annotations
@@ -15,37 +17,59 @@ from pathlib import Path
 
 from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
 from specviz.engine.events import round_from_dict, step_from_dict
-from specviz.models import encode_prompt
+from specviz.models import ModelPair, encode_prompt
+from specviz.runs.errors import TraceError
 
 FORMAT, VERSION = "specviz-trace", 1
 
 
-class TraceError(ValueError):
-    """The file is not a specviz trace (or not one this version can read)."""
+@dataclass(frozen=True)
+class RunMeta:
+    """Which pair ran which prompt with which settings."""
+
+    draft: str
+    target: str
+    device: str
+    dtype: str
+    prompt: str
+    prompt_tokens: int
+    config: DecodeConfig
+
+    @property
+    def greedy(self) -> bool:
+        return self.config.sampling.greedy
+
+    @property
+    def recorded_on(self) -> str:
+        return f"{self.device} in {self.dtype} ({self.target})"
+
+    @staticmethod
+    def of(pair: ModelPair, prompt: str, prompt_ids: list[int], config: DecodeConfig) -> RunMeta:
+        return RunMeta(pair.draft_name, pair.target_name, str(pair.device), str(pair.dtype).removeprefix("torch."),
+                       prompt, len(prompt_ids), config)
+
+    @staticmethod
+    def from_dict(d: dict) -> RunMeta:
+        return RunMeta(**{**d, "config": DecodeConfig(**d["config"])})  # the nested sampling dict too
 
 
 @dataclass
 class Trace:
-    meta: dict
-    rounds: list[Round]
+    meta: RunMeta
+    rounds: list[Round] = field(default_factory=list)
     ar_steps: list[Step] = field(default_factory=list)
+    source: str = "run"  # what made it ("Run", "Race", "Replay of x.json"); not saved
 
     def to_dict(self) -> dict:
-        return {"format": FORMAT, "version": VERSION, "meta": self.meta,
+        return {"format": FORMAT, "version": VERSION, "meta": asdict(self.meta),
                 "rounds": [r.to_dict() for r in self.rounds], "ar_steps": [s.to_dict() for s in self.ar_steps]}
 
 
-def meta_for(pair, prompt: str, prompt_ids: list[int], config: DecodeConfig) -> dict:
-    return {"draft": pair.draft_name, "target": pair.target_name, "device": str(pair.device),
-            "dtype": str(pair.dtype).removeprefix("torch."), "prompt": prompt,
-            "prompt_tokens": len(prompt_ids), "config": asdict(config)}
-
-
-def record(pair, prompt: str, config: DecodeConfig, with_ar: bool = False) -> Trace:
+def record(pair: ModelPair, prompt: str, config: DecodeConfig, with_ar: bool = False) -> Trace:
     ids = encode_prompt(pair.tokenizer, prompt)
     rounds = list(speculative_generate(pair, ids, config))
     steps = list(autoregressive_generate(pair, ids, config)) if with_ar else []
-    return Trace(meta_for(pair, prompt, ids, config), rounds, steps)
+    return Trace(RunMeta.of(pair, prompt, ids, config), rounds, steps)
 
 
 def save(trace: Trace, path: str | Path) -> Path:
@@ -60,7 +84,7 @@ def parse(data) -> Trace:
     if data.get("version") != VERSION:
         raise TraceError(f"trace version {data.get('version')!r} is not supported (this specviz reads {VERSION}).")
     try:
-        return Trace(dict(data["meta"]), [round_from_dict(r) for r in data["rounds"]],
+        return Trace(RunMeta.from_dict(dict(data["meta"])), [round_from_dict(r) for r in data["rounds"]],
                      [step_from_dict(s) for s in data.get("ar_steps", [])])
     except (KeyError, TypeError, ValueError) as e:
         raise TraceError(f"this specviz trace is damaged or incomplete ({type(e).__name__}: {e}).") from e

@@ -1,0 +1,1 @@
+"""The JSON API: named endpoints for scripts (gradio_client), thin adapters over `specviz.runs`."""

@@ -1,0 +1,168 @@
+"""The named JSON endpoints (/generate, /race, /replay, /same_distribution, /load_pair, /info).
+
+Their parameters are generated from the settings specs, so each endpoint's signature (what
+gradio_client and `view_api` show: names, types, defaults) and its description (ranges and help)
+follow the spec. Each endpoint validates through the run paths and streams their results as JSON.
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from dataclasses import asdict
+from typing import Literal, get_origin
+
+import gradio as gr
+
+from specviz.api import json
+from specviz.engine import DecodeConfig
+from specviz.models import PairSpec
+from specviz.models.presets import PRESETS
+from specviz.runs import decode as decoding
+from specviz.runs.distribution import DistributionSettings, sample_distribution
+from specviz.runs.errors import translating
+from specviz.runs.limits import Limits
+from specviz.runs.pacing import Pace, paced
+from specviz.runs.race import race, replay_race
+from specviz.runs.replay import shipped_traces, trace_data, trace_from_text
+from specviz.runs.session import Session
+from specviz.runs.settings import Setting, fields_of
+
+MODEL = "model"  # the concurrency group of everything that runs the pair (the same as the UI's)
+user_errors = translating(lambda message: gr.Error(message, print_exception=False))
+
+
+def api_type(s: Setting):
+    kind = Literal[s.choices] if s.choices is not None else s.kind
+    return kind | None if s.optional else kind
+
+
+def describe(s: Setting) -> str:
+    """One parameter's line in an endpoint's description: type, range or choices, default, help."""
+    if s.choices is not None:
+        what = " | ".join(map(repr, s.choices))
+    elif s.kind in (int, float):
+        what = f"{s.kind.__name__}, {s.must_text}"
+    else:
+        what = s.kind.__name__
+    return f"{s.name} ({what}; default {s.default!r}): {s.help}"
+
+
+def endpoint(fn: Callable, name: str, doc: str, leading: list[tuple[str, type, object]],
+             settings: list[Setting], returns=Iterator[dict]) -> Callable:
+    """`fn(values: dict)` as a function with a real signature: the leading parameters (name, type,
+    default or `inspect.Parameter.empty`), then one per setting. Gradio reads types and defaults
+    from it; the description lists every parameter with its range."""
+    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=t)
+              for n, t, d in leading]
+    params += [inspect.Parameter(s.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=s.default,
+                                 annotation=api_type(s)) for s in settings]
+    signature = inspect.Signature(params, return_annotation=returns)
+
+    def values(args, kwargs) -> dict:
+        bound = signature.bind(*args, **kwargs)
+        bound.apply_defaults()
+        return dict(bound.arguments)
+
+    def call(*args, **kwargs):
+        return fn(values(args, kwargs))
+
+    def stream(*args, **kwargs):  # Gradio streams only what a generator function returns
+        yield from fn(values(args, kwargs))
+
+    call = stream if get_origin(returns) is Iterator else call
+
+    call.__signature__ = signature
+    call.__annotations__ = {p.name: p.annotation for p in params} | {"return": signature.return_annotation}
+    call.__name__ = call.__qualname__ = name
+    call.__doc__ = " ".join(doc.split()) + " Parameters: " + "; ".join(describe(s) for s in settings) + "."
+    return call
+
+
+DECODE_SETTINGS = {s.name for s in fields_of(DecodeConfig)}
+
+
+def decode_settings(values: dict) -> dict:
+    return {k: v for k, v in values.items() if k in DECODE_SETTINGS}
+
+
+@user_errors
+def generate(session: Session, limits: Limits, values: dict) -> Iterator[dict]:
+    """Speculative decoding, streamed: one {"event": "round", "round": {...}} per round, then
+    {"event": "done", "text", "rounds", "finished", "stats", "meta"}."""
+    last = None
+    for last in decoding.decode(session, limits, values["prompt"], decode_settings(values)):
+        if last.rounds:
+            yield json.round_event(last.rounds[-1])
+    yield json.run_summary(last)
+
+
+@user_errors
+def race_stream(session: Session, limits: Limits, values: dict, pace: Pace = Pace()) -> Iterator[dict]:
+    """The target alone vs speculative decoding, alternated on one device, each lane timed on its own
+    clock. Streams {"event": "race", "ar": lane, "spec": lane, ...}; the last has "event": "done",
+    "speedup", "identical", "divergence", "stats"."""
+    with closing(paced(race(session, limits, values["prompt"], decode_settings(values)), pace.min_interval)) as events:
+        for state, show in events:
+            if show:
+                yield json.race_dict(state)
+
+
+@user_errors
+def same_distribution(session: Session, limits: Limits, values: dict) -> Iterator[dict]:
+    """First-token frequencies of speculative vs target-alone samples against the exact distribution,
+    with total variation and χ² p-values. Streams progress; the last has "event": "done"."""
+    experiment = {k: values[k] for k in ("samples", "temperature") if k in values}
+    with closing(sample_distribution(session, limits, values["prompt"], decode_settings(values), experiment)) as rs:
+        for result in rs:
+            yield json.distribution_dict(result)
+
+
+@user_errors
+@trace_data
+def replay(trace: str) -> Iterator[dict]:
+    """Replay a trace without models: `trace` is a shipped trace's name (see /info) or a trace's JSON
+    text. Streams its rounds, then a summary (with the recorded race if the trace has AR steps)."""
+    t = trace_from_text(trace)
+    for r in t.rounds:
+        yield json.round_event(r)
+    out = json.run_summary(t)
+    if t.ar_steps:
+        *_, final = replay_race(t)
+        out["race"] = json.race_dict(final)
+    yield out
+
+
+@user_errors
+def load_pair(session: Session, values: dict) -> str:
+    """Swap the served pair (the previous one is released first). Returns the new pair's name."""
+    session.load(values["draft"], values["target"], values["dtype"])
+    return session.name
+
+
+def register(session: Session, limits: Limits, pace: Pace = Pace()) -> None:
+    """Add the endpoints to the Blocks being built (call inside its context)."""
+    settings = fields_of(DecodeConfig, limits)
+    prompt = [("prompt", str, inspect.Parameter.empty)]
+    shared = [s for s in settings if s.name not in ("temperature", "max_new_tokens")]  # the experiment's own
+    timed = [  # these run the pair: one at a time, in the model's queue
+        endpoint(lambda values: generate(session, limits, values), "generate", generate.__doc__, prompt, settings),
+        endpoint(lambda values: race_stream(session, limits, values, pace), "race", race_stream.__doc__, prompt,
+                 settings),
+        endpoint(lambda values: same_distribution(session, limits, values), "same_distribution",
+                 same_distribution.__doc__, prompt, fields_of(DistributionSettings, limits) + shared),
+        endpoint(lambda values: load_pair(session, values), "load_pair", load_pair.__doc__,
+                 [("draft", str, inspect.Parameter.empty), ("target", str, inspect.Parameter.empty)],
+                 [s for s in fields_of(PairSpec) if s.name == "dtype"], returns=str),
+    ]
+    for fn in timed:
+        gr.api(fn, api_name=fn.__name__, api_description=fn.__doc__, concurrency_id=MODEL)
+
+    def info() -> dict:
+        """The served pair, the limits, the model presets and the shipped traces."""
+        return {"pair": session.name, "limits": asdict(limits), "presets": {k: list(v) for k, v in PRESETS.items()},
+                "shipped_traces": shipped_traces()}
+
+    gr.api(replay, api_name="replay", concurrency_limit=4)  # no model: beside the queue
+    gr.api(info, api_name="info", concurrency_limit=None, queue=False)

@@ -1,0 +1,45 @@
+"""The run paths' results as JSON-ready dicts: pure functions, no Gradio, no models."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+
+from specviz.analysis.stats import run_stats
+from specviz.engine import Round
+from specviz.runs.distribution import DistributionResult
+from specviz.runs.race import Lane, RaceState
+from specviz.runs.trace import Trace
+
+
+def round_event(r: Round) -> dict:
+    return {"event": "round", "round": r.to_dict()}
+
+
+def run_summary(trace: Trace) -> dict:
+    """The last message of a run or a replay: its text, how it ended, its statistics and its meta."""
+    rounds = trace.rounds
+    return {"event": "done", "text": rounds[-1].text if rounds else "", "rounds": len(rounds),
+            "finished": rounds[-1].finished if rounds else None,
+            "stats": run_stats(rounds, trace.ar_steps or None).to_dict(), "meta": asdict(trace.meta)}
+
+
+def lane_dict(lane: Lane) -> dict:
+    return {"tokens": lane.tokens, "clock_s": lane.clock, "tokens_per_s": lane.tokens_per_s,
+            "text": lane.text, "finished": lane.finished}
+
+
+def race_dict(state: RaceState) -> dict:
+    d = state.divergence
+    out = {"event": "done" if state.done else "race", "ar": lane_dict(state.ar), "spec": lane_dict(state.spec),
+           "speedup": state.speedup, "greedy": state.greedy, "divergence": None if d is None else asdict(d)}
+    if state.done:
+        out.update(stats=state.stats().to_dict(), identical=state.identical, meta=asdict(state.meta))
+    return out
+
+
+def distribution_dict(result: DistributionResult) -> dict:
+    c = result.comparison
+    tokens = [{"id": t, "text": x, "exact": e, "ar": a, "spec": sp}
+              for t, x, e, a, sp in zip(c.token_ids, result.texts, c.exact, c.ar, c.spec)]
+    return {"event": "done" if result.done else "progress", "samples": min(c.n_ar, c.n_spec), "tv_ar": c.tv_ar,
+            "tv_spec": c.tv_spec, "p_ar": c.p_ar, "p_spec": c.p_spec, "tv_noise": c.tv_noise, "tokens": tokens}

@@ -1,0 +1,38 @@
+"""A request made ready to run: validated settings, a clean prompt, its tokens, the pair to run on.
+
+Everything a user can get wrong is checked here, before any model runs and before the pair's lock
+is taken, so a bad request costs nothing and says what to fix in one sentence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specviz.engine import DecodeConfig
+from specviz.models import ModelPair, encode_prompt
+from specviz.runs.errors import InputError
+from specviz.runs.limits import Limits, check_prompt_tokens, clean_prompt
+from specviz.runs.session import Session
+from specviz.runs.settings import validate
+from specviz.runs.trace import RunMeta
+
+
+@dataclass(frozen=True)
+class Job:
+    pair: ModelPair
+    prompt: str
+    ids: list[int]
+    config: DecodeConfig
+    meta: RunMeta
+
+
+def prepare(session: Session, limits: Limits, prompt, settings: dict | DecodeConfig) -> Job:
+    """`settings`: raw values by setting name (a form, a request, flags), or a config already validated."""
+    prompt = clean_prompt(prompt, limits)
+    config = settings if isinstance(settings, DecodeConfig) else validate(DecodeConfig, settings, limits)
+    pair = session.require()
+    if pair.draft is None and config.drafter != "lookup":
+        raise InputError(f"this pair has no draft model: use the 'lookup' drafter (got {config.drafter!r}).")
+    ids = encode_prompt(pair.tokenizer, prompt)
+    check_prompt_tokens(len(ids), config.max_new_tokens, limits, session.context_length())
+    return Job(pair, prompt, ids, config, RunMeta.of(pair, prompt, ids, config))

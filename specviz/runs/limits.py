@@ -1,0 +1,68 @@
+"""What one request may ask of the server, and the prompt checks every run path shares.
+
+`Limits` is a settings spec like `DecodeConfig`: `specviz serve --max-...` options are generated from
+it, and fields of other specs name the limit that caps them (`limit` in their metadata). Every check
+raises `InputError` with one sentence a user can act on; callers show it and carry on.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+from pydantic import Field
+from pydantic.dataclasses import dataclass
+
+from specviz.runs.errors import InputError
+from specviz.runs.settings import checked_values
+
+
+def _limit(default: int, name: str, help: str, flag: str | None = None):
+    return Field(default, ge=1, title=f"the limit {name}", description=help,
+                 json_schema_extra={"flag": flag} if flag else None)
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_prompt_chars: int = _limit(8000, "max_prompt_chars", "longest prompt, in characters")
+    max_prompt_tokens: int = _limit(2048, "max_prompt_tokens", "longest prompt, in tokens")
+    max_new_tokens: int = _limit(512, "max_new_tokens", "most new tokens a run may ask for",
+                                 flag="--max-new-tokens-limit")  # --max-new-tokens is the run's own setting
+    max_k: int = _limit(16, "max_k", "most tokens drafted per round")
+    max_samples: int = _limit(2000, "max_samples", "'same distribution' samples per side")
+    max_queue: int = _limit(64, "max_queue", "requests that may wait for the model; more are turned away")
+
+
+_init = Limits.__init__
+
+
+def _checked_init(self, **values):
+    """Built directly (a test, the CLI), a bad limit is an InputError naming it, as from any surface."""
+    checked_values(Limits, values)
+    _init(self, **values)
+
+
+Limits.__init__ = _checked_init
+
+# The CLI runs on the user's own machine: the same checks as the app's controls, but not the web
+# server's per-request caps (only the model's context bounds a run; K stays a sane number).
+CLI_LIMITS = Limits(max_new_tokens=1_000_000, max_k=256)
+
+
+def clean_prompt(prompt, limits: Limits) -> str:
+    """Strip control characters (keeping newlines and tabs) and enforce the length limit."""
+    if not isinstance(prompt, str):
+        raise InputError("the prompt must be text.")
+    prompt = "".join(c for c in prompt if c in "\n\t" or unicodedata.category(c) not in ("Cc", "Cs"))
+    if not prompt.strip():
+        raise InputError("the prompt is empty: type something for the models to continue.")
+    if len(prompt) > limits.max_prompt_chars:
+        raise InputError(f"the prompt has {len(prompt)} characters; the limit is {limits.max_prompt_chars}.")
+    return prompt
+
+
+def check_prompt_tokens(n_tokens: int, max_new_tokens: int, limits: Limits, context: int | None) -> None:
+    if n_tokens > limits.max_prompt_tokens:
+        raise InputError(f"the prompt is {n_tokens} tokens long; the limit is {limits.max_prompt_tokens}.")
+    if context is not None and n_tokens + max_new_tokens > context:
+        raise InputError(f"prompt ({n_tokens} tokens) + max new tokens ({max_new_tokens}) exceeds the "
+                         f"model's context of {context} tokens.")

@@ -1,0 +1,48 @@
+"""How fast results are shown: thinning a live stream for a browser, and pacing a replay.
+
+Neither changes what is computed or measured; both only decide when a consumer sees it.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import closing
+from dataclasses import dataclass
+
+MAX_REPLAY_SECONDS = 300.0  # however slow a trace says it was, a replay holds a worker no longer than this
+
+
+@dataclass(frozen=True)
+class Pace:
+    """Pacing of live views; tests set everything to 0."""
+
+    min_interval: float = 0.15  # seconds between streamed updates (fast devices make many events)
+    stage_delay: float = 0.7  # step mode: pause between the draft, verify and accept stages
+
+
+def paced(events: Iterator, min_interval: float, clock: Callable[[], float] = time.monotonic) -> Iterator[tuple]:
+    """(event, show) pairs: show is True at most every min_interval seconds, and for the last event
+    (one whose `finished` is set)."""
+    last = None
+    with closing(events):  # closing the pacer (Stop) closes the run it paces
+        for event in events:
+            now = clock()
+            show = last is None or now - last >= min_interval or event.finished is not None
+            if show:
+                last = now
+            yield event, show
+
+
+def pacer(speed, budget: float = MAX_REPLAY_SECONDS, sleep: Callable[[float], None] = time.sleep
+          ) -> Callable[[float], None]:
+    """Sleep each recorded interval divided by `speed` (0: no pauses), at most 5 s each and `budget` in all."""
+    speed, left = float(speed or 0), [budget]
+
+    def wait(seconds: float) -> None:
+        pause = min(seconds / speed, 5.0, left[0]) if speed > 0 and seconds > 0 else 0.0
+        if pause > 0 and math.isfinite(pause):
+            left[0] -= pause
+            sleep(pause)
+    return wait

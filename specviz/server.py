@@ -1,0 +1,34 @@
+"""The served app: the Gradio UI and its JSON API on one queue, launched on loopback by default.
+
+    demo = build_server(Session(pair, spec), Limits())
+    launch(demo)                      # http://127.0.0.1:7860; `specviz serve` does both
+
+The app is offline by default: no Gradio telemetry, no version check, never a share link.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from specviz.api import endpoints
+from specviz.engine import DecodeConfig
+from specviz.runs.limits import Limits
+from specviz.runs.session import Session
+from specviz.ui.app import APP_CSS, build_app
+from specviz.ui.handlers import Options
+
+
+def build_server(session: Session, limits: Limits = Limits(), options: Options = Options(),
+                 defaults: DecodeConfig = DecodeConfig()) -> gr.Blocks:
+    """The app and its JSON endpoints, with one queue: a full queue turns requests away."""
+    demo = build_app(session, limits, options, defaults)
+    with demo:
+        endpoints.register(session, limits, options.pace)
+    demo.queue(default_concurrency_limit=1, max_size=limits.max_queue)
+    return demo
+
+
+def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, **kwargs):
+    """Serve on loopback by default; never share through Gradio's tunnel unless asked."""
+    return demo.launch(server_name=host, server_port=port, share=False, css=APP_CSS, show_error=True,
+                       max_file_size="20mb", theme=gr.themes.Soft(), **kwargs)

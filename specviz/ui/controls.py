@@ -1,0 +1,36 @@
+"""Gradio controls generated from settings specs: label, help (info), range, step, choices, default.
+
+A setting gets a slider when it has both bounds, a number box otherwise, radio buttons for choices,
+a checkbox for a flag and a text box for text. Each control's elem_id is `sv-set-<name>`.
+"""
+
+from __future__ import annotations
+
+import gradio as gr
+
+from specviz.runs.settings import Setting, fields_of
+
+SLIDER_STEPS = {int: 1, float: 0.01}
+
+
+def control(s: Setting, value=None, **kw) -> gr.components.Component:
+    value = s.default if value is None else value
+    common = dict(label=s.label, info=s.help, elem_id=f"sv-set-{s.name}", **kw)
+    if s.choices is not None:
+        return gr.Radio(list(s.choices), value=value, **common)
+    if s.kind is bool:
+        return gr.Checkbox(value=value, **common)
+    if s.kind is str:
+        return gr.Textbox(value=value or "", **common)
+    step = s.step or SLIDER_STEPS[s.kind]
+    lo = s.lo + step if s.lo_open else s.lo  # a slider cannot exclude its end
+    if s.hi is not None and not s.optional:
+        return gr.Slider(lo, s.hi, value=value, step=step, **common)
+    return gr.Number(value, minimum=lo, maximum=s.hi, precision=0 if s.kind is int else None, **common)
+
+
+def controls(spec: type, limits=None, values: dict | None = None, only: tuple[str, ...] | None = None
+             ) -> dict[str, gr.components.Component]:
+    """One control per setting of `spec` (or of `only`, in that order), by setting name."""
+    settings = {s.name: s for s in fields_of(spec, limits)}
+    return {name: control(settings[name], (values or {}).get(name)) for name in (only or settings)}
