@@ -5,6 +5,8 @@ app:
 	bash scripts/setup.sh app
 	.venv/bin/python app.py
 
+# lint-imports: the layers' import contracts (pyproject.toml), then the whole suite, one worker per core
 test:
 	bash scripts/setup.sh test
-	.venv/bin/python -m pytest -q -ra
+	.venv/bin/lint-imports
+	.venv/bin/python -m pytest -q -ra -n auto --dist loadgroup

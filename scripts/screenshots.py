@@ -16,10 +16,14 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
-from specviz.limits import Limits
-from specviz.ui import handlers as h
-from specviz.ui.app import ASSETS, build_app, launch
-from specviz.ui.session import PairSpec, Session
+from specviz.models import PairSpec
+from specviz.runs.limits import Limits
+from specviz.runs.pacing import Pace
+from specviz.runs.session import Session
+from specviz.server import build_server, launch
+from specviz.ui.handlers import Options
+
+ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
 CODE = ("Write a Python function `is_prime(n)` with a docstring and type hints, then a loop that prints "
         "the primes below 50.")
@@ -66,7 +70,7 @@ def main() -> None:
     session = Session(spec=PairSpec(args.pair, args.pair, dtype=args.dtype, device="cpu",
                                      draft_quant=args.draft_quant))
     session.load(args.pair, args.pair, args.dtype, status=print)
-    demo = build_app(session, Limits(), h.Options(min_interval=0.08, stage_delay=0.0, assets_dir=ASSETS))
+    demo = build_server(session, Limits(), Options(Pace(min_interval=0.08, stage_delay=0.0)))
     _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
     long = 600_000
     with sync_playwright() as p:
@@ -74,7 +78,7 @@ def main() -> None:
         page = browser.new_page(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
         page.goto(url)
         page.wait_for_selector("#sv-run")
-        set_slider(page, "sv-max-new", args.max_new_tokens)
+        set_slider(page, "sv-set-max_new_tokens", args.max_new_tokens)
         page.fill("#sv-prompt textarea", CODE)
 
         page.click("#sv-run")  # main view, mid-run and finished
@@ -106,7 +110,7 @@ def main() -> None:
 
         page.get_by_role("tab", name="Same distribution").click()
         page.fill("#sv-prompt textarea", FRUIT)
-        set_slider(page, "sv-samples", args.samples)
+        set_slider(page, "sv-dist-samples", args.samples)
         page.click("#sv-dist-run")
         page.wait_for_function("!document.querySelector('#sv-dist-summary')?.innerText.includes('sampling')"
                                " && document.querySelector('#sv-dist-summary')?.innerText.includes('samples')",

@@ -18,14 +18,40 @@ import torch  # noqa: E402
 from specviz.models.tiny import tiny_pair  # noqa: E402
 
 ALL_THREADS = torch.get_num_threads()
+# Under pytest-xdist (`make test` runs one worker per core) every worker keeps to one thread: the cores
+# are already all busy, and spinning OpenMP threads of two processes on two cores slow both down.
+IN_WORKER = "PYTEST_XDIST_WORKER" in os.environ
+# Run first, so the longest work starts while the other worker takes the many short tests.
+SLOW_FIRST = ("test_statistical.py", "test_embedded_e2e.py", "test_ui_api.py")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     """Tiny models gain nothing from intra-op threads; with other processes on the machine, spinning
-    OpenMP workers made the tiny-model files 20x slower. The real pair keeps all threads. Set here,
-    before any fixture of the test is created, so module- and session-scoped setups follow the same rule."""
-    torch.set_num_threads(ALL_THREADS if item.get_closest_marker("embedded") else 1)
+    OpenMP workers made the tiny-model files 20x slower. The real pair keeps all threads (when it runs
+    alone). Set here, before any fixture of the test is created, so module- and session-scoped setups
+    follow the same rule."""
+    torch.set_num_threads(ALL_THREADS if item.get_closest_marker("embedded") and not IN_WORKER else 1)
+
+
+def pytest_collection_modifyitems(config, items):
+    """Slow files first, so the longest work starts while the other worker takes the many short tests."""
+    items.sort(key=lambda item: item.path.name not in SLOW_FIRST)  # stable: the order within stays
+
+
+SHARED = {"test_embedded_e2e.py": "embedded", "test_ui_api.py": "embedded", "test_ui_browser.py": "browser"}
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """pytest-xdist (`make test`): tests that share an expensive session fixture go to one worker as a
+    unit (the real pair is loaded once, the browser started once); every other test is scheduled alone."""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class Shared(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return SHARED.get(nodeid.split("::")[0].rsplit("/", 1)[-1], nodeid)
+
+    return Shared(config, log)
 
 
 @pytest.fixture(scope="session")
@@ -86,7 +112,7 @@ def server_session():
     from specviz.models import PairSpec
     from specviz.runs.session import Session
 
-    return Session(tiny_pair(), PairSpec("tiny", "tiny"))
+    return Session(tiny_pair(), PairSpec("tiny", "tiny", draft_quant="none"))  # the pair as it is served
 
 
 @pytest.fixture(scope="module")

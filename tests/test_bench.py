@@ -12,17 +12,18 @@ from unittest import mock
 import pytest
 import torch
 
-from specviz.bench import command, predict
+from specviz.analysis import predict
+from specviz.analysis.divergence import first_divergence
+from specviz.analysis.stats import run_stats, spec_stats
+from specviz.bench import command
 from specviz.bench.hf import HF_DEFAULT, HFAssisted, HFResult, HFSetting
 from specviz.bench.html import write_html
 from specviz.bench.prompts import BenchPrompt, PromptFileError, parse_prompts
 from specviz.bench.report import build_report, format_table
 from specviz.bench.runner import ARRun, Plan, PromptResult, SpecRun, run_bench
-from specviz.analysis.stats import spec_stats, summary_of
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
-from specviz.analysis.divergence import first_divergence
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, EmittedToken, Round, Step
-from specviz.models.fastdraft import fast_pair
+from specviz.models.draft import with_cheaper_draft
 from specviz.models.draft.lean import LeanDraft
 from specviz.models.draft.quantized import DraftQuant, Int4Linear, Int8Linear, QuantLinear, quantize_linear
 from specviz.models.tiny import tiny_pair
@@ -83,7 +84,7 @@ def result(pid: str, kind: str, tokens: int, ar_s: float, spec_s: float, k: int 
     return res
 
 
-PLAN = Plan(ks=(4,), config=DecodeConfig(k=4, max_new_tokens=64))
+PLAN = Plan(ks=(4,), config=DecodeConfig(k=4, max_new_tokens=64, adaptive="fixed"))
 COST = predict.CostModel(0.2, 0.05, (0.2, 0.2, 0.21, 0.21, 0.22))
 
 
@@ -112,12 +113,18 @@ def test_kind_is_optional():
     assert parse_prompts(['{"id": "a", "prompt": "x"}']) == [BenchPrompt("a", "x", "other")]
 
 
+def plan_for(*flags) -> Plan:
+    from specviz import cli
+
+    return command.plan_of(cli.build_parser().parse_args(["bench", *flags]))
+
+
 def test_parse_ks():
-    assert command.parse_ks("8,2, 4,4") == (2, 4, 8)
+    assert plan_for("--k", "8,2, 4,4").ks == (2, 4, 8)
     with pytest.raises(Exception):
-        command.parse_ks("0,2")
+        plan_for("--k", "0,2")
     with pytest.raises(Exception):
-        command.parse_ks("two")
+        plan_for("--k", "two")
 
 
 # --- prediction model -------------------------------------------------------------------------
@@ -192,13 +199,13 @@ def test_spec_stats_counts_positions_and_lengths():
 def test_summary_predicts_from_events_alone():
     ids = list(range(20, 41))  # 7 rounds of 2 accepted + 1 correction
     rounds, steps = rounds_emitting(ids, 4, 2), make_steps(ids, step_s=0.1)
-    out = summary_of(rounds, steps, spec_seconds=1.0, ar_seconds=2.0)
+    out = run_stats(rounds, steps, spec_seconds=1.0, ar_seconds=2.0)
     assert out.speedup == pytest.approx(2.0)
     assert out.spec.tokens == out.ar.tokens == 21
     # α̂ = [1, 1, 0]: E(4) = 3 tokens/round; costs from events: T1 0.1, draft 0.03/4 per token, verify 0.1
     assert out.expected_tokens == pytest.approx(3.0)
     assert out.predicted_speedup == pytest.approx(3 * 0.1 / (4 * 0.0075 + 0.1))
-    given = summary_of(rounds, steps, cost=COST, k=4)
+    given = run_stats(rounds, steps, cost=COST, k=4)
     assert given.predicted_speedup == pytest.approx(predict.predicted_speedup(given.spec.per_position, COST, 4))
 
 
@@ -293,7 +300,7 @@ def test_html_report_is_self_contained(tmp_path):
 
 def test_bench_on_the_tiny_pair(tiny):
     prompts = [BenchPrompt("one", "the a of", "code"), BenchPrompt("two", "she said that", "prose")]
-    plan = Plan(ks=(2, 3), config=DecodeConfig(k=2, max_new_tokens=10))
+    plan = Plan(ks=(2, 3), config=DecodeConfig(k=2, max_new_tokens=10, adaptive="fixed"))
     hf = HFAssisted(tiny.target, tiny.draft, tiny.eos_token_ids, None, tiny.device)
     results = run_bench(tiny, prompts, plan, hf, progress=False)
     assert [r.prompt.id for r in results] == ["one", "two"]
@@ -342,8 +349,9 @@ def test_cli_writes_json_and_html(tiny, tmp_path, capsys):
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "x", "prompt": "the a of", "kind": "code"}\n')
     out, page = tmp_path / "r.json", tmp_path / "r.html"
-    with mock.patch.object(cli, "load_from_args", lambda args: tiny):
-        rc = cli.main(["bench", "--prompts", str(prompts), "--k", "2,3", "--max-new-tokens", "6", "--compare-hf",
+    with mock.patch("specviz.models.load_spec", lambda spec, **kw: tiny):
+        rc = cli.main(["bench", "--prompts", str(prompts), "--k", "2,3", "--adaptive", "fixed", "--max-new-tokens", "6",
+                       "--compare-hf",
                        "--json", str(out), "--html", str(page), "--no-progress"])
     assert rc == 0
     report = json.loads(out.read_text())
@@ -382,11 +390,11 @@ def test_quantized_linear_is_close_and_many_tokens_use_the_dense_weights(bits, c
 def test_fast_draft_keeps_greedy_output_and_the_original_draft(bits, lean, step):
     pair = tiny_pair()
     before = {n: p.clone() for n, p in pair.draft.named_parameters()}
-    fast = fast_pair(pair, DraftQuant(bits=bits), lean=lean)
+    fast = with_cheaper_draft(pair, DraftQuant(bits=bits), lean=lean)
     assert fast.draft is not pair.draft and fast.target is pair.target
     assert isinstance(fast.draft if step is LeanDraft else fast.draft.lm_head, step)
     assert all(torch.equal(before[n], p) for n, p in pair.draft.named_parameters())
-    config = DecodeConfig(k=3, max_new_tokens=24)
+    config = DecodeConfig(k=3, max_new_tokens=24, adaptive="fixed")
     for prompt in ([3, 4, 5], [7, 1, 9, 2, 30, 31]):
         ar = [s.token.id for s in autoregressive_generate(pair, prompt, config)]
         rounds = list(speculative_generate(fast, prompt, config))
@@ -448,8 +456,8 @@ def test_sampled_drafts_carry_the_fast_drafts_own_q(lean):
     from specviz.engine.plumbing import rollback
 
     pair = tiny_pair()
-    fast = fast_pair(pair, DraftQuant(bits=8), lean=lean)
-    config = DecodeConfig(k=3, max_new_tokens=12, sampling=SamplingParams(1.0), seed=3)
+    fast = with_cheaper_draft(pair, DraftQuant(bits=8), lean=lean)
+    config = DecodeConfig(k=3, max_new_tokens=12, sampling=SamplingParams(1.0), seed=3, adaptive="fixed")
     history = [3, 4, 5, 6, 7, 8]
     rounds = list(speculative_generate(fast, history, config))
     cache = DynamicCache()

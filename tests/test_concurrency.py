@@ -20,18 +20,20 @@ from gradio_client.utils import QueueError, Status
 
 from specviz.engine import DecodeConfig, speculative_generate
 from specviz.engine.sampling import SamplingParams
-from specviz.runs.limits import Limits
-from specviz.models import encode_prompt, load_pair
+from specviz.models import PairSpec, encode_prompt, load_pair
 from specviz.models.tiny import WORDS, tiny_pair
-from specviz.ui.app import MODEL
-from specviz.models import PairSpec
+from specviz.runs.limits import Limits
 from specviz.runs.session import Session
+from specviz.ui.app import MODEL
 
 PROMPT = "the man said that it was good and"
 LIMITS = Limits(max_new_tokens=200)
 USERS = 10
 SECONDS = 120  # the bound on the whole concurrent test
 FREE_FORWARDS = 6  # target forwards a cancelled run makes before it is held: enough for 3 streamed messages
+# drafter and adaptive K, after top-k, top-p and seed in the endpoints' parameters: K stays fixed (the old
+# default; "confidence" lets the tiny pair draft one token a round, and a sampled run can end within 6 forwards)
+FIXED_K = ("model", "fixed")
 
 
 class CountingSession(Session):
@@ -89,7 +91,7 @@ def test_ten_concurrent_users_all_get_their_own_correct_result(server, open_clie
     prompts = [f"{PROMPT} {WORDS[10 + i]}" for i in range(USERS)]
     expected = []
     for i, prompt in enumerate(prompts):  # sampled with a seed per user: any mix-up changes the text
-        config = DecodeConfig(k=4, max_new_tokens=8, sampling=SamplingParams(0.8), seed=i)
+        config = DecodeConfig(k=4, max_new_tokens=8, sampling=SamplingParams(0.8), seed=i, adaptive="fixed")
         expected.append(list(speculative_generate(pair, encode_prompt(pair.tokenizer, prompt), config))[-1].text)
     assert len(set(expected)) > 1
     url = server.client.src
@@ -98,7 +100,7 @@ def test_ten_concurrent_users_all_get_their_own_correct_result(server, open_clie
     def user(i: int) -> dict:
         client = open_client(url)  # a session of its own, like a separate browser or script
         ready.wait()  # everyone submits at once
-        return client.predict(prompts[i], 4, 8, 0.8, 0, 1.0, i, api_name="/generate")
+        return client.predict(prompts[i], 4, 8, 0.8, 0, 1.0, i, *FIXED_K, api_name="/generate")
 
     server.session.most = 0
     pool = ThreadPoolExecutor(USERS)
@@ -158,7 +160,7 @@ def open_the_gate_on_cancel(gated, monkeypatch) -> None:
 @pytest.mark.parametrize("endpoint", ["/generate", "/race"])
 @pytest.mark.parametrize("temperature", [0.0, 0.9])
 def test_cancel_mid_run_ends_promptly_and_the_next_run_is_exact(server, monkeypatch, endpoint, temperature):
-    args = (PROMPT, 4, 200, temperature, 0, 1.0, 5)
+    args = (PROMPT, 4, 200, temperature, 0, 1.0, 5, *FIXED_K)
     reference = list(server.client.submit(*args, api_name=endpoint))  # uninterrupted
     assert reference[-1]["event"] == "done"
 

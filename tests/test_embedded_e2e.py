@@ -13,6 +13,7 @@ from specviz.runs import trace
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.analysis.divergence import first_divergence
 from specviz.models import embedded, encode_prompt
+from specviz.models.draft import DraftQuant, with_cheaper_draft
 
 pytestmark = pytest.mark.embedded
 
@@ -46,15 +47,23 @@ def test_the_target_writes_sensible_text(ar_runs):
     assert "def " in steps[-1].text  # a coder model asked for a function starts writing one
 
 
+@pytest.fixture(scope="module")
+def served_pair(embedded_pair):
+    """The pair as `specviz serve` runs it on a CPU: the draft's step in int4 (weights shared, not copied).
+    The draft as loaded runs in the trace test below and in test_ui_api's races."""
+    return with_cheaper_draft(embedded_pair, DraftQuant.named("int4"))
+
+
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
-def test_greedy_speculative_equals_the_target_alone(embedded_pair, ar_runs, k):
-    config = DecodeConfig(k=k, max_new_tokens=MAX_NEW, sampling=SamplingParams(0.0))
+def test_greedy_speculative_equals_the_target_alone(served_pair, ar_runs, k):
+    assert served_pair.draft_name.endswith("[int4 draft step]")
+    config = DecodeConfig(k=k, max_new_tokens=MAX_NEW, sampling=SamplingParams(0.0), adaptive="fixed")
     drafted = accepted = 0
     for prompt in PROMPTS:
         ids, steps = ar_runs[prompt]
-        rounds = list(speculative_generate(embedded_pair, ids, config))
+        rounds = list(speculative_generate(served_pair, ids, config))
         assert spec_tokens(rounds) == [s.token.id for s in steps], (prompt, first_divergence(rounds, steps))
-        check_rounds(embedded_pair, rounds, config)
+        check_rounds(served_pair, rounds, config)
         drafted += sum(r.k for r in rounds)
         accepted += sum(r.n_accepted for r in rounds)
     print(f"K={k}: acceptance {accepted / drafted:.2f} ({accepted}/{drafted})")
@@ -62,8 +71,8 @@ def test_greedy_speculative_equals_the_target_alone(embedded_pair, ar_runs, k):
 
 
 def test_a_real_trace_roundtrips(embedded_pair, ar_runs, tmp_path):
-    config = DecodeConfig(k=4, max_new_tokens=12, sampling=SamplingParams(0.0))
+    config = DecodeConfig(k=4, max_new_tokens=12, sampling=SamplingParams(0.0), adaptive="fixed")
     t = trace.record(embedded_pair, PROMPTS[2], config)  # the target alone already ran: ar_runs
-    assert t.meta["target"] == embedded.TARGET.name and t.meta["dtype"] == "float32"
+    assert t.meta.target == embedded.TARGET.name and t.meta.dtype == "float32"
     assert spec_tokens(t.rounds) == [s.token.id for s in ar_runs[PROMPTS[2]][1][:12]]
     assert trace.load(trace.save(t, tmp_path / "trace.json")) == t

@@ -22,35 +22,44 @@ import torch
 import transformers
 from gradio_client.exceptions import AppError
 
-from specviz.runs import trace as tracefile
-from specviz.cli import build_parser, main
+from specviz import server as server_module
+from specviz.cli import allow_any_model, build_parser, main
 from specviz.engine import DecodeConfig, speculative_generate
 from specviz.engine.sampling import SamplingParams
-from specviz.runs.limits import InputError, Limits, clean_prompt
-from specviz.models import ModelLoadError, embedded, encode_prompt, loading
+from specviz.models import ModelLoadError, PairSpec, embedded, encode_prompt, loading
 from specviz.models.tiny import WORDS, tiny_model, tiny_pair, tiny_tokenizer
-from specviz.ui import app as app_module
-from specviz.ui import handlers as h
-from specviz.cli import allow_any_model
-from specviz.models import PairSpec
+from specviz.runs import pacing
+from specviz.runs import trace as tracefile
+from specviz.runs.limits import InputError, Limits, clean_prompt
+from specviz.runs.pacing import Pace
 from specviz.runs.session import Session
+from specviz.ui import handlers as h
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ROOT / "assets" / "trace_embedded_code.json"
+SHIPPED = ROOT / "specviz" / "data" / "traces" / "trace_embedded_code.json"
 PROMPT = "the man said that it was good and"
 LIMITS = Limits(max_prompt_chars=6000, max_prompt_tokens=500, max_new_tokens=64, max_k=8, max_samples=100)
-GOOD = {"k": 4, "max_new_tokens": 8, "temperature": 0.8, "seed": 11}  # sampled: the text depends on every draw
-FAST = h.Options(min_interval=0.0, stage_delay=0.0, assets_dir=ROOT / "assets")
+# sampled: the text depends on every draw (K and adaptive given: the defaults were K=4, fixed)
+GOOD = {"k": 4, "max_new_tokens": 8, "temperature": 0.8, "seed": 11, "adaptive": "fixed"}
+FAST = h.Options(Pace(0.0, 0.0))
 
 
-def engine_text(pair, prompt=PROMPT, *, k, max_new_tokens, temperature, seed) -> str:
-    config = DecodeConfig(k=k, max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature), seed=seed)
+def engine_text(pair, prompt=PROMPT, *, k, max_new_tokens, temperature, seed, adaptive) -> str:
+    config = DecodeConfig(k=k, max_new_tokens=max_new_tokens, sampling=SamplingParams(temperature), seed=seed,
+                          adaptive=adaptive)
     return list(speculative_generate(pair, encode_prompt(pair.tokenizer, prompt), config))[-1].text
 
 
 @pytest.fixture(scope="module")
 def good_text():
     return engine_text(tiny_pair(), **GOOD)
+
+
+@pytest.fixture(scope="module")
+def server_session():
+    """The tiny pair, described as served (the draft as loaded, not int4): a pair loaded or restored
+    through the API is then the same pair, and gives the same text."""
+    return Session(tiny_pair(), PairSpec("tiny", "tiny", draft_quant="none"))
 
 
 @pytest.fixture(scope="module")
@@ -144,11 +153,11 @@ BAD_INPUT = [
     ("K fractional", generate(k=2.5), r"K must be a whole number, got 2.5"),
     ("K is None", generate(k=None), r"K must be a number, got None"),
     ("K is a boolean", generate(k=True), r"K must be a number, got True"),
-    ("temperature < 0", generate(temperature=-0.5), r"temperature must be 0 \(greedy\) or between 0.001 and 100"),
+    ("temperature < 0", generate(temperature=-0.5), r"temperature must be 0 \(greedy\) or between 0.001 and 2"),
     ("temperature NaN", generate(temperature="nan"), r"temperature must be a finite number"),
     ("temperature inf", generate(temperature="inf"), r"temperature must be a finite number"),
-    ("temperature that overflows logits", generate(temperature=1e-12), r"between 0.001 and 100, got 1e-12"),
-    ("temperature absurdly high", generate(temperature=1e6), r"between 0.001 and 100, got 1e\+06"),
+    ("temperature that overflows logits", generate(temperature=1e-12), r"between 0.001 and 2, got 1e-12"),
+    ("temperature absurdly high", generate(temperature=1e6), r"between 0.001 and 2, got 1e\+06"),
     ("top-p = 0", generate(top_p=0), r"top-p must be in \(0, 1\], got 0"),
     ("top-p > 1", generate(top_p=1.01), r"top-p must be in \(0, 1\], got 1.01"),
     ("top-k < 0", generate(top_k=-1), r"top-k must be 0 \(off\) or positive, got -1"),
@@ -178,7 +187,7 @@ BAD_INPUT = [
     ("load: empty target", load(target=" "), r"the target model is empty"),
     ("load: target not text", load(target=123), r"the target model must be text"),
     ("load: control characters in an id", load(target="Qwen/\x00x"), r"the target model name is not a plausible id"),
-    ("load: unknown dtype", load(dtype="float8"), r"dtype must be auto, float32, bfloat16 or float16, got 'float8'"),
+    ("load: unknown dtype", load(dtype="float8"), r"dtype must be one of auto, float32, bfloat16, float16, got 'float8'"),
     ("load: neither a path nor a hub id", load(target="not a model!"),
      r"'not a model!' is neither an existing model folder or .gguf file nor a hub model id"),
     ("load: hub unreachable, id not cached", load(target="someone/no-such-model"),
@@ -224,7 +233,7 @@ def test_control_characters_are_stripped_not_fed_to_the_model(server):
 def test_lone_surrogates_are_dropped_like_control_characters():
     """JSON can carry them (\\ud800) though no UTF-8 client sends them; the tokenizers cannot take them."""
     with pytest.raises(gr.Error, match="the prompt is empty"):
-        list(h.run(Session(tiny_pair(), PairSpec("tiny", "tiny")), LIMITS, "\ud800" * 50, h.Settings(), options=FAST))
+        list(h.run(Session(tiny_pair(), PairSpec("tiny", "tiny")), LIMITS, "\ud800" * 50, {}, options=FAST))
     assert clean_prompt("the\udfff man", LIMITS) == "the man"
 
 
@@ -259,7 +268,7 @@ def test_out_of_memory_frees_the_runs_tensors_even_while_the_error_is_held(monke
     refs: list = []
     monkeypatch.setattr(pair.target, "forward", oom_forward(refs))
     with pytest.raises(gr.Error, match="out of memory") as held:
-        list(h.run(session, LIMITS, PROMPT, h.Settings(k=4, max_new_tokens=8), options=FAST))
+        list(h.run(session, LIMITS, PROMPT, {"k": 4, "max_new_tokens": 8, "adaptive": "fixed"}, options=FAST))
     assert held.value.__cause__ is not None  # the chain is still there...
     assert refs[0]() is None  # ...but what its frames held is gone
     assert not session.lock.locked()
@@ -304,13 +313,14 @@ def test_loading_a_new_pair_releases_the_old_one_and_closes_paused_runs():
     session = Session(tiny_pair(), PairSpec("tiny", "tiny"))
     old = session.pair
     refs = [weakref.ref(old.draft), weakref.ref(old.target)]
-    stepper = list(h.step(session, LIMITS, None, PROMPT, h.Settings(k=4, max_new_tokens=24), options=FAST))[-1][1]
+    settings = {"k": 4, "max_new_tokens": 24, "adaptive": "fixed"}
+    stepper = list(h.step(session, LIMITS, None, PROMPT, settings, options=FAST))[-1][1]
     assert not stepper.done  # a paused step-mode run: its drafter holds the draft, its caches hold tensors
     session.load("tiny", "tiny")
     assert old.draft is None and old.target is None
     assert all(r() is None for r in refs)
-    restarted = list(h.step(session, LIMITS, stepper, PROMPT, h.Settings(k=4, max_new_tokens=24), options=FAST))[-1][1]
-    assert restarted is not stepper and len(restarted.record.rounds) == 1  # on the new pair
+    restarted = list(h.step(session, LIMITS, stepper, PROMPT, settings, options=FAST))[-1][1]
+    assert restarted is not stepper and len(restarted.trace.rounds) == 1  # on the new pair
 
 
 def test_a_failed_load_of_any_kind_restores_the_previous_pair():
@@ -370,11 +380,12 @@ def test_remote_code_runs_only_for_the_pair_named_at_start_with_the_flag():
 
 def test_serve_binds_loopback_by_default_and_passes_its_limits(monkeypatch):
     seen = {}
-    monkeypatch.setattr(app_module, "build_app", lambda session, limits, defaults: seen.update(
+    monkeypatch.setattr(server_module, "build_server", lambda session, limits, defaults: seen.update(
         session=session, limits=limits, defaults=defaults))
-    monkeypatch.setattr(app_module, "launch", lambda demo, host, port: seen.update(host=host, port=port))
+    monkeypatch.setattr(server_module, "launch", lambda demo, host, port: seen.update(host=host, port=port))
+    # --k given: the default K (8) is above this --max-k
     argv = ["serve", "--draft", "tiny", "--target", "tiny", "--max-new-tokens", "16", "--max-new-tokens-limit", "32",
-            "--max-k", "6", "--max-prompt-tokens", "100", "--max-prompt-chars", "900", "--max-samples", "50",
+            "--k", "4", "--max-k", "6", "--max-prompt-tokens", "100", "--max-prompt-chars", "900", "--max-samples", "50",
             "--max-queue", "5"]
     assert main(argv) == 0
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 7860)
@@ -398,7 +409,7 @@ def test_inconsistent_serve_flags_stop_at_start(flags, message, capsys):
 def test_launch_never_shares_and_binds_loopback_by_default(monkeypatch):
     demo, seen = gr.Blocks(), {}
     monkeypatch.setattr(demo, "launch", lambda **kw: seen.update(kw))
-    app_module.launch(demo)
+    server_module.launch(demo)
     assert seen["share"] is False and seen["server_name"] == "127.0.0.1"
 
 
@@ -421,8 +432,8 @@ def test_html_inside_a_trace_is_shown_as_text(tmp_path):
         s["text"] = evil + s["text"]
     path = tmp_path / "evil.json"
     path.write_text(json.dumps(data))
-    main_view = list(h.replay(str(path), None, 0, options=FAST))[-1]
-    race_view = list(h.replay_race_view(str(path), None, 0, options=FAST))[-1]
+    main_view = list(h.replay_rounds(str(path), None, 0))[-1]
+    race_view = list(h.replay_race(str(path), None, 0))[-1]
     shown = main_view.tokens + main_view.caption + race_view.ar + race_view.spec
     assert "<img" not in shown and "&lt;img" in shown
     assert tracefile.load(path).rounds[0].text.startswith(evil)  # it was there to be escaped
@@ -431,14 +442,14 @@ def test_html_inside_a_trace_is_shown_as_text(tmp_path):
 def test_a_replay_holds_a_worker_for_a_bounded_time():
     """A trace may claim any timings: replay pauses at most 5 s a step and MAX_REPLAY_SECONDS in all."""
     slept: list[float] = []
-    wait = h.pacer(1, sleep=slept.append)
+    wait = pacing.pacer(1, sleep=slept.append)
     for seconds in [0.5, 3600.0] * 500 + [float("inf"), -1.0]:
         wait(seconds)
     assert slept[0] == 0.5 and max(slept) == 5.0
-    assert sum(slept) == pytest.approx(h.MAX_REPLAY_SECONDS)
+    assert sum(slept) == pytest.approx(pacing.MAX_REPLAY_SECONDS)
     slept.clear()
     for speed in (0, None, float("nan")):  # no pauses at all
-        h.pacer(speed, sleep=slept.append)(10.0)
+        pacing.pacer(speed, sleep=slept.append)(10.0)
     assert slept == []
 
 

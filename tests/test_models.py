@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from specviz.models import embedded, loading
-from specviz.models.loading import ModelLoadError, check_tokenizers, load_pair, resolve_dtype
+from specviz.models.loading import check_tokenizers, load_pair
+from specviz.models.pair import ModelLoadError, resolve_device, resolve_dtype
 from specviz.models.tiny import tiny_model, tiny_tokenizer
 
 
@@ -156,5 +157,5 @@ def test_dtype_resolution():
 def test_cuda_requested_without_gpu_is_a_clear_error(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     with pytest.raises(ModelLoadError, match="no CUDA GPU"):
-        loading.resolve_device("cuda")
-    assert loading.resolve_device("auto").type == "cpu"
+        resolve_device("cuda")
+    assert resolve_device("auto").type == "cpu"

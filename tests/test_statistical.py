@@ -135,7 +135,8 @@ def end_to_end(pair, sampling: SamplingParams, n: int, drafter: str = "model",
     """n runs of `speculative_generate`, seed i for run i; also counts point-mass (lookup) drafts."""
     samples, point_masses = [], 0
     for seed in range(n):
-        config = DecodeConfig(k=K, max_new_tokens=LENGTH, sampling=sampling, seed=seed, drafter=drafter)
+        config = DecodeConfig(k=K, max_new_tokens=LENGTH, sampling=sampling, seed=seed, drafter=drafter,
+                              adaptive="fixed")
         rounds = list(speculative_generate(pair, prompt, config))
         samples.append(finish([t for r in rounds for t in r.new_token_ids]))
         point_masses += sum(d.q == 1.0 for r in rounds for d in r.drafted)

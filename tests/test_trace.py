@@ -4,19 +4,23 @@
 from __future__ import annotations
 
 import json
+from dataclasses import asdict
 
 import pytest
 
 from specviz import cli
-from specviz.runs import trace
 from specviz.analysis.stats import spec_stats
 from specviz.engine import DecodeConfig, SamplingParams
+from specviz.runs import trace
 from specviz.runs.errors import TraceError
+from specviz.runs.limits import CLI_LIMITS
+from specviz.runs.options import values_of
+from specviz.runs.settings import validate
 
 
 @pytest.fixture(scope="module")
 def recorded(tiny):
-    config = DecodeConfig(k=3, max_new_tokens=20, sampling=SamplingParams(0.8, 20, 0.95), seed=4)
+    config = DecodeConfig(k=3, max_new_tokens=20, sampling=SamplingParams(0.8, 20, 0.95), seed=4, adaptive="fixed")
     return trace.record(tiny, "she said that", config, with_ar=True)
 
 
@@ -24,14 +28,15 @@ def test_record_save_load_roundtrip(recorded, tmp_path):
     path = trace.save(recorded, tmp_path / "t.json")
     loaded = trace.load(path)
     assert loaded == recorded
-    assert loaded.meta["config"]["sampling"] == {"temperature": 0.8, "top_k": 20, "top_p": 0.95}
-    assert loaded.meta["prompt"] == "she said that" and loaded.meta["prompt_tokens"] == 3
+    meta = asdict(loaded.meta)  # the meta as the trace file holds it
+    assert meta["config"]["sampling"] == {"temperature": 0.8, "top_k": 20, "top_p": 0.95}
+    assert loaded.meta.prompt == "she said that" and loaded.meta.prompt_tokens == 3
     assert len(loaded.ar_steps) == 20 or loaded.ar_steps[-1].finished == "eos"
     assert sum(r.tokens_emitted for r in loaded.rounds) <= 20
 
 
 def test_a_trace_without_the_target_alone(tiny, tmp_path):
-    t = trace.record(tiny, "one", DecodeConfig(k=2, max_new_tokens=8))
+    t = trace.record(tiny, "one", DecodeConfig(k=2, max_new_tokens=8, adaptive="fixed"))
     assert t.ar_steps == [] and trace.load(trace.save(t, tmp_path / "t.json")) == t
 
 
@@ -94,8 +99,9 @@ def test_a_missing_file(tmp_path):
 
 def test_cli_trace_on_the_tiny_pair(tmp_path, capsys):
     out = tmp_path / "trace.json"
-    rc = cli.main(["trace", "--draft", "tiny", "--target", "tiny", "--device", "cpu", "--prompt", "the a of",
-                   "--out", str(out), "--max-new-tokens", "16", "--k", "3", "--with-ar"])
+    rc = cli.main(["trace", "--draft", "tiny", "--target", "tiny", "--device", "cpu", "--draft-quant", "none",
+                   "--prompt", "the a of", "--out", str(out), "--max-new-tokens", "16", "--k", "3", "--adaptive", "fixed",
+                   "--with-ar"])
     assert rc == 0
     printed = capsys.readouterr().out
     assert f"wrote {out}" in printed
@@ -104,7 +110,7 @@ def test_cli_trace_on_the_tiny_pair(tmp_path, capsys):
     assert f"{len(t.rounds)} rounds, 16 tokens, acceptance {s.acceptance_rate:.2f}" in printed
     spec = [x for r in t.rounds for x in r.new_token_ids]
     assert len(spec) == 16 and spec == [s.token.id for s in t.ar_steps]  # greedy by default: identical
-    assert t.meta["draft"] == "tiny-draft" and t.meta["config"]["k"] == 3
+    assert t.meta.draft == "tiny-draft" and t.meta.config.k == 3
 
 
 def test_cli_rejects_half_a_tiny_pair(tmp_path, capsys):
@@ -129,5 +135,5 @@ def test_cli_bench_checks_every_k_and_the_cli_is_not_held_to_the_web_limits(caps
     rc = cli.main(["bench", "--draft", "tiny", "--target", "tiny", "--k", "2,4", "--temperature", "1e-5"])
     assert rc == 2 and "temperature" in capsys.readouterr().err
     args = cli.build_parser().parse_args(["trace", "--prompt", "x", "--max-new-tokens", "2000", "--k", "32"])
-    config = cli.decode_config(args)
+    config = validate(DecodeConfig, values_of(args, DecodeConfig), CLI_LIMITS)
     assert (config.max_new_tokens, config.k) == (2000, 32)

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 from gradio_client.exceptions import AppError
 
-from specviz.runs.limits import Limits
-from specviz.ui import handlers as h
-from specviz.ui.app import ASSETS, build_app, launch
 from specviz.models import PairSpec
+from specviz.runs.limits import Limits
+from specviz.runs.pacing import Pace
 from specviz.runs.session import Session
+from specviz.server import build_server, launch
+from specviz.ui.handlers import Options
 
 PROMPT = "Write a Python function that returns the square of a number."
 ENDPOINTS = {"/generate", "/race", "/replay", "/same_distribution", "/load_pair", "/info"}
@@ -20,7 +21,7 @@ pytestmark = pytest.mark.embedded
 @pytest.fixture(scope="module")
 def client(embedded_pair, open_client):
     session = Session(embedded_pair, PairSpec("embedded", "embedded", dtype="float32"))
-    demo = build_app(session, Limits(), h.Options(min_interval=0.0, stage_delay=0.0, assets_dir=ASSETS))
+    demo = build_server(session, Limits(), Options(Pace(0.0, 0.0)))
     _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
     try:
         yield open_client(url)

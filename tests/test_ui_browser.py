@@ -9,12 +9,13 @@ import shutil
 
 import pytest
 
-from specviz.runs.limits import Limits
-from specviz.models.tiny import tiny_pair
-from specviz.ui import handlers as h
-from specviz.ui.app import ASSETS, build_app, launch
 from specviz.models import PairSpec
+from specviz.models.tiny import tiny_pair
+from specviz.runs.limits import Limits
+from specviz.runs.pacing import Pace
 from specviz.runs.session import Session
+from specviz.server import build_server, launch
+from specviz.ui.handlers import Options
 
 pytestmark = pytest.mark.browser
 PROMPT = "the man said that it was good and"
@@ -24,7 +25,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"
 @pytest.fixture(scope="module")
 def app_url():
     session = Session(tiny_pair(), PairSpec("tiny", "tiny"))  # its own pair: the load test replaces it
-    demo = build_app(session, Limits(), h.Options(min_interval=0.05, stage_delay=0.0, assets_dir=ASSETS))
+    demo = build_server(session, Limits(), Options(Pace(0.05, 0.0)))
     _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
     try:
         yield url
@@ -113,7 +114,7 @@ def test_loading_a_preset_streams_status_and_updates_the_header(page):
     page.get_by_text("Model pair", exact=True).click()
     page.get_by_label("Preset").click()
     page.get_by_role("option", name="Tiny random pair (instant; to try the UI, not the models)").click()
-    page.wait_for_function("document.querySelector('#sv-draft textarea, #sv-draft input')?.value === 'tiny'",
+    page.wait_for_function("document.querySelector('#sv-set-draft textarea, #sv-set-draft input')?.value === 'tiny'",
                            timeout=30_000)  # the preset fills in the draft and target fields
     page.click("#sv-load")
     page.wait_for_function("document.querySelector('#sv-load-log')?.innerText.includes('Loaded')", timeout=60_000)

@@ -9,36 +9,39 @@ from pathlib import Path
 import gradio as gr
 import pytest
 
-from specviz.runs import trace as tracefile
+from specviz.api import endpoints as api
 from specviz.engine import DecodeConfig, speculative_generate
-from specviz.runs.limits import Limits
-from specviz.models import ModelLoadError, encode_prompt
+from specviz.models import ModelLoadError, PairSpec, encode_prompt
 from specviz.models.tiny import tiny_pair
-from specviz.ui import api
-from specviz.ui import handlers as h
-from specviz.ui.app import ASSETS
-from specviz.models import PairSpec
+from specviz.runs import trace as tracefile
+from specviz.runs.limits import Limits
+from specviz.runs.pacing import Pace
+from specviz.runs.replay import shipped_dir, shipped_traces
 from specviz.runs.session import Session
+from specviz.runs.trace import Trace
+from specviz.ui import handlers as h
+from specviz.ui.views import main_view
 
 PROMPT = "the man said that it was good and"
-FAST = h.Options(min_interval=0.0, stage_delay=0.0, assets_dir=ASSETS)
+FAST = h.Options(Pace(0.0, 0.0))
 SHIPPED = "trace_embedded_code.json"
+CONFIG = DecodeConfig(k=4, max_new_tokens=24, adaptive="fixed")  # what `settings()` asks for
 
 
 @pytest.fixture(scope="module")
 def session(tiny):
-    return Session(tiny, PairSpec("tiny", "tiny"))
+    return Session(tiny, PairSpec("tiny", "tiny", draft_quant="none"))
 
 
-def settings(**kw) -> h.Settings:
-    return replace(h.Settings(k=4, max_new_tokens=24), **kw)
+def settings(**kw) -> dict:
+    return {"k": 4, "max_new_tokens": 24, "adaptive": "fixed", **kw}
 
 
 def test_run_streams_one_view_per_round_and_matches_the_engine(session, tiny):
     views = list(h.run(session, Limits(), PROMPT, settings(), options=FAST))
     record = views[-1].record
     expected = list(speculative_generate(tiny, encode_prompt(tiny.tokenizer, PROMPT),
-                                         DecodeConfig(k=4, max_new_tokens=24)))
+                                         CONFIG))
     assert len(views) == len(expected) + 1  # an empty view first, then one per round
     assert [r.new_token_ids for r in record.rounds] == [r.new_token_ids for r in expected]
     last = views[-1]
@@ -59,7 +62,7 @@ def test_stop_mid_run_releases_the_pair_and_the_next_run_is_correct(session, tin
     assert not session.lock.locked()
     again = list(h.run(session, Limits(), PROMPT, settings(), options=FAST))[-1].record
     expected = list(speculative_generate(tiny, encode_prompt(tiny.tokenizer, PROMPT),
-                                         DecodeConfig(k=4, max_new_tokens=24)))
+                                         CONFIG))
     assert [r.new_token_ids for r in again.rounds] == [r.new_token_ids for r in expected]
 
 
@@ -77,18 +80,18 @@ def test_step_mode_advances_one_round_per_call_in_three_stages(session, tiny):
         stages = list(h.step(session, Limits(), stepper, PROMPT, settings(), options=FAST))
         assert len(stages) == 3
         (first, _), (_, _), (done, stepper) = stages
-        assert len(stepper.record.rounds) == n
+        assert len(stepper.trace.rounds) == n
         assert "sv-drafted" in first.tokens and "next, the target checks" in first.caption
         assert "Net:" in done.caption and "sv-drafted" not in done.tokens
     expected = list(speculative_generate(tiny, encode_prompt(tiny.tokenizer, PROMPT),
-                                         DecodeConfig(k=4, max_new_tokens=24)))[:3]
-    assert [r.new_token_ids for r in stepper.record.rounds] == [r.new_token_ids for r in expected]
+                                         CONFIG))[:3]
+    assert [r.new_token_ids for r in stepper.trace.rounds] == [r.new_token_ids for r in expected]
     restarted = list(h.step(session, Limits(), stepper, PROMPT + " then", settings(), options=FAST))[-1][1]
-    assert restarted is not stepper and len(restarted.record.rounds) == 1
+    assert restarted is not stepper and len(restarted.trace.rounds) == 1
 
 
 def test_race_yields_both_lanes_with_growing_clocks_and_a_final_speedup(session):
-    views = list(h.run_race(session, Limits(), PROMPT, settings(), options=FAST))
+    views = list(h.race(session, Limits(), PROMPT, settings(), options=FAST))
     final = views[-1]
     assert 'id="sv-lane-ar"' in final.ar and 'id="sv-lane-spec"' in final.spec
     assert "sv-elapsed" in final.ar and "sv-elapsed" in final.spec
@@ -100,7 +103,7 @@ def test_race_yields_both_lanes_with_growing_clocks_and_a_final_speedup(session)
 
 
 def test_api_race_reports_speedup_from_lane_clocks(session):
-    final = list(api.run_race(session, Limits(), PROMPT, settings(), FAST))[-1]
+    final = list(api.race_stream(session, Limits(), {"prompt": PROMPT, **settings()}, FAST.pace))[-1]
     assert final["event"] == "done" and final["identical"] is True
     ar, spec = final["ar"], final["spec"]
     assert final["speedup"] == pytest.approx(spec["tokens_per_s"] / ar["tokens_per_s"])
@@ -108,54 +111,55 @@ def test_api_race_reports_speedup_from_lane_clocks(session):
 
 
 def test_same_distribution_compares_both_samplers_with_the_exact_distribution(session):
-    views = list(h.same_distribution(session, Limits(), PROMPT, settings(), 40, 1.0))
+    views = list(h.same_distribution(session, Limits(), PROMPT, settings(), {"samples": 40, "temperature": 1.0}))
     last = views[-1]
     assert "40 speculative and 40 target-alone samples" in last.summary
     assert [t.name for t in last.fig.data] == ["exact p (target)", "target alone (n=40)", "speculative (n=40)"]
     assert sum(last.fig.data[0].y) <= 1.0 + 1e-9
     with pytest.raises(gr.Error, match="temperature above 0"):
-        list(h.same_distribution(session, Limits(), PROMPT, settings(), 40, 0.0))
+        list(h.same_distribution(session, Limits(), PROMPT, settings(), {"samples": 40, "temperature": 0.0}))
     with pytest.raises(gr.Error, match="samples"):
-        list(h.same_distribution(session, Limits(max_samples=10), PROMPT, settings(), 40, 1.0))
+        list(h.same_distribution(session, Limits(max_samples=10), PROMPT, settings(),
+                                 {"samples": 40, "temperature": 1.0}))
 
 
 def test_export_then_replay_gives_back_the_same_rounds(session, tmp_path):
     record = list(h.run(session, Limits(), PROMPT, settings(), options=FAST))[-1].record
     path = h.export(record, replace(FAST, trace_dir=tmp_path))
     assert Path(path).parent == tmp_path
-    replayed = list(h.replay(path, None, 0, options=FAST))
+    replayed = list(h.replay_rounds(path, None, 0))
     assert [r.new_token_ids for r in replayed[-1].record.rounds] == [r.new_token_ids for r in record.rounds]
-    assert replayed[-1].tokens == h.main_view(record).tokens
+    assert replayed[-1].tokens == main_view(record).tokens
 
 
 def test_replay_of_the_shipped_trace_needs_no_models():
-    assert SHIPPED in h.shipped_traces(ASSETS)
-    t = tracefile.load(ASSETS / SHIPPED)
-    views = list(h.replay(None, SHIPPED, 0, options=FAST))
+    assert SHIPPED in shipped_traces()
+    t = tracefile.load(shipped_dir() / SHIPPED)
+    views = list(h.replay_rounds(None, SHIPPED, 0))
     assert len(views) == len(t.rounds) + 1
     assert views[-1].record.rounds[-1].text == t.rounds[-1].text
-    race = list(h.replay_race_view(None, SHIPPED, 0, options=FAST))[-1]
+    race = list(h.replay_race(None, SHIPPED, 0))[-1]
     assert "finished" in race.ar and "finished" in race.spec and "×" in race.result
-    messages = list(api.replay(SHIPPED, FAST))
+    messages = list(api.replay(SHIPPED))
     assert messages[-1]["event"] == "done" and messages[-1]["race"]["speedup"] > 0
     assert len(messages) == len(t.rounds) + 1
 
 
 def test_replay_reads_only_uploads_and_shipped_traces(tmp_path):
     with pytest.raises(gr.Error, match="not one of the shipped traces"):
-        list(h.replay(None, "../pyproject.toml", 0, options=FAST))
+        list(h.replay_rounds(None, "../pyproject.toml", 0))
     with pytest.raises(gr.Error, match="not one of the shipped traces"):
-        list(api.replay("/etc/passwd", FAST))
+        list(api.replay("/etc/passwd"))
     bogus = tmp_path / "not_a_trace.json"
     bogus.write_text(json.dumps({"hello": 1}))
     with pytest.raises(gr.Error, match="not a specviz trace"):
-        list(h.replay(str(bogus), None, 0, options=FAST))
+        list(h.replay_rounds(str(bogus), None, 0))
     garbage = tmp_path / "garbage.json"
     garbage.write_bytes(b"\xff\x00not json")
     with pytest.raises(gr.Error, match="could not read a trace"):
-        list(h.replay(str(garbage), None, 0, options=FAST))
+        list(h.replay_rounds(str(garbage), None, 0))
     with pytest.raises(gr.Error, match="choose a shipped trace"):
-        list(h.replay(None, None, 0, options=FAST))
+        list(h.replay_rounds(None, None, 0))
 
 
 @pytest.mark.parametrize("prompt, kw, message", [
@@ -174,11 +178,11 @@ def test_replay_reads_only_uploads_and_shipped_traces(tmp_path):
     (PROMPT, {"adaptive": "sometimes"}, "adaptive"),
 ])
 def test_bad_input_is_one_clear_gr_error(session, prompt, kw, message):
-    for handler in (h.run, h.run_race):
+    for handler in (h.run, h.race):
         with pytest.raises(gr.Error, match=message):
             list(handler(session, Limits(), prompt, settings(**kw), options=FAST))
     with pytest.raises(gr.Error, match=message):
-        list(api.generate(session, Limits(), prompt, settings(**kw)))
+        list(api.generate(session, Limits(), {"prompt": prompt, **settings(**kw)}))
 
 
 def test_prompt_over_the_token_limit(session):
@@ -201,24 +205,24 @@ def test_loading_streams_status_and_a_failed_load_restores_the_previous_pair():
         status(f"Loading {target}…")
         return tiny_pair()
 
-    s = Session(tiny_pair(), PairSpec("tiny", "tiny"), loader=loader)
+    s = Session(tiny_pair(), PairSpec("tiny", "tiny", draft_quant="none"), loader=loader)
     before = s.generation
-    lines = list(h.load_pair(s, "tiny", "tiny-2", "float32"))
+    lines = list(h.load_models(s, "tiny", "tiny-2", "float32"))
     assert "Loading tiny-2…" in lines[0] and "Loaded" in lines[-1]
     assert s.spec.target == "tiny-2" and s.spec.dtype == "float32" and s.generation == before + 1
     with pytest.raises(gr.Error, match="model hub.*now serving: tiny-draft"):
-        list(h.load_pair(s, "tiny", "missing/model", "auto"))
+        list(h.load_models(s, "tiny", "missing/model", "auto"))
     assert calls[-1] == ("tiny", "tiny-2") and s.pair is not None  # the previous pair came back
     with pytest.raises(gr.Error, match="target model is empty"):
-        list(h.load_pair(s, "tiny", "  ", "auto"))
+        list(h.load_models(s, "tiny", "  ", "auto"))
     with pytest.raises(gr.Error, match="dtype"):
-        list(h.load_pair(s, "tiny", "tiny", "float8"))
+        list(h.load_models(s, "tiny", "tiny", "float8"))
 
 
 def test_a_locked_down_session_serves_only_presets():
     s = Session(tiny_pair(), PairSpec("tiny", "tiny"), loader=lambda *a, **k: tiny_pair(), allow_any_model=False)
     with pytest.raises(gr.Error, match="only serves its preset"):
-        list(h.load_pair(s, "some/draft", "some/target", "auto"))
+        list(h.load_models(s, "some/draft", "some/target", "auto"))
     assert s.allowed("tiny", "tiny") and s.allowed("embedded", "embedded")
 
 
@@ -238,26 +242,26 @@ def test_a_served_int4_draft_is_named_kept_across_loads_and_decodes_what_the_tar
 
     assert build_parser().parse_args(["serve"]).draft_quant == "int4"  # the CPU demo's default
     s = Session(spec=PairSpec("tiny", "tiny", draft_quant="int4"), loader=lambda *a, **k: tiny_pair())
-    lines = list(h.load_pair(s, "tiny", "tiny", "float32"))
+    lines = list(h.load_models(s, "tiny", "tiny", "float32"))
     assert isinstance(s.pair.draft, LeanDraft) and "[int4 draft step]" in s.name and "int4" in lines[-1]
     views = list(h.run(s, Limits(), PROMPT, settings(), options=FAST))
     prompt = encode_prompt(s.pair.tokenizer, PROMPT)
-    ar = [step.token.id for step in autoregressive_generate(s.pair, prompt, DecodeConfig(max_new_tokens=24))]
+    ar = [step.token.id for step in autoregressive_generate(s.pair, prompt, CONFIG)]
     assert [t for r in views[-1].record.rounds for t in r.new_token_ids] == ar  # greedy: the target's tokens
-    list(h.load_pair(s, "tiny", "tiny-2", "float32"))  # a pair picked in the UI keeps the server's setting
+    list(h.load_models(s, "tiny", "tiny-2", "float32"))  # a pair picked in the UI keeps the server's setting
     assert isinstance(s.pair.draft, LeanDraft)
-    plain = Session(spec=PairSpec("tiny", "tiny"), loader=lambda *a, **k: tiny_pair())
-    list(h.load_pair(plain, "tiny", "tiny", "float32"))
+    plain = Session(spec=PairSpec("tiny", "tiny", draft_quant="none"), loader=lambda *a, **k: tiny_pair())
+    list(h.load_models(plain, "tiny", "tiny", "float32"))
     assert not isinstance(plain.pair.draft, LeanDraft) and "int4" not in plain.name
 
 
 def test_a_race_replaces_the_decode_record_only_when_it_is_done(session):
-    views = list(h.run_race(session, Limits(), PROMPT, settings(), options=FAST))
-    assert [isinstance(v.record, h.RunRecord) for v in views] == [False] * (len(views) - 1) + [True]
-    stopped = h.run_race(session, Limits(), PROMPT, settings(max_new_tokens=40), options=FAST)
+    views = list(h.race(session, Limits(), PROMPT, settings(), options=FAST))
+    assert [isinstance(v.record, Trace) for v in views] == [False] * (len(views) - 1) + [True]
+    stopped = h.race(session, Limits(), PROMPT, settings(max_new_tokens=40), options=FAST)
     early = [next(stopped) for _ in range(3)]
     stopped.close()  # Stop: the Decode tab keeps its last run's record
-    assert not any(isinstance(v.record, h.RunRecord) for v in early)
+    assert not any(isinstance(v.record, Trace) for v in early)
 
 
 def test_two_exports_in_the_same_second_get_their_own_files(session, tmp_path, monkeypatch):

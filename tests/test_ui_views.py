@@ -11,10 +11,22 @@ import pytest
 from specviz.engine.events import (
     ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, TARGET, Candidate, DraftedToken, EmittedToken, Round, Step,
 )
-from specviz.race import recorded, replay_race, run_race, stopwatch
-from specviz.ui import figures, render, teach
 from specviz.analysis.distribution import chi_square_p, compare, total_variation
-from specviz.ui.stats import summarize
+from specviz.analysis.stats import run_stats
+from specviz.engine import DecodeConfig, SamplingParams
+from specviz.runs import race as racing
+from specviz.runs.race import alternate, recorded_time, stopwatch
+from specviz.runs.trace import RunMeta, Trace
+from specviz.ui import figures, render, teach
+
+
+def meta(greedy: bool = True) -> RunMeta:
+    return RunMeta("d", "t", "cpu", "float32", "p", 3, DecodeConfig(sampling=SamplingParams(0.0 if greedy else 1.0)))
+
+
+def replay_race(rounds, steps, greedy: bool):
+    """A race over recorded events (the trace's own clocks)."""
+    return racing.replay_race(Trace(meta(greedy), rounds, steps))
 
 
 def drafted(text: str, status: str, p=0.3, q=0.5, u=0.4, tid=1) -> DraftedToken:
@@ -182,10 +194,10 @@ def test_drilldown_shows_q_p_and_residual_for_a_draft_and_p_for_an_emitted_token
 
 
 def test_stats_race_and_distribution_figures():
-    s = summarize([corrected_round(0), bonus_round(1)])
+    s = run_stats([corrected_round(0), bonus_round(1)])
     fig = figures.stats_figure(s)
     assert [t.type for t in fig.data] == ["bar", "bar"]
-    assert list(fig.data[1].y) == s.accepted_lengths
+    assert list(fig.data[1].y) == s.spec.accepted_lengths
     steps = [Step(index=i, token=emitted("a", TARGET), text="a", time=0.1, finished="length" if i == 1 else None)
              for i in range(2)]
     state = list(replay_race([make_round(0, [drafted("a", ACCEPTED)], emitted("b", BONUS), finished="length")],
@@ -215,14 +227,16 @@ def test_caption_reports_the_rounds_numbers():
 
 
 def test_stats_pool_counts_from_the_rounds():
-    s = summarize([corrected_round(0), bonus_round(1)])
-    assert (s.drafted, s.accepted, s.tokens, s.rounds) == (5, 3, 5, 2)
-    assert s.acceptance_rate == pytest.approx(3 / 5)
-    assert s.per_position[:2] == [1.0, 0.5]  # position 1 tested twice and kept twice; position 2: 1 of 2
-    assert s.per_position_n == [2, 2, 0]  # position 3 was drafted once, after a rejection: never tested
-    assert s.accepted_lengths == [0, 1, 1, 0]  # one round with 1 accepted, one with 2 (histogram up to K=3)
-    assert s.tokens_per_forward == pytest.approx(2.5)
-    assert s.measured is None and s.c_hat is not None
+    stats = run_stats([corrected_round(0), bonus_round(1)])
+    s = stats.to_dict()  # the flat numbers the API sends
+    assert (s["drafted"], s["accepted"], s["tokens"], s["rounds"]) == (5, 3, 5, 2)
+    assert s["acceptance_rate"] == pytest.approx(3 / 5)
+    assert s["per_position"][:2] == [1.0, 0.5]  # position 1 tested twice and kept twice; position 2: 1 of 2
+    assert s["per_position_n"] == [2, 2, 0]  # position 3 was drafted once, after a rejection: never tested
+    assert s["accepted_lengths"] == [0, 1, 1, 0]  # one round with 1 accepted, one with 2 (histogram up to K=3)
+    assert s["tokens_per_forward"] == pytest.approx(2.5)
+    assert s["measured"] is None and s["c_hat"] is not None
+    s = stats
     md = teach.stats_markdown(s, "Run")
     assert "0.60 (3 / 5)" in md and "Run race" in md
 
@@ -280,7 +294,7 @@ def test_live_race_clocks_count_only_each_lanes_own_next():
         for s in fake_steps(n, 0.0):
             yield s
 
-    states = list(run_race(slow(4), iter(fake_rounds(2, 0.0)), True, stopwatch(timer)))
+    states = list(alternate(slow(4), iter(fake_rounds(2, 0.0)), meta(), stopwatch(timer)))
     final = states[-1]
     assert final.ar.clock == 4.0 and final.spec.clock == 2.0  # one tick per own next(), none for the other lane
     assert [p[0] for p in final.ar.points] == [1.0, 2.0, 3.0, 4.0]
@@ -299,47 +313,48 @@ def test_greedy_divergence_is_marked_with_both_gaps():
 
 def test_recorded_times_are_the_events_own():
     r = fake_rounds(1, 0.3)[0]
-    event, seconds = recorded(iter([r]))
+    event, seconds = recorded_time(iter([r]))
     assert event is r and seconds == pytest.approx(r.draft_time + r.verify_time + r.overhead_time)
-    assert recorded(iter([])) == (None, 0.0)
+    assert recorded_time(iter([])) == (None, 0.0)
 
 
 def test_a_slower_race_says_how_many_times_slower():
-    from specviz.ui import handlers as h
+    from specviz.ui.views import race_result
 
     final = list(replay_race(fake_rounds(3, 0.6), fake_steps(9, 0.1), greedy=True))[-1]  # 9 tokens: 1.8 s vs 0.9 s
     assert final.speedup == pytest.approx(0.5)
-    assert "2.00× slower" in h.race_result(final)
+    assert "2.00× slower" in race_result(final)
 
 
 def test_a_target_alone_lane_that_ended_early_gives_valid_json_and_a_dash_for_its_gap():
     import json
 
-    from specviz.ui import api
-    from specviz.ui import handlers as h
+    from specviz.api import json as api
+    from specviz.ui.views import race_result
 
     final = list(replay_race(fake_rounds(3, 0.3), fake_steps(5, 0.1), greedy=True))[-1]
     assert final.divergence.position == 5 and final.divergence.target_top2_gap is None
-    out = json.loads(json.dumps(api.race_dict(final, {}), allow_nan=False))  # bare NaN is not JSON
+    out = json.loads(json.dumps(api.race_dict(final), allow_nan=False))  # bare NaN is not JSON
     assert out["divergence"]["target_top2_gap"] is None and out["identical"] is False
-    assert "there is — (target alone)" in h.race_result(final)
+    assert "there is — (target alone)" in race_result(final)
 
 
 def test_a_race_state_is_finished_once_both_lanes_are_and_the_pacer_shows_it():
-    from specviz.ui import handlers as h
+    from specviz.runs.pacing import paced
 
     states = [(s.finished, s.done) for s in replay_race(fake_rounds(2, 0.3), fake_steps(6, 0.1), greedy=True)]
     assert [f is not None for f, _ in states] == [done for _, done in states] == [False] * 7 + [True]
-    shown = [show for _, show in h.paced(replay_race(fake_rounds(2, 0.3), fake_steps(6, 0.1), True), 1e9)]
+    shown = [show for _, show in paced(replay_race(fake_rounds(2, 0.3), fake_steps(6, 0.1), True), 1e9)]
     assert shown == [True] + [False] * 6 + [True]  # the first, then the last however soon
 
 
 def test_race_views_keep_the_decode_record_and_compute_stats_only_when_done(monkeypatch):
-    from specviz.ui import handlers as h
+    from specviz.runs.race import RaceState
+    from specviz.ui.views import race_view
 
     calls = []
-    monkeypatch.setattr(h, "race_stats", lambda state: calls.append(state) or summarize(state.spec.events))
-    record = h.RunRecord({})
-    views = [(h.race_view(s, record), s.done) for s in replay_race(fake_rounds(2, 0.3), fake_steps(6, 0.1), True)]
-    assert [v.record is record for v, _ in views] == [done for _, done in views]  # gr.skip() until done
+    stats = RaceState.stats
+    monkeypatch.setattr(RaceState, "stats", lambda state: calls.append(state) or stats(state))
+    views = [(race_view(s), s.done) for s in replay_race(fake_rounds(2, 0.3), fake_steps(6, 0.1), True)]
+    assert [isinstance(v.record, Trace) for v, _ in views] == [done for _, done in views]  # gr.skip() until done
     assert len(calls) == 1 and "tokens in" in views[-1][0].stats

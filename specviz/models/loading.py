@@ -62,62 +62,66 @@ def _hub_source(source: str) -> dict:
     return {"local_files_only": not hub_reachable()}
 
 
-def _from_pretrained(source: str, dtype: torch.dtype, trust_remote_code: bool, device_map=None, **kw):
-    """Load a model and its tokenizer, turning the library's many exceptions into one sentence."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
+def _locate(source: str) -> tuple[str, dict]:
+    """The folder (or hub id) to load from and the extra loading arguments: a .gguf file, a model folder,
+    or a hub id (cache only when the hub is unreachable)."""
     path = Path(source).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"GGUF file {path} does not exist.")
-        folder, kw = str(path.parent), {**kw, "gguf_file": path.name}
-    elif path.exists():
+        return str(path.parent), {"gguf_file": path.name}
+    if path.exists():
         if not path.is_dir() or not (path / "config.json").is_file():
             raise ModelLoadError(
                 f"{path} is not a model folder (no config.json); give a folder saved with "
                 "save_pretrained, a .gguf file, a hub id, or 'embedded'."
             )
-        folder = str(path)
-    else:
-        folder, kw = source, {**kw, **_hub_source(source)}
+        return str(path), {}
+    return source, _hub_source(source)
+
+
+def _load_failure(e: Exception, source: str, kw: dict) -> ModelLoadError:
+    """One sentence for whatever the library raised while loading `source`."""
+    if isinstance(e, OUT_OF_MEMORY):
+        release_memory(e)
+        return ModelLoadError(f"out of memory while loading {source}: pick a smaller model or a lower-precision dtype.")
+    if isinstance(e, ValueError) and "trust_remote_code" in str(e):
+        return ModelLoadError(f"{source} ships its own model code; specviz runs it only if the server was started "
+                              "with --trust-remote-code and this model as --draft/--target.")
+    if isinstance(e, ValueError) and "does not recognize this architecture" in str(e):
+        import transformers
+
+        return ModelLoadError(f"{source} is a model type that transformers {transformers.__version__} does not "
+                              "know; a newer transformers may (or, if the model ships its own code, see "
+                              "--trust-remote-code).")
+    if isinstance(e, ValueError):
+        return ModelLoadError(f"could not load {source}: {e}")
+    if isinstance(e, OSError):
+        path = Path(source).expanduser()
+        if path.exists():
+            return ModelLoadError(f"could not read a model from {path}: {e}")
+        if kw.get("local_files_only"):
+            return ModelLoadError(f"the model hub is unreachable and {source!r} is not in the local hub cache. "
+                                  "Offline, use 'embedded', a local folder or a .gguf file.")
+        return ModelLoadError(f"the model hub has no model {source!r} that this machine may read (a typo, or a "
+                              "gated model: accept its licence on the hub and log in with `hf auth login`).")
+    # anything else a malformed model can raise (KeyError, RuntimeError, ...)
+    return ModelLoadError(f"could not load {source}: {type(e).__name__}: {e}")
+
+
+def _from_pretrained(source: str, dtype: torch.dtype, trust_remote_code: bool, device_map=None, **kw):
+    """Load a model and its tokenizer, turning the library's many exceptions into one sentence."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    folder, where = _locate(source)
+    kw = {**kw, **where}
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, **kw)
         model = AutoModelForCausalLM.from_pretrained(
             folder, dtype=dtype, trust_remote_code=trust_remote_code, device_map=device_map, **kw
         )
-    except OUT_OF_MEMORY as e:
-        release_memory(e)
-        raise ModelLoadError(
-            f"out of memory while loading {source}: pick a smaller model or a lower-precision dtype."
-        ) from e
-    except ValueError as e:
-        if "trust_remote_code" in str(e):
-            raise ModelLoadError(
-                f"{source} ships its own model code; specviz runs it only if the server was started with "
-                "--trust-remote-code and this model as --draft/--target."
-            ) from e
-        if "does not recognize this architecture" in str(e):
-            import transformers
-
-            raise ModelLoadError(
-                f"{source} is a model type that transformers {transformers.__version__} does not know; a newer "
-                "transformers may (or, if the model ships its own code, see --trust-remote-code)."
-            ) from e
-        raise ModelLoadError(f"could not load {source}: {e}") from e
-    except OSError as e:
-        if path.exists():
-            raise ModelLoadError(f"could not read a model from {path}: {e}") from e
-        if kw.get("local_files_only"):
-            raise ModelLoadError(
-                f"the model hub is unreachable and {source!r} is not in the local hub cache. "
-                "Offline, use 'embedded', a local folder or a .gguf file."
-            ) from e
-        raise ModelLoadError(
-            f"the model hub has no model {source!r} that this machine may read (a typo, or a gated model: "
-            "accept its licence on the hub and log in with `hf auth login`)."
-        ) from e
-    except Exception as e:  # anything else a malformed model can raise (KeyError, RuntimeError, ...)
-        raise ModelLoadError(f"could not load {source}: {type(e).__name__}: {e}") from e
+    except (*OUT_OF_MEMORY, Exception) as e:
+        raise _load_failure(e, source, kw) from e
     return model, tokenizer
 
 

@@ -60,6 +60,11 @@ class Trace:
     ar_steps: list[Step] = field(default_factory=list)
     source: str = "run"  # what made it ("Run", "Race", "Replay of x.json"); not saved
 
+    @property
+    def finished(self):
+        """How the run ended (a Round's `finished`), None while it goes on."""
+        return self.rounds[-1].finished if self.rounds else None
+
     def to_dict(self) -> dict:
         return {"format": FORMAT, "version": VERSION, "meta": asdict(self.meta),
                 "rounds": [r.to_dict() for r in self.rounds], "ar_steps": [s.to_dict() for s in self.ar_steps]}

@@ -118,7 +118,7 @@ def distribution_tab(limits: Limits) -> dict:
     with gr.Tab("Same distribution", id="distribution"):
         gr.Markdown(teach.DISTRIBUTION_NOTE, elem_classes="sv-note")
         with gr.Row():
-            parts = controls(DistributionSettings, limits)
+            parts = controls(DistributionSettings, limits, prefix="sv-dist-")
             parts["button"] = gr.Button("Sample", variant="primary", elem_id="sv-dist-run")
         parts["fig"] = gr.Plot(empty_figure("empirical vs exact distributions appear here", 340), show_label=False,
                                elem_id="sv-dist-plot")

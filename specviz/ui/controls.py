@@ -1,7 +1,7 @@
 """Gradio controls generated from settings specs: label, help (info), range, step, choices, default.
 
 A setting gets a slider when it has both bounds, a number box otherwise, radio buttons for choices,
-a checkbox for a flag and a text box for text. Each control's elem_id is `sv-set-<name>`.
+a checkbox for a flag and a text box for text. Each control's elem_id is `<prefix><name>` (`sv-set-k`).
 """
 
 from __future__ import annotations
@@ -13,9 +13,9 @@ from specviz.runs.settings import Setting, fields_of
 SLIDER_STEPS = {int: 1, float: 0.01}
 
 
-def control(s: Setting, value=None, **kw) -> gr.components.Component:
+def control(s: Setting, value=None, prefix: str = "sv-set-") -> gr.components.Component:
     value = s.default if value is None else value
-    common = dict(label=s.label, info=s.help, elem_id=f"sv-set-{s.name}", **kw)
+    common = dict(label=s.label, info=s.help, elem_id=f"{prefix}{s.name}")
     if s.choices is not None:
         return gr.Radio(list(s.choices), value=value, **common)
     if s.kind is bool:
@@ -29,8 +29,8 @@ def control(s: Setting, value=None, **kw) -> gr.components.Component:
     return gr.Number(value, minimum=lo, maximum=s.hi, precision=0 if s.kind is int else None, **common)
 
 
-def controls(spec: type, limits=None, values: dict | None = None, only: tuple[str, ...] | None = None
-             ) -> dict[str, gr.components.Component]:
+def controls(spec: type, limits=None, values: dict | None = None, only: tuple[str, ...] | None = None,
+             prefix: str = "sv-set-") -> dict[str, gr.components.Component]:
     """One control per setting of `spec` (or of `only`, in that order), by setting name."""
     settings = {s.name: s for s in fields_of(spec, limits)}
-    return {name: control(settings[name], (values or {}).get(name)) for name in (only or settings)}
+    return {name: control(settings[name], (values or {}).get(name), prefix) for name in (only or settings)}

@@ -25,8 +25,9 @@ from specviz.runs.distribution import sample_distribution
 from specviz.runs.errors import translating
 from specviz.runs.limits import Limits
 from specviz.runs.pacing import Pace, paced
-from specviz.runs.race import race as run_race
-from specviz.runs.replay import open_trace, replay, replay_race_paced, trace_data
+from specviz.runs import race as racing
+from specviz.runs import replay as replays
+from specviz.runs.replay import trace_data
 from specviz.runs.session import Session
 from specviz.runs.trace import Trace
 from specviz.ui import figures
@@ -52,8 +53,7 @@ def run(session: Session, limits: Limits, prompt, settings: dict, show_rejected:
     with closing(paced(decoding.decode(session, limits, prompt, settings), options.pace.min_interval)) as events:
         for trace, show in events:
             if show:
-                done = bool(trace.rounds) and trace.rounds[-1].finished is not None
-                yield main_view(trace, show_rejected=show_rejected, live=bool(trace.rounds) and not done)
+                yield main_view(trace, show_rejected=show_rejected, live=bool(trace.rounds) and not trace.finished)
 
 
 def browse(record: Trace | None, round_number, show_rejected: bool = True) -> MainView:
@@ -90,7 +90,7 @@ def reset_step(stepper: decoding.Stepper | None) -> None:
 @user_errors
 def race(session: Session, limits: Limits, prompt, settings: dict, options: Options = Options()
          ) -> Iterator[RaceView]:
-    with closing(paced(run_race(session, limits, prompt, settings), options.pace.min_interval)) as states:
+    with closing(paced(racing.race(session, limits, prompt, settings), options.pace.min_interval)) as states:
         for state, show in states:
             if show:
                 yield race_view(state)
@@ -108,16 +108,16 @@ def same_distribution(session: Session, limits: Limits, prompt, settings: dict, 
 @trace_data
 def replay_rounds(upload, shipped, speed, show_rejected: bool = True) -> Iterator[MainView]:
     """Stream a recorded run round by round, at its recorded pace divided by `speed` (0: at once)."""
-    t = open_trace(upload, shipped)
-    for shown in replay(t, speed):
+    t = replays.open_trace(upload, shipped)
+    for shown in replays.replay(t, speed):
         yield main_view(shown, show_rejected=show_rejected, live=len(shown.rounds) < len(t.rounds))
 
 
 @user_errors
 @trace_data
 def replay_race(upload, shipped, speed) -> Iterator[RaceView]:
-    t = open_trace(upload, shipped)
-    for state in replay_race_paced(t, speed):
+    t = replays.open_trace(upload, shipped)
+    for state in replays.replay_race_paced(t, speed):
         yield race_view(state, t.source)
 
 
