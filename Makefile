@@ -9,4 +9,4 @@ app:
 test:
 	bash scripts/setup.sh test
 	.venv/bin/lint-imports
-	.venv/bin/python -m pytest -q -ra -n auto --dist loadgroup
+	.venv/bin/python -m pytest -q -ra -n auto

@@ -169,7 +169,7 @@ def spec_lane_html(rounds: list[Round], greedy: bool, diverge_at: int | None = N
 
 
 def lane_html(lane, body: str, recorded: bool) -> str:
-    """A race lane (specviz.race.Lane): title, state, its own clock, tokens/s, tokens, then its text."""
+    """A race lane (specviz.runs.race.Lane): title, state, its own clock, tokens/s, tokens, then its text."""
     state = (f'<span class="sv-done">finished ({lane.finished})</span>' if lane.finished
              else '<span class="sv-running">running…</span>')
     clock = "s, recorded" if recorded else "s of own compute"
