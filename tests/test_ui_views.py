@@ -329,7 +329,7 @@ def test_a_slower_race_says_how_many_times_slower():
 def test_a_target_alone_lane_that_ended_early_gives_valid_json_and_a_dash_for_its_gap():
     import json
 
-    from specviz.api import json as api
+    from specviz.api import messages as api
     from specviz.ui.views import race_result
 
     final = list(replay_race(fake_rounds(3, 0.3), fake_steps(5, 0.1), greedy=True))[-1]

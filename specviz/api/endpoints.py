@@ -15,7 +15,7 @@ from typing import Literal, get_origin
 
 import gradio as gr
 
-from specviz.api import json
+from specviz.api import messages
 from specviz.engine import DecodeConfig
 from specviz.models import PairSpec
 from specviz.models.presets import PRESETS
@@ -94,8 +94,8 @@ def generate(session: Session, limits: Limits, values: dict) -> Iterator[dict]:
     last = None
     for last in decoding.decode(session, limits, values["prompt"], decode_settings(values)):
         if last.rounds:
-            yield json.round_event(last.rounds[-1])
-    yield json.run_summary(last)
+            yield messages.round_event(last.rounds[-1])
+    yield messages.run_summary(last)
 
 
 @user_errors
@@ -106,7 +106,7 @@ def race_stream(session: Session, limits: Limits, values: dict, pace: Pace = Pac
     with closing(paced(race(session, limits, values["prompt"], decode_settings(values)), pace.min_interval)) as events:
         for state, show in events:
             if show:
-                yield json.race_dict(state)
+                yield messages.race_dict(state)
 
 
 @user_errors
@@ -116,7 +116,7 @@ def same_distribution(session: Session, limits: Limits, values: dict) -> Iterato
     experiment = {k: values[k] for k in ("samples", "temperature") if k in values}
     with closing(sample_distribution(session, limits, values["prompt"], decode_settings(values), experiment)) as rs:
         for result in rs:
-            yield json.distribution_dict(result)
+            yield messages.distribution_dict(result)
 
 
 @user_errors
@@ -126,11 +126,11 @@ def replay(trace: str) -> Iterator[dict]:
     text. Streams its rounds, then a summary (with the recorded race if the trace has AR steps)."""
     t = trace_from_text(trace)
     for r in t.rounds:
-        yield json.round_event(r)
-    out = json.run_summary(t)
+        yield messages.round_event(r)
+    out = messages.run_summary(t)
     if t.ar_steps:
         *_, final = replay_race(t)
-        out["race"] = json.race_dict(final)
+        out["race"] = messages.race_dict(final)
     yield out
 
 
