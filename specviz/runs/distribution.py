@@ -14,10 +14,11 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from pydantic import Field
+from pydantic.fields import FieldInfo
 from pydantic.dataclasses import dataclass as spec
 
 from specviz.analysis.distribution import Comparison, compare
-from specviz.engine import DecodeConfig, autoregressive_generate, speculative_generate
+from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.engine.exact import next_token_distribution
 from specviz.runs.errors import InputError
 from specviz.runs.job import prepare
@@ -32,9 +33,9 @@ SPEC_TOKENS = 2  # one drafted + verified token, then its correction/bonus
 class DistributionSettings:
     samples: int = Field(200, ge=1, title="samples", description="continuations per side",
                          json_schema_extra={"limit": "max_samples"})
-    temperature: float = Field(1.0, ge=0, le=2, title="temperature", description="the test needs sampling: > 0",
-                               json_schema_extra={"step": 0.05, "min_nonzero": 1e-3,
-                                                  "must": "0 (greedy) or between 0.001 and 2"})
+    # the decoder's own temperature setting (range, checks), with the experiment's default and help
+    temperature: float = FieldInfo.merge_field_infos(SamplingParams.__pydantic_fields__["temperature"], default=1.0,
+                                                     description="the test needs sampling: > 0")
 
 
 @dataclass(frozen=True)
