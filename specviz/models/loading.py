@@ -21,7 +21,8 @@ from specviz.models.embedded import (
     EmbeddedModel,
     EmbeddedModelError,
     assemble,
-    cache_dir,
+    converted_dir,
+    is_converted,
 )
 from specviz.models.pair import (
     DTYPES, EMBEDDED, OUT_OF_MEMORY, TINY, ModelLoadError, ModelPair, PairSpec, release_memory, resolve_device,
@@ -131,9 +132,8 @@ def prepare_embedded(model: EmbeddedModel, status: Status = log.info, progress: 
     float32 keeps the dequantized GGUF values exactly; any requested dtype is cast from it.
     Returns the folder of the converted copy.
     """
-    converted = cache_dir() / "converted" / model.role
-    stamp = converted / "SOURCE_SHA256"
-    if stamp.is_file() and stamp.read_text() == model.sha256:
+    converted = converted_dir(model)
+    if is_converted(model):
         return converted
     status(f"Assembling and verifying the embedded {model.role} ({model.name})…")
     gguf = assemble(model, progress=progress)
@@ -144,7 +144,7 @@ def prepare_embedded(model: EmbeddedModel, status: Status = log.info, progress: 
     shutil.rmtree(converted, ignore_errors=True)
     m.save_pretrained(converted)
     tok.save_pretrained(converted)
-    stamp.write_text(model.sha256)
+    (converted / "SOURCE_SHA256").write_text(model.sha256)
     del m
     gc.collect()
     return converted
