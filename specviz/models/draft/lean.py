@@ -39,13 +39,14 @@ def _fused(linears: list[nn.Linear], bits: int, group_size: int) -> nn.Module:
     first = linears[0]
     weight = torch.cat([lin.weight.detach() for lin in linears])
     has_bias = any(lin.bias is not None for lin in linears)
-    fused = nn.Linear(first.in_features, weight.shape[0], bias=has_bias, device=weight.device, dtype=weight.dtype)
-    fused.weight.data.copy_(weight)
+    # made on the meta device, then given the concatenated tensors: no random init to throw away
+    fused = nn.Linear(first.in_features, weight.shape[0], bias=has_bias, device="meta")
+    fused.weight = nn.Parameter(weight, requires_grad=False)
     if has_bias:
-        fused.bias.data.copy_(torch.cat([lin.bias.detach() if lin.bias is not None
-                                         else torch.zeros(lin.out_features, dtype=weight.dtype, device=weight.device)
-                                         for lin in linears]))
-    return quantize_linear(fused.requires_grad_(False), bits, group_size, keep_dense=False)
+        fused.bias = nn.Parameter(torch.cat([lin.bias.detach() if lin.bias is not None
+                                             else weight.new_zeros(lin.out_features) for lin in linears]),
+                                  requires_grad=False)
+    return quantize_linear(fused, bits, group_size, keep_dense=False)
 
 
 class LeanLayer(nn.Module):

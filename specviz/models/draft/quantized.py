@@ -80,7 +80,7 @@ class Int4Linear(QuantLinear):
         g = w.reshape(n, k // group_size, group_size)
         lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
         scale = (hi - lo).clamp_min(1e-12) / 15
-        q = ((g - lo) / scale).round().clamp(0, 15).to(torch.int32).reshape(n, k)
+        q = (g - lo).div_(scale).round_().clamp_(0, 15).to(torch.int32).reshape(n, k)  # in place: one temporary
         zero = lo + 8 * scale  # the kernel computes (q - 8) * scale + zero
         self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
         self.register_buffer("scales_and_zeros", torch.cat([scale, zero], -1).transpose(0, 1).contiguous()
