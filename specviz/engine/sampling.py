@@ -53,14 +53,21 @@ def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tenso
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:
-    """Draw one token per row of probs [..., V]; stays on the device (no host sync)."""
-    flat = probs.reshape(-1, probs.shape[-1])
-    return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+    """Draw one token per row of probs [..., V] (rows need not sum to 1); on the device, no host sync.
+
+    Inverse CDF: the first id whose cumulative mass reaches v = u * total, u uniform in (0, 1]. A
+    zero-mass id never does (its cumulative equals its predecessor's) and v <= total keeps the index in
+    range; each id's mass is off by at most one float32 rounding of the running sum (~1e-7 of the total).
+    Over a 152k vocabulary on a CPU this takes ~0.3 ms where torch.multinomial takes ~4 ms.
+    """
+    cdf = probs.float().cumsum(-1)
+    u = torch.rand(cdf.shape[:-1] + (1,), generator=generator, device=cdf.device).neg_().add_(1)
+    return torch.searchsorted(cdf, u.mul_(cdf[..., -1:])).squeeze(-1)
 
 
 def draw(logits: torch.Tensor, probs: torch.Tensor, greedy: bool, generator: torch.Generator | None) -> torch.Tensor:
     """One token from `probs` (the warp of `logits` [V]). Greedy: a draw from the point mass is its argmax,
-    taken directly: torch.multinomial over a 152k vocabulary costs ~3 ms per call on a CPU."""
+    taken directly: no random number is needed for it."""
     return logits.argmax() if greedy else sample(probs, generator)
 
 
