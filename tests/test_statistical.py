@@ -1,11 +1,11 @@
 """Statistical exactness: speculative sampling draws the first 3 tokens from the target's own distribution.
 
-The pair. A purpose-built tiny Qwen2 pair (one layer, width 32) with a 16-token vocabulary (ids 0..15
-of the tiny tokenizer, id 0 = <eos>): its next-token distributions are spread enough that every branch
-of the rule is taken (acceptance about 0.74, <eos> about 6% at the first position), yet concentrated enough
-that 20,000 samples pin them down (the expected total-variation distance of 20,000 perfect samples
-is about 0.01). The draft is the target with noise on its weights, far enough from it (TV about
-0.26) for the always-accept control to stand out.
+The pair. A purpose-built minimal causal LM (`causal_lm.py`: one attention layer with a real KV cache,
+width 32) with a 16-token vocabulary (ids 0..15 of the tiny tokenizer, id 0 = <eos>): its next-token
+distributions are spread enough that every branch of the rule is taken (acceptance about 0.71, <eos>
+about 4% at the first position), yet concentrated enough that 20,000 samples pin them down (the expected
+total-variation distance of 20,000 perfect samples is about 0.01). The draft is the target with noise on
+its weights, far enough from it (TV about 0.29) for the always-accept control to stand out.
 
 The exact distribution. Categories are the 16 ids plus END (the output stopped at an earlier
 <eos>). With P_t(. | x_<t) the target's warped next-token distribution computed by one plain forward
@@ -31,19 +31,19 @@ draft and asserts the same statistics reject it.
 
 from __future__ import annotations
 
-import copy
 import itertools
 
 import numpy as np
 import pytest
 import torch
+from causal_lm import CausalLM, noisy_copy
 from scipy.stats import chisquare
 
 from specviz.engine import DecodeConfig, SamplingParams, speculative_generate
 from specviz.engine import rules
 from specviz.engine.sampling import logits_to_probs, sample
 from specviz.models.pair import ModelPair
-from specviz.models.tiny import EOS_ID, tiny_model, tiny_tokenizer
+from specviz.models.tiny import EOS_ID, tiny_tokenizer
 
 V, END, LENGTH, K = 16, 16, 3, 2
 PROMPT = [3, 1, 4, 1, 5]
@@ -54,14 +54,8 @@ WARPED = SamplingParams(1.0, top_k=8, top_p=0.9)
 
 @pytest.fixture(scope="module")
 def pair() -> ModelPair:
-    # one narrow layer: the same proof at half the cost per forward (20,000 runs are ~75,000 forwards)
-    target = tiny_model(seed=4, vocab_size=V, layers=1, hidden=32)
-    draft = copy.deepcopy(target)
-    gen = torch.Generator().manual_seed(2)
-    with torch.no_grad():
-        for param in draft.parameters():
-            param.add_(0.15 * param.std() * torch.randn(param.shape, generator=gen))
-    return ModelPair(draft=draft, target=target, tokenizer=tiny_tokenizer(), device=torch.device("cpu"),
+    target = CausalLM(V, seed=7, scale=1.5)
+    return ModelPair(draft=noisy_copy(target, 0.4, seed=2), target=target, tokenizer=tiny_tokenizer(), device=torch.device("cpu"),
                      dtype=torch.float32, eos_token_ids=frozenset({EOS_ID}))
 
 
@@ -220,7 +214,7 @@ def test_negative_control_always_accept_is_detected(setups, monkeypatch):
     (TEMPERATURE_1, "hybrid", 3_000, 0.05, 1e-3),  # prompt-lookup drafts are point masses: accepted with p(x)
 ], ids=["temperature 1", "top-k 8, top-p 0.9", "hybrid drafter"])
 def test_speculative_generate_samples_the_target_distribution(pair, sampling, drafter, n, max_tv, min_p):
-    """The full loop, caches and all: 20,000 runs at temperature 1 (about a minute) with the full bounds.
+    """The full loop, caches and all: 20,000 runs at temperature 1 (about 80 s) with the full bounds.
     The two smaller runs are secondary checks: a looser TV bound, and p > 0.001 so that their six
     p-values together rarely fail by chance; the always-accept control still scores p < 1e-13."""
     prompt = LOOKUP_PROMPT if drafter == "hybrid" else PROMPT
