@@ -10,7 +10,6 @@ builders, config lookups, output classes): a forward costs ~0.15 ms where a one-
 
 from __future__ import annotations
 
-import copy
 from types import SimpleNamespace
 
 import torch
@@ -50,13 +49,3 @@ class CausalLM(nn.Module):
         x = x + self.mlp(F.layer_norm(x, x.shape[-1:]))
         return SimpleNamespace(logits=self.head(x[:, -logits_to_keep:]))  # 0 keeps all, as in transformers
 
-
-def noisy_copy(model: nn.Module, noise: float, seed: int) -> nn.Module:
-    """The model with Gaussian noise on every weight (`noise` times the weight's std): a draft that agrees
-    with it often but not always."""
-    draft = copy.deepcopy(model)
-    gen = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for param in draft.parameters():
-            param.add_(noise * param.std() * torch.randn(param.shape, generator=gen))
-    return draft

@@ -36,14 +36,14 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from causal_lm import CausalLM, noisy_copy
+from causal_lm import CausalLM
 from scipy.stats import chisquare
 
 from specviz.engine import DecodeConfig, SamplingParams, speculative_generate
 from specviz.engine import rules
 from specviz.engine.sampling import logits_to_probs, sample
 from specviz.models.pair import ModelPair
-from specviz.models.tiny import EOS_ID, tiny_tokenizer
+from specviz.models.tiny import EOS_ID, noisy_copy, tiny_tokenizer
 
 V, END, LENGTH, K = 16, 16, 3, 2
 PROMPT = [3, 1, 4, 1, 5]
@@ -55,8 +55,8 @@ WARPED = SamplingParams(1.0, top_k=8, top_p=0.9)
 @pytest.fixture(scope="module")
 def pair() -> ModelPair:
     target = CausalLM(V, seed=7, scale=1.5)
-    return ModelPair(draft=noisy_copy(target, 0.4, seed=2), target=target, tokenizer=tiny_tokenizer(), device=torch.device("cpu"),
-                     dtype=torch.float32, eos_token_ids=frozenset({EOS_ID}))
+    return ModelPair(draft=noisy_copy(target, 0.4, seed=2), target=target, tokenizer=tiny_tokenizer(),
+                     device=torch.device("cpu"), dtype=torch.float32, eos_token_ids=frozenset({EOS_ID}))
 
 
 @torch.inference_mode()

@@ -39,17 +39,24 @@ def tiny_model(seed: int, vocab_size: int, layers: int = 2, hidden: int = 64):
     return Qwen2ForCausalLM(config).eval()
 
 
+def noisy_copy(model: torch.nn.Module, noise: float, seed: int) -> torch.nn.Module:
+    """The model with Gaussian noise on every weight (`noise` times the weight's std): a draft that agrees
+    with it often but not always."""
+    draft = copy.deepcopy(model)
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for param in draft.parameters():
+            param.add_(noise * param.std() * torch.randn(param.shape, generator=gen))
+    return draft
+
+
 def tiny_pair(seed: int = 0, noise: float = 0.03, device: str = "cpu", dtype=torch.float32,
               draft_vocab: int | None = None) -> ModelPair:
     tokenizer = tiny_tokenizer()
     vocab = len(WORDS)
     target = tiny_model(seed, vocab)
     if draft_vocab is None:
-        draft = copy.deepcopy(target)
-        gen = torch.Generator().manual_seed(seed + 1)
-        with torch.no_grad():
-            for param in draft.parameters():
-                param.add_(noise * param.std() * torch.randn(param.shape, generator=gen))
+        draft = noisy_copy(target, noise, seed + 1)
     else:
         draft = tiny_model(seed + 1, draft_vocab)
     dev = resolve_device(device)
