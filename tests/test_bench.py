@@ -448,8 +448,9 @@ def test_lean_draft_applies_only_where_it_knows_the_architecture():
 def test_sampled_drafts_carry_the_fast_drafts_own_q(lean):
     """Exactness needs q to be what the draft sampled from: the fast draft's q, not the original's.
 
-    Replays the drafter's feeding pattern (missing tokens first, then one drafted token at a time,
-    cropped back after each round) on the fast draft and compares q(x) with the events.
+    Replays the drafter's feeding pattern (the prompt but its last token, then per round the missing tokens,
+    then one drafted token at a time, cropped back after each round) on the fast draft and compares q(x)
+    with the events.
     """
     from transformers import DynamicCache
 
@@ -462,6 +463,7 @@ def test_sampled_drafts_carry_the_fast_drafts_own_q(lean):
     rounds = list(speculative_generate(fast, history, config))
     cache = DynamicCache()
     with torch.inference_mode():
+        fast.draft(torch.tensor([history[:-1]]), past_key_values=cache, use_cache=True, logits_to_keep=1)
         for r in rounds:
             feed = torch.tensor([history[cache.get_seq_length():]])
             for d in r.drafted:

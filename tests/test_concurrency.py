@@ -24,7 +24,7 @@ from specviz.models import PairSpec, encode_prompt, load_pair
 from specviz.models.tiny import WORDS, tiny_pair
 from specviz.runs.limits import Limits
 from specviz.runs.session import Session
-from specviz.ui.app import MODEL
+from specviz.ui.wiring import MODEL
 
 PROMPT = "the man said that it was good and"
 LIMITS = Limits(max_new_tokens=200)
@@ -79,7 +79,7 @@ def until(condition, seconds: float, what: str) -> float:
 def test_model_events_share_one_queue_slot(server):
     demo = server.demo
     assert demo._queue.default_concurrency_limit == 1 and demo._queue.max_size == LIMITS.max_queue
-    model_fns = {"generate", "race", "same_distribution", "load_pair", "on_run", "on_step", "on_race",
+    model_fns = {"generate", "race", "same_distribution", "load_pair", "on_live", "on_rounds", "on_step",
                  "on_distribution", "on_load"}
     fns = [fn for fn in demo.fns.values() if fn.name in model_fns]
     assert {fn.name for fn in fns} == model_fns

@@ -159,16 +159,28 @@ def test_each_round_feeds_only_new_tokens(tiny, sampling):
     pair = replace(tiny, target=Recording(tiny.target), draft=Recording(tiny.draft))
     ids = encode(pair, "she said that")
     rounds = list(speculative_generate(pair, ids, DecodeConfig(k=4, max_new_tokens=30, sampling=sampling)))
-    assert len(pair.target.calls) == len(rounds)  # ONE target forward per round
-    for r, (cached, fed) in zip(rounds, pair.target.calls):
+    prompt_read, *per_round = pair.target.calls
+    assert prompt_read == (0, len(ids) - 1)  # the prefill: the prompt but its last token, once
+    assert len(per_round) == len(rounds)  # then ONE target forward per round
+    for r, (cached, fed) in zip(rounds, per_round):
         context = len(ids) + r.position  # tokens committed before this round
-        if r.index == 0:
-            assert (cached, fed) == (0, len(ids) + r.k)
-        else:  # the cache holds all but the last committed token; that one and the drafts are new
-            assert (cached, fed) == (context - 1, 1 + r.k)
-    fed_to_draft = [fed for cached, fed in pair.draft.calls]
-    assert fed_to_draft[0] == len(ids) and max(fed_to_draft[1:]) <= 2  # x_K and the bonus, at most
-    assert sum(r.k for r in rounds) == len(pair.draft.calls)  # one draft forward per drafted token
+        # the cache holds all but the last committed token; that one and the drafts are new
+        assert (cached, fed) == (context - 1, 1 + r.k)
+    draft_prefill, *fed_to_draft = [fed for cached, fed in pair.draft.calls]
+    assert draft_prefill == len(ids) - 1 and max(fed_to_draft) <= 2  # x_K and the bonus, at most
+    assert sum(r.k for r in rounds) == len(fed_to_draft)  # one draft forward per drafted token
+
+
+def test_prefill_is_timed_apart_on_the_first_event_only(tiny):
+    ids = encode(tiny, "she said that")
+    config = DecodeConfig(k=4, max_new_tokens=12, sampling=SAMPLED, adaptive="fixed")
+    rounds = list(speculative_generate(tiny, ids, config))
+    steps = list(autoregressive_generate(tiny, ids, config))
+    for events in (rounds, steps):
+        assert events[0].prefill_time > 0 and all(e.prefill_time == 0 for e in events[1:])
+    pair = replace(tiny, target=Recording(tiny.target))
+    first = next(speculative_generate(pair, [5], config))  # a one-token prompt: nothing to read ahead
+    assert pair.target.calls[0] == (0, 1 + first.k)  # its first forward is the first round's verify
 
 
 # --- host syncs: one transfer per round or step, nothing hidden ---------------------------------

@@ -5,6 +5,7 @@ a fresh Gradio session, and types its own prompt, so any test runs alone or in a
 
 from __future__ import annotations
 
+import re
 import shutil
 
 import pytest
@@ -56,8 +57,9 @@ def page(browser_page, app_url):
 
 
 def run_to_the_end(page, prompt: str) -> None:
+    """The speculative lane alone, in the Decode tab."""
     page.fill("#sv-prompt textarea", prompt)
-    page.click("#sv-run")
+    page.click("#sv-rounds-run")
     page.wait_for_selector("#sv-tokens .sv-tok.sv-accepted", timeout=60_000)
     page.wait_for_function("document.querySelector('#sv-caption')?.innerText.includes('finished (')", timeout=60_000)
 
@@ -94,9 +96,53 @@ def test_export_downloads_the_run_as_a_trace(page):
     assert data["meta"]["prompt"] == prompt
 
 
+LIVE_PARTS = ("sv-live-spec", "sv-live-ar", "sv-live-pq", "sv-live-speed")
+FINISHED_LIVE = ("document.querySelector('#sv-live-speed')?.innerText.match(/Faster|Slower|About even/) && "
+                 "document.querySelectorAll('.sv-live-lane .sv-done, .sv-live-lane h4').length > 0")
+
+
+def live_run(page, prompt: str = PROMPT) -> None:
+    page.fill("#sv-prompt textarea", prompt)
+    page.click("#sv-run")
+    page.wait_for_function(FINISHED_LIVE, timeout=120_000)
+
+
+def test_live_view_shows_the_four_parts_on_one_laptop_screen(page, app_url):
+    page.set_viewport_size({"width": 1366, "height": 768})
+    try:
+        page.goto(app_url)
+        page.wait_for_selector("#sv-run", timeout=60_000)
+        live_run(page)
+        for part in LIVE_PARTS:  # inside the first screen: no scrolling needed
+            box = page.locator(f"#{part}").bounding_box()
+            assert box and box["x"] >= 0 and box["y"] >= 0, part
+            assert box["x"] + box["width"] <= 1366 and box["y"] + box["height"] <= 768, (part, box)
+        speed = page.inner_text("#sv-live-speed")
+        assert re.search(r"\d+\.\d\d× (faster|slower)", speed) and "tok/s" in speed and "prefill" in speed
+        assert page.locator("#sv-live-spec .sv-tok.sv-accepted").count() > 0
+        assert "min(1, p/q)" in page.get_attribute("#sv-live-spec .sv-tok.sv-accepted", "title")
+        assert page.locator("#sv-live-ar .sv-tok.sv-target").count() > 0
+        page.wait_for_selector("#sv-live-pq .js-plotly-plot .bars", timeout=30_000)
+    finally:
+        page.set_viewport_size({"width": 1400, "height": 1000})
+
+
+def test_presenter_mode_keeps_only_the_four_parts_in_larger_type(page):
+    live_run(page)
+    normal = page.eval_on_selector(".sv-live-x", "e => parseFloat(getComputedStyle(e).fontSize)")
+    page.click("#sv-presenter-btn")
+    page.wait_for_function("document.body.classList.contains('sv-presenter')")
+    assert not page.locator("#sv-side").is_visible() and not page.locator("#sv-step").is_visible()
+    assert all(page.locator(f"#{part}").is_visible() for part in LIVE_PARTS)
+    assert page.eval_on_selector(".sv-live-x", "e => parseFloat(getComputedStyle(e).fontSize)") > normal
+    page.click("#sv-presenter-btn")  # and back
+    page.wait_for_function("!document.body.classList.contains('sv-presenter')")
+    assert page.locator("#sv-side").is_visible()
+
+
 def test_race_shows_both_timers_running_to_the_end(page, tmp_path):
-    page.fill("#sv-prompt textarea", PROMPT)
-    page.click("#sv-race-run")
+    live_run(page)  # the Live run fills the Race tab once both lanes are done
+    page.get_by_role("tab", name="Race").click()
     page.wait_for_selector("#sv-lane-ar .sv-done", timeout=120_000)
     page.wait_for_selector("#sv-lane-spec .sv-done", timeout=120_000)
     for lane in ("ar", "spec"):

@@ -90,16 +90,19 @@ def test_step_mode_advances_one_round_per_call_in_three_stages(session, tiny):
     assert restarted is not stepper and len(restarted.trace.rounds) == 1
 
 
-def test_race_yields_both_lanes_with_growing_clocks_and_a_final_speedup(session):
-    views = list(h.race(session, Limits(), PROMPT, settings(), options=FAST))
-    final = views[-1]
+def test_live_yields_both_lanes_with_growing_clocks_and_a_final_speedup(session):
+    updates = list(h.live(session, Limits(), PROMPT, settings(), options=FAST))
+    assert all(u.race is None for u in updates[:-1])  # the detail tabs are filled once, at the end
+    final = updates[-1].race
+    assert "× faster" in updates[-1].live.speed or "× slower" in updates[-1].live.speed
     assert 'id="sv-lane-ar"' in final.ar and 'id="sv-lane-spec"' in final.spec
     assert "sv-elapsed" in final.ar and "sv-elapsed" in final.spec
     assert "finished" in final.ar and "finished" in final.spec
     assert "Speculative decoding:" in final.result and "identical" in final.result  # fp32 greedy: same text
     assert final.record.ar_steps and final.record.rounds
-    elapsed = [float(v.ar.split('class="sv-elapsed">')[1].split("<")[0]) for v in views]
-    assert elapsed == sorted(elapsed) and elapsed[-1] > 0
+    counts = [int(u.live.ar.split(" tokens · ")[0].rsplit(">", 1)[1]) for u in updates]
+    assert counts == sorted(counts) and counts[-1] == 24
+    assert updates[-1].main.record == final.record  # the Decode tab shows the race's rounds
 
 
 def test_api_race_reports_speedup_from_lane_clocks(session):
@@ -178,7 +181,7 @@ def test_replay_reads_only_uploads_and_shipped_traces(tmp_path):
     (PROMPT, {"adaptive": "sometimes"}, "adaptive"),
 ])
 def test_bad_input_is_one_clear_gr_error(session, prompt, kw, message):
-    for handler in (h.run, h.race):
+    for handler in (h.run, h.live):
         with pytest.raises(gr.Error, match=message):
             list(handler(session, Limits(), prompt, settings(**kw), options=FAST))
     with pytest.raises(gr.Error, match=message):
@@ -256,12 +259,13 @@ def test_a_served_int4_draft_is_named_kept_across_loads_and_decodes_what_the_tar
 
 
 def test_a_race_replaces_the_decode_record_only_when_it_is_done(session):
-    views = list(h.race(session, Limits(), PROMPT, settings(), options=FAST))
-    assert [isinstance(v.record, Trace) for v in views] == [False] * (len(views) - 1) + [True]
-    stopped = h.race(session, Limits(), PROMPT, settings(max_new_tokens=40), options=FAST)
+    updates = list(h.live(session, Limits(), PROMPT, settings(), options=FAST))
+    assert [u.race is not None and isinstance(u.race.record, Trace) for u in updates] == \
+        [False] * (len(updates) - 1) + [True]
+    stopped = h.live(session, Limits(), PROMPT, settings(max_new_tokens=40), options=FAST)
     early = [next(stopped) for _ in range(3)]
     stopped.close()  # Stop: the Decode tab keeps its last run's record
-    assert not any(isinstance(v.record, Trace) for v in early)
+    assert not any(u.race is not None for u in early)
 
 
 def test_two_exports_in_the_same_second_get_their_own_files(session, tmp_path, monkeypatch):

@@ -25,13 +25,15 @@ def run_summary(trace: Trace) -> dict:
 
 def lane_dict(lane: Lane) -> dict:
     return {"tokens": lane.tokens, "clock_s": lane.clock, "tokens_per_s": lane.tokens_per_s,
+            "prefill_s": lane.prefill, "decode_s": lane.decode_seconds, "decode_tokens_per_s": lane.decode_tokens_per_s,
             "text": lane.text, "finished": lane.finished}
 
 
 def race_dict(state: RaceState) -> dict:
     d = state.divergence
     out = {"event": "done" if state.done else "race", "ar": lane_dict(state.ar), "spec": lane_dict(state.spec),
-           "speedup": state.speedup, "greedy": state.greedy, "divergence": None if d is None else asdict(d)}
+           "speedup": state.speedup, "decode_speedup": state.decode_speedup if state.done else None,
+           "greedy": state.greedy, "divergence": None if d is None else asdict(d)}
     if state.done:
         out.update(stats=state.stats().to_dict(), identical=state.identical, meta=asdict(state.meta))
     return out

@@ -13,7 +13,7 @@ from transformers import DynamicCache
 
 from specviz.engine.config import DecodeConfig
 from specviz.engine.events import TARGET, Step, end_of_run
-from specviz.engine.plumbing import Pieces, at, clock, pad_vocab, to_host
+from specviz.engine.plumbing import Pieces, at, clock, pad_vocab, prefill, to_host
 from specviz.engine.sampling import draw, logits_to_probs, make_generator
 from specviz.engine.tokens import emitted_token, target_stats
 
@@ -25,8 +25,12 @@ def autoregressive_generate(pair, prompt_ids: list[int], config: DecodeConfig, *
     gen = make_generator(device, config.seed)
     pieces = Pieces(pair.tokenizer)
     cache = DynamicCache()
-    feed = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     generated: list[int] = []
+    t0 = clock(device)
+    prefill(pair.target, cache, ids)
+    prefill_time = clock(device) - t0
+    feed = ids[:, cache.get_seq_length():]  # the prompt's last token (the whole of a one-token prompt)
     for index in range(config.max_new_tokens):
         t0 = clock(device)
         logits = pad_vocab(pair.target(feed, past_key_values=cache, use_cache=True,
@@ -41,6 +45,7 @@ def autoregressive_generate(pair, prompt_ids: list[int], config: DecodeConfig, *
         feed = token.view(1, 1)
         finished = end_of_run([tid], len(generated), pair.eos_token_ids, config.max_new_tokens, should_stop)
         yield Step(index=index, token=emitted_token(h, 0, tid, TARGET, h["p"], h["p_soft"], pieces),
-                   text=pieces.text(generated), time=t1 - t0, finished=finished)
+                   text=pieces.text(generated), time=t1 - t0, finished=finished, prefill_time=prefill_time)
+        prefill_time = 0.0
         if finished:
             return

@@ -13,7 +13,7 @@ from typing import Literal, Protocol, get_args
 import torch
 from transformers import DynamicCache
 
-from specviz.engine.plumbing import fit_ids, model_vocab, pad_vocab, rollback
+from specviz.engine.plumbing import fit_ids, model_vocab, pad_vocab, prefill, rollback
 from specviz.engine.sampling import SamplingParams, draw, logits_to_probs
 
 
@@ -30,6 +30,8 @@ class Draft:
 
 class Drafter(Protocol):
     name: str
+
+    def prefill(self, ids: torch.Tensor) -> None: ...
 
     def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft: ...
 
@@ -64,13 +66,18 @@ class ModelDrafter:
         self.rows = model_vocab(model)  # < vocab_size when the target's vocabulary is larger
         self.cache = DynamicCache()
 
+    def fit(self, ids: torch.Tensor) -> torch.Tensor:
+        return fit_ids(ids, self.rows) if self.rows < self.vocab_size else ids
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor) -> None:
+        prefill(self.model, self.cache, self.fit(ids))
+
     @torch.inference_mode()
     def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft:
         tokens, qs, all_logits = [], [], []
         greedy = self.sampling.greedy
-        feed = ids[:, self.cache.get_seq_length():]
-        if self.rows < self.vocab_size:
-            feed = fit_ids(feed, self.rows)
+        feed = self.fit(ids[:, self.cache.get_seq_length():])
         for i in range(k):
             out = self.model(feed, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
             logits = pad_vocab(out.logits[0, -1].float(), self.vocab_size)
@@ -114,6 +121,9 @@ class PromptLookupDrafter:
                     return history[start + n:start + n + k]
         return []
 
+    def prefill(self, ids: torch.Tensor) -> None:
+        pass  # no model, no cache
+
     def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft:
         return point_mass_draft(self.continuation(history, k), self.vocab_size, self.device)
 
@@ -128,6 +138,9 @@ class HybridDrafter:
 
     def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter):
         self.lookup, self.model = lookup, model
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        self.model.prefill(ids)
 
     def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft:
         draft = self.lookup.propose(ids, history, k)

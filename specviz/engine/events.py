@@ -70,6 +70,7 @@ class Round:
     verify_time: float  # one target forward + the rule, seconds, device-synchronized
     overhead_time: float  # building this event on the host, seconds
     finished: Finish = None
+    prefill_time: float = 0.0  # the first round only: reading the prompt into both caches, seconds
 
     @property
     def tokens_emitted(self) -> int:
@@ -88,6 +89,7 @@ class Step:
     text: str
     time: float  # seconds for this step, device-synchronized
     finished: Finish = None
+    prefill_time: float = 0.0  # the first step only: reading the prompt into the cache, seconds
 
     def to_dict(self) -> dict:
         return asdict(self)

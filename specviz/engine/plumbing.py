@@ -38,6 +38,13 @@ def rollback(cache, keep: int) -> None:
         cache.crop(-excess)
 
 
+def prefill(model, cache, ids: torch.Tensor) -> None:
+    """Read the prompt into `cache`, all but its last token: that token's forward yields the first new token
+    (the AR step's, or the first round's verify), so prefill is timed apart at no extra cost."""
+    if ids.shape[1] > 1:
+        model(ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+
 def pad_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """Models of one family may pad their vocabularies differently; missing ids get probability 0."""
     missing = vocab_size - logits.shape[-1]

@@ -16,7 +16,7 @@ from specviz.engine.drafters import Drafter, make_drafter
 from specviz.engine.events import (
     ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, Round, end_of_run, until_eos,
 )
-from specviz.engine.plumbing import Pieces, at, clock, fit_ids, model_vocab, pad_vocab, rollback, to_host
+from specviz.engine.plumbing import Pieces, at, clock, fit_ids, model_vocab, pad_vocab, prefill, rollback, to_host
 from specviz.engine.rules import verify
 from specviz.engine.sampling import logits_to_probs, make_generator
 from specviz.engine.tokens import candidates, emitted_token, shown, target_stats, top
@@ -36,6 +36,10 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     history, generated = list(prompt_ids), []
     k = config.k
+    t0 = clock(device)
+    prefill(pair.target, cache, ids)
+    drafter.prefill(ids)
+    prefill_time = clock(device) - t0
     for index in range(config.max_new_tokens):
         # never draft more than can be emitted: k accepted + 1 correction/bonus <= tokens left
         k_round = min(k, config.max_new_tokens - len(generated) - 1)
@@ -66,6 +70,7 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
         event = _round_event(host, n, new, draft.k, pieces, index=index, drafter=drafter.name, position=position,
                              text=pieces.text(generated), draft_time=t1 - t0, verify_time=t2 - t1, finished=finished)
         event.overhead_time = clock(device) - t2  # building the event is part of the overhead
+        event.prefill_time, prefill_time = prefill_time, 0.0
         yield event
         if finished:
             return

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from specviz.analysis.divergence import Divergence, first_divergence
-from specviz.analysis.stats import RunStats, run_stats
+from specviz.analysis.stats import RunStats, ratio, run_stats
 from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
 from specviz.runs.job import prepare
 from specviz.runs.limits import Limits
@@ -49,6 +49,7 @@ class Lane:
     key: str  # "ar" | "spec"
     title: str
     clock: float = 0.0  # seconds of this lane's own compute
+    prefill: float = 0.0  # of which reading the prompt (the engine times it apart)
     token_ids: list[int] = field(default_factory=list)
     text: str = ""
     events: list = field(default_factory=list)
@@ -61,10 +62,22 @@ class Lane:
 
     @property
     def tokens_per_s(self) -> float:
-        return self.tokens / self.clock if self.clock > 0 else 0.0
+        """End to end: prompt reading included, as a user waits for it."""
+        return ratio(self.tokens, self.clock)
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.clock - self.prefill
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Generation alone: what the speculative rounds speed up (the prompt's forward is the same work in
+        both lanes, so a long prompt dilutes the end-to-end gain)."""
+        return ratio(self.tokens, self.decode_seconds)
 
     def add(self, event, seconds: float) -> None:
         self.clock += seconds
+        self.prefill += event.prefill_time
         self.events.append(event)
         self.token_ids += [event.token.id] if isinstance(event, Step) else event.new_token_ids
         self.text = event.text
@@ -104,9 +117,17 @@ class RaceState:
     @property
     def speedup(self) -> float | None:
         """Speculative tokens/s over AR tokens/s, once both lanes have finished."""
-        if not self.done or not self.ar.tokens_per_s:
-            return None
-        return self.spec.tokens_per_s / self.ar.tokens_per_s
+        return self.running_speedup if self.done else None
+
+    @property
+    def running_speedup(self) -> float | None:
+        """The same ratio so far (each lane's tokens over its own clock); None until both lanes have a token."""
+        return ratio(self.spec.tokens_per_s, self.ar.tokens_per_s) or None
+
+    @property
+    def decode_speedup(self) -> float | None:
+        """The ratio of decode tokens/s, prompt reading left out of both lanes."""
+        return ratio(self.spec.decode_tokens_per_s, self.ar.decode_tokens_per_s) or None
 
     def stats(self) -> RunStats:
         """The speculative lane's numbers against the target alone, each timed by its lane's own clock."""
@@ -133,7 +154,8 @@ def alternate(ar_events: Iterator[Step], spec_events: Iterator[Round], meta: Run
     iterators = {"ar": ar_events, "spec": spec_events}
     try:
         while not state.done:
-            lane = min((ln for ln in state.lanes if ln.finished is None), key=lambda ln: ln.clock)
+            # the lane behind on its own clock goes next; on a tie the speculative one, so rounds show first
+            lane = min((ln for ln in state.lanes if ln.finished is None), key=lambda ln: (ln.clock, ln.key != "spec"))
             event, seconds = timed(iterators[lane.key])
             if event is None:  # a stream that ends without a finished event (a truncated trace)
                 lane.finished = lane.finished or "stopped"

@@ -1,16 +1,14 @@
-"""The Gradio app's layout and event wiring: small layout functions, one per part, and `build_app`.
+"""The Gradio app's layout: small layout functions, one per part, and `build_app`.
 
     demo = build_app(Session(pair, spec), Limits())
 
-Handlers (handlers.py) do the work through the run paths; views.py says what each part shows.
-Every event that touches the model shares one concurrency group of size 1 (one model, one run at a
-time; other requests wait in the queue). The JSON API is added by `specviz.server`.
+Handlers (handlers.py) do the work through the run paths; views.py and live.py say what each part
+shows; wiring.py connects buttons to handlers. The JSON API is added by `specviz.server`.
 """
 
 from __future__ import annotations
 
-from contextlib import closing
-from dataclasses import dataclass, fields
+from dataclasses import fields
 from html import escape
 
 import gradio as gr
@@ -25,12 +23,11 @@ from specviz.runs.replay import shipped_traces
 from specviz.runs.session import Session
 from specviz.runs.settings import flat_values
 from specviz.ui import handlers as h
-from specviz.ui import render, teach
+from specviz.ui import live, render, teach
 from specviz.ui.controls import controls
 from specviz.ui.figures import drilldown_figure, empty_figure, race_figure, stats_figure
-from specviz.ui.views import MainView, RaceView, as_tuple, main_view, race_blank
-
-MODEL = "model"  # the concurrency group of everything that runs the pair
+from specviz.ui.views import MainView, RaceView
+from specviz.ui.wiring import Buttons, Wiring
 
 EXAMPLES = [
     ("Code (high acceptance)", "Write a Python function `is_prime(n)` with a docstring and type hints, "
@@ -42,12 +39,15 @@ EXAMPLES = [
     ("Story (low acceptance)", "Write a short surreal story about a lighthouse keeper who collects lost colours."),
 ]
 
-APP_CSS = render.CSS + """
-.sv-header { display: flex; align-items: baseline; gap: 6px 16px; flex-wrap: wrap; padding: 2px 4px; }
-.sv-header h1 { margin: 0; font-size: 26px; }
+APP_CSS = render.CSS + live.CSS + """
+.sv-header { display: flex; align-items: baseline; gap: 6px 16px; flex-wrap: wrap; padding: 0 4px; }
+.sv-header h1 { margin: 0; font-size: 22px; }
 .sv-tagline { font-size: 15px; }
 #sv-pair { color: var(--body-text-color-subdued); font-size: 13px; }
 #sv-caption { min-height: 150px; }
+.sv-presenter .sv-tagline, .sv-presenter #sv-side, .sv-presenter #sv-examples, .sv-presenter #sv-rounds-run,
+.sv-presenter #sv-step, .sv-presenter #sv-tabs > .tab-wrapper { display: none !important; }
+.sv-presenter #sv-prompt textarea { font-size: 17px !important; }
 .sv-note { font-size: 13px; color: var(--body-text-color-subdued); }
 footer { display: none !important; }
 """
@@ -63,23 +63,37 @@ def outputs_of(view_cls, parts: dict) -> list:
     return [parts[f.name] for f in fields(view_cls)]
 
 
-@dataclass
-class Buttons:
-    run: gr.Button
-    step: gr.Button
-    race: gr.Button
-    stop: gr.Button
+# the presenter toggle runs in the browser: a class on <body> that the CSS above keys on
+TOGGLE_PRESENTER = "() => { document.body.classList.toggle('sv-presenter'); }"
 
 
-def prompt_area() -> tuple[gr.Textbox, Buttons]:
-    prompt = gr.Textbox(label="Prompt", lines=4, max_lines=12, value=EXAMPLES[0][1], elem_id="sv-prompt")
-    gr.Examples([[p] for _, p in EXAMPLES], inputs=[prompt], example_labels=[n for n, _ in EXAMPLES], label="Examples")
-    with gr.Row():
-        buttons = Buttons(gr.Button("Run", variant="primary", elem_id="sv-run"),
-                          gr.Button("Step (one round)", elem_id="sv-step"),
-                          gr.Button("Run race", elem_id="sv-race-run"),
-                          gr.Button("Stop", variant="stop", elem_id="sv-stop"))
-    return prompt, buttons
+def prompt_area() -> tuple[gr.Textbox, Buttons, gr.Button]:
+    prompt = gr.Textbox(label="Prompt", show_label=False, placeholder="Prompt", lines=2, max_lines=12,
+                        value=EXAMPLES[0][1], elem_id="sv-prompt")
+    with gr.Row(equal_height=True):
+        buttons = Buttons(gr.Button("Run", variant="primary", elem_id="sv-run", scale=2, min_width=90),
+                          gr.Button("Rounds only", elem_id="sv-rounds-run", scale=1, min_width=90),
+                          gr.Button("Step", elem_id="sv-step", scale=1, min_width=70),
+                          gr.Button("Stop", variant="stop", elem_id="sv-stop", scale=1, min_width=70))
+        # a dropdown, not gr.Examples: one line instead of three, so the Live view fits a laptop screen
+        examples = gr.Dropdown([name for name, _ in EXAMPLES], value=EXAMPLES[0][0], show_label=False,
+                               container=False, elem_id="sv-examples", scale=2, min_width=150, label="Examples")
+        presenter = gr.Button("Presenter", elem_id="sv-presenter-btn", scale=1, min_width=90)
+    examples.input(lambda name: dict(EXAMPLES).get(name, gr.skip()), [examples], [prompt], api_visibility="private")
+    return prompt, buttons, presenter
+
+
+def live_tab() -> dict:
+    """The four parts of one picture (ids sv-live-*): the verdict on top, the lanes, the latest round's bars."""
+    blank = live.live_blank()
+    with gr.Tab("Live", id="live"):
+        with gr.Row(equal_height=True):
+            parts = dict(speed=gr.HTML(blank.speed, elem_id="sv-live-speed"))
+            parts["pq"] = gr.Plot(blank.pq, show_label=False, elem_id="sv-live-pq")
+        with gr.Row(equal_height=True):
+            parts["spec"] = gr.HTML(blank.spec, elem_id="sv-live-spec")
+            parts["ar"] = gr.HTML(blank.ar, elem_id="sv-live-ar")
+    return {name: parts[name] for name in ("speed", "spec", "ar", "pq")}
 
 
 def decode_tab() -> dict:
@@ -170,126 +184,30 @@ def settings_panel(limits: Limits, defaults: DecodeConfig) -> dict:
 def build_app(session: Session, limits: Limits = Limits(), options: h.Options = h.Options(),
               defaults: DecodeConfig = DecodeConfig()) -> gr.Blocks:
     # analytics_enabled=False: no telemetry and no version check calling home (whatever the environment says)
-    with gr.Blocks(title="specviz: speculative decoding, visible", analytics_enabled=False) as demo:
+    with gr.Blocks(title="specviz: speculative decoding, visible", analytics_enabled=False, fill_width=True) as demo:
         header = gr.HTML(header_html(session.name))
         record, stepper = gr.State(None), gr.State(None)
         with gr.Row(equal_height=False):
             with gr.Column(scale=4, min_width=520):
-                prompt, buttons = prompt_area()
-                with gr.Tabs() as tabs:
-                    decode, race, dist, replay = decode_tab(), race_tab(), distribution_tab(limits), replay_tab()
+                prompt, buttons, presenter = prompt_area()
+                with gr.Tabs(elem_id="sv-tabs") as tabs:
+                    live_parts, decode, race = live_tab(), decode_tab(), race_tab()
+                    dist, replay = distribution_tab(limits), replay_tab()
                     formulas_tab()
-            with gr.Column(scale=1, min_width=290):
+            with gr.Column(scale=1, min_width=290, elem_id="sv-side"):
                 pair = pair_panel(session)
                 settings = settings_panel(limits, defaults)
                 export_btn = gr.Button("Export last run as a trace", elem_id="sv-export-btn")
                 export_file = gr.File(label="trace (JSON)", interactive=False, visible=False, elem_id="sv-export")
         wiring = Wiring(session, limits, options, prompt, list(settings), record, tabs,
                         outputs_of(MainView, {**decode, "record": record}),
-                        outputs_of(RaceView, {**race, "record": record}))
+                        outputs_of(RaceView, {**race, "record": record}), outputs_of(live.LiveView, live_parts))
         runs = wiring.runs(buttons, decode["show_rejected"], list(settings.values()), stepper)
         runs += wiring.replays(replay, decode["show_rejected"])
         runs += [wiring.distribution(dist, list(settings.values())), wiring.loading(pair, header)]
         buttons.stop.click(None, None, None, cancels=runs)
         wiring.browsing(decode)
+        presenter.click(lambda: gr.Tabs(selected="live"), None, [tabs], js=TOGGLE_PRESENTER, api_visibility="private")
         export_btn.click(lambda rec: gr.File(h.export(rec, options), visible=True), [record], [export_file],
                          api_visibility="private")
     return demo
-
-
-@dataclass
-class Wiring:
-    """The app's events: each handler's inputs and outputs, in one place per group of buttons."""
-
-    session: Session
-    limits: Limits
-    options: h.Options
-    prompt: gr.Textbox
-    names: list[str]  # the decoding settings' names, in their controls' order
-    record: gr.State
-    tabs: gr.Tabs
-    main_out: list
-    race_out: list
-
-    def settings_of(self, values) -> dict:
-        return dict(zip(self.names, values))
-
-    def runs(self, buttons: Buttons, show_rejected, settings: list, stepper) -> list:
-        s, lim, opt = self.session, self.limits, self.options
-
-        def on_run(text, *values):
-            *values, show = values
-            yield from stream(h.run(s, lim, text, self.settings_of(values), show, opt))
-
-        def on_step(state, text, *values):
-            *values, show = values
-            yield from stream(h.step(s, lim, state, text, self.settings_of(values), show, opt),
-                              lambda pair: (*as_tuple(pair[0]), pair[1]))
-
-        def on_race(text, *values):
-            yield (gr.Tabs(selected="race"), *as_tuple(race_blank()))
-            yield from stream(h.race(s, lim, text, self.settings_of(values), opt), with_tabs)
-
-        inputs = [self.prompt, *settings, show_rejected]
-        events = [trigger(on_run, inputs, self.main_out, api_visibility="private", concurrency_id=MODEL)
-                  for trigger in (buttons.run.click, self.prompt.submit)]
-        for trigger in (buttons.run.click, self.prompt.submit):  # a plain run ends any paused step-mode run
-            trigger(h.reset_step, [stepper], [stepper], api_visibility="private", queue=False)
-        events.append(buttons.step.click(on_step, [stepper, *inputs], [*self.main_out, stepper],
-                                         api_visibility="private", concurrency_id=MODEL))
-        events.append(buttons.race.click(on_race, [self.prompt, *settings], [self.tabs, *self.race_out],
-                                         api_visibility="private", concurrency_id=MODEL))
-        return events
-
-    def replays(self, replay: dict, show_rejected) -> list:
-        def on_replay(file, name, pace, show):
-            yield (gr.Tabs(selected="decode"), *as_tuple(main_view(None)))
-            yield from stream(h.replay_rounds(file, name, pace, show), with_tabs)
-
-        def on_replay_race(file, name, pace):
-            yield (gr.Tabs(selected="race"), *as_tuple(race_blank()))
-            yield from stream(h.replay_race(file, name, pace), with_tabs)
-
-        source = [replay["upload"], replay["shipped"], replay["speed"]]
-        return [replay["rounds"].click(on_replay, [*source, show_rejected], [self.tabs, *self.main_out],
-                                       api_visibility="private", concurrency_limit=4),
-                replay["race"].click(on_replay_race, source, [self.tabs, *self.race_out], api_visibility="private",
-                                     concurrency_limit=4)]
-
-    def distribution(self, dist: dict, settings: list):
-        def on_distribution(text, samples, temperature, *values):
-            experiment = dict(samples=samples, temperature=temperature)
-            yield from stream(h.same_distribution(self.session, self.limits, text, self.settings_of(values),
-                                                  experiment))
-
-        return dist["button"].click(on_distribution, [self.prompt, dist["samples"], dist["temperature"], *settings],
-                                    [dist["fig"], dist["summary"]], api_visibility="private", concurrency_id=MODEL)
-
-    def loading(self, pair: dict, header: gr.HTML):
-        def on_load(d, t, dt):
-            yield from h.load_models(self.session, d, t, dt)
-
-        pair["preset"].input(lambda name: (PRESETS[name][0] or "", PRESETS[name][1]), [pair["preset"]],
-                             [pair["draft"], pair["target"]], api_visibility="private")
-        return pair["load"].click(on_load, [pair["draft"], pair["target"], pair["dtype"]], [pair["log"]],
-                                  api_visibility="private", concurrency_id=MODEL).then(
-            lambda: header_html(self.session.name), None, [header], api_visibility="private")
-
-    def browsing(self, decode: dict) -> None:
-        gr.on([decode["rounds"].input, decode["show_rejected"].input],
-              lambda rec, n, show: as_tuple(h.browse(rec, n, show)),
-              [self.record, decode["rounds"], decode["show_rejected"]], self.main_out, api_visibility="private")
-        decode["positions"].input(h.pick_position, [self.record, decode["rounds"], decode["positions"]],
-                                  [decode["drill"]], api_visibility="private")
-
-
-def stream(views, convert=as_tuple):
-    """Map a handler's views onto output tuples; closing this (Stop) closes the handler, which ends the
-    run and releases the pair at once rather than whenever the garbage collector gets to it."""
-    with closing(views):
-        for view in views:
-            yield convert(view)
-
-
-def with_tabs(view) -> tuple:
-    return (gr.Tabs(), *as_tuple(view))

@@ -38,7 +38,7 @@ def empty_figure(message: str, height: int = 330) -> go.Figure:
     return _layout(fig, "", height)
 
 
-def pq_figure(r: Round | None, greedy: bool, *, verdict: bool = True) -> go.Figure:
+def pq_figure(r: Round | None, greedy: bool, *, verdict: bool = True, height: int = 330) -> go.Figure:
     """q(x) and p(x) of each drafted token, the threshold min(1, p/q) and the draw u, by outcome.
 
     Greedy decoding warps both models to point masses, so the bars show the temperature-1 softmax
@@ -46,7 +46,7 @@ def pq_figure(r: Round | None, greedy: bool, *, verdict: bool = True) -> go.Figu
     `verdict=False` (step mode, draft stage) shows only what the draft proposed.
     """
     if r is None or (not r.drafted and r.emitted is None):
-        return empty_figure("p/q bars of the current round appear here")
+        return empty_figure("p/q bars of the current round appear here", height)
     x = [position_label(i, t.text) for i, t in enumerate(r.drafted)]
     colors = [COLORS["drafted"] if not verdict else COLORS[t.status] for t in r.drafted]
     q = [t.q_soft if greedy else t.q for t in r.drafted]
@@ -75,7 +75,7 @@ def pq_figure(r: Round | None, greedy: bool, *, verdict: bool = True) -> go.Figu
     stage = "" if verdict else " (drafted, not yet verified)"
     fig.update_yaxes(range=[0, 1.05], title="probability")
     fig.update_layout(barmode="group", bargap=0.25)
-    return _layout(fig, f"Round {r.index + 1}: draft q vs target p{stage}{note}")
+    return _layout(fig, f"Round {r.index + 1}: draft q vs target p{stage}{note}", height)
 
 
 def _hbar(fig, cands: list[Candidate], col: int, color: str, highlight: int | None, name: str):

@@ -31,6 +31,7 @@ from specviz.runs.replay import trace_data
 from specviz.runs.session import Session
 from specviz.runs.trace import Trace
 from specviz.ui import figures
+from specviz.ui.live import LiveView, live_view
 from specviz.ui.views import (
     DistributionView, MainView, RaceView, distribution_view, drill, main_view, race_view, round_index,
 )
@@ -87,13 +88,30 @@ def reset_step(stepper: decoding.Stepper | None) -> None:
     return None
 
 
+@dataclass
+class LiveUpdate:
+    live: LiveView
+    race: RaceView | None = None  # the detail tabs (Race, Decode), filled once the race is over
+    main: MainView | None = None
+
+
 @user_errors
-def race(session: Session, limits: Limits, prompt, settings: dict, options: Options = Options()
-         ) -> Iterator[RaceView]:
+def live(session: Session, limits: Limits, prompt, settings: dict, options: Options = Options()
+         ) -> Iterator[LiveUpdate]:
+    """Both lanes on one screen as they run; the finished race also fills the Race and Decode tabs."""
+    plotted = 0  # rounds the p/q plot has seen
     with closing(paced(racing.race(session, limits, prompt, settings), options.pace.min_interval)) as states:
         for state, show in states:
-            if show:
-                yield race_view(state)
+            if not show:
+                continue
+            rounds = len(state.spec.events)
+            view = live_view(state, plot=rounds > plotted)
+            plotted = rounds
+            if state.done:
+                details = race_view(state)
+                yield LiveUpdate(view, details, main_view(details.record))
+            else:
+                yield LiveUpdate(view)
 
 
 @user_errors

@@ -1,0 +1,91 @@
+"""Why a run was faster or slower than the target alone, in one sentence computed from the run.
+
+Per round, speculative decoding pays K draft steps and one verify forward and gets the accepted
+drafts plus one token. In units of the target's own step T1 (ĉ = draft step / T1, v = verify / T1),
+with acceptance α per drafted token (i.i.d. approximation):
+
+    tokens per round E = (1 - α^(K+1)) / (1 - α),   cost per round = K·ĉ + v,   speedup = E / (K·ĉ + v)
+
+The predicted speedup itself comes from `predict.py` over the run's own rounds (the bench's formula);
+the closed form above only answers "at what acceptance would this draft cost and K break even?".
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from specviz.analysis.stats import RunStats, ratio
+
+
+def tokens_per_round(alpha: float, k: float) -> float:
+    """E(K) for i.i.d. acceptance α: 1 + α + α² + … + α^K."""
+    return k + 1.0 if alpha >= 1.0 else (1.0 - alpha ** (k + 1)) / (1.0 - alpha)
+
+
+def break_even_acceptance(c: float, verify: float, k: float) -> float | None:
+    """The acceptance at which E(K) = K·ĉ + v (speedup 1); 0 if even rejecting everything pays (a round
+    then costs less than a target step), None if even accepting everything does not."""
+    cost = k * c + verify
+    if cost <= 1.0:
+        return 0.0
+    if cost >= k + 1.0:
+        return None
+    lo, hi = 0.0, 1.0  # E grows with α: bisect
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (mid, hi) if tokens_per_round(mid, k) < cost else (lo, mid)
+    return (lo + hi) / 2
+
+
+@dataclass(frozen=True)
+class Explanation:
+    measured: float  # speculative tokens/s over the target alone's (the race's clocks)
+    predicted: float  # the bench's formula on this run's rounds and measured costs
+    acceptance: float  # accepted / drafted
+    tokens_per_round: float  # emitted per target forward
+    k: float  # drafted per round, on average
+    c: float  # draft step / target step
+    verify: float  # verify forward / target step
+    break_even: float | None  # acceptance needed for speedup 1 at this ĉ, v and K
+
+    @property
+    def round_cost(self) -> float:
+        """A round's cost in target steps: K·ĉ + v."""
+        return self.k * self.c + self.verify
+
+
+def explain(stats: RunStats) -> Explanation | None:
+    """The numbers behind a race's verdict; None until both lanes ran and a round drafted something."""
+    s, cost = stats.spec, stats.cost
+    if stats.speedup is None or cost is None or stats.predicted_speedup is None or not s.drafted:
+        return None
+    k = s.drafted / s.rounds
+    verify = ratio(s.verify_s / s.rounds, cost.target_step_s)
+    return Explanation(measured=stats.speedup, predicted=stats.predicted_speedup, acceptance=s.acceptance_rate,
+                       tokens_per_round=s.mean_accepted_tokens, k=k, c=cost.c, verify=verify,
+                       break_even=break_even_acceptance(cost.c, verify, k))
+
+
+EVEN = 0.05  # within 5% of the target alone: "about even" (a race's clocks are not finer than that on a CPU)
+
+
+def sentence(e: Explanation) -> str:
+    """One sentence: what the run measured, and when it lost, which of the numbers made it so."""
+    facts = (f"acceptance {e.acceptance:.0%} gave {e.tokens_per_round:.1f} tokens per target forward, "
+             f"and a round cost {e.k:.1f} draft steps × {e.c:.2f} + a verify of {e.verify:.2f} = "
+             f"{e.round_cost:.2f} target steps, so the model predicts {e.predicted:.2f}×")
+    if abs(e.measured - 1.0) < EVEN:
+        where = "no acceptance" if e.break_even is None else f"{e.break_even:.0%} acceptance"
+        return f"About even: {facts}; at this draft cost and K the break-even point is {where}."
+    if e.measured > 1.0:
+        return f"Faster because {facts}."
+    if e.break_even is None:
+        return (f"Slower because the draft is too expensive for this K: {facts}; even accepting every draft "
+                f"({e.k + 1:.1f} tokens per round) would not pay for {e.round_cost:.2f} target steps: lower K "
+                "or use a cheaper draft.")
+    if e.acceptance < e.break_even:
+        return (f"Slower because acceptance is too low: {facts}; at this draft cost and K it breaks even "
+                f"at {e.break_even:.0%} acceptance.")
+    return (f"Slower than the model's prediction: {facts} (break-even {e.break_even:.0%} acceptance); the "
+            "gap is time outside the model: the prompt's forward (the same work in both lanes), building "
+            "events, or a noisy machine.")

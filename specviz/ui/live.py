@@ -1,0 +1,101 @@
+"""The Live view: the whole demo on one screen, built from a running race (pure: state in, view out).
+
+Four parts, each with a stable element id: the speculative lane as coloured rounds (`sv-live-spec`),
+the target-alone lane's text (`sv-live-ar`), the latest round's p/q bars (`sv-live-pq`) and the running
+speedup with each lane's tokens/s, prefill apart, and a sentence saying why (`sv-live-speed`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from html import escape
+
+import gradio as gr
+
+from specviz.analysis.explain import explain, sentence
+from specviz.runs.race import Lane, RaceState
+from specviz.ui import figures, render
+
+PQ_HEIGHT = 210  # px: beside the verdict, above the lanes: the four parts fit a 1366x768 screen
+
+CSS = """
+#sv-live-speed .sv-live-speed { display: flex; flex-wrap: wrap; align-items: baseline; gap: 2px 18px;
+  font-variant-numeric: tabular-nums; }
+.sv-live-x { font-size: 30px; font-weight: 750; line-height: 1.1; }
+.sv-live-x.sv-slower { color: #dc2626; } .sv-live-x.sv-faster { color: #16a34a; }
+.sv-live-nums { font-size: 13px; color: var(--body-text-color-subdued); }
+.sv-live-nums b { color: var(--body-text-color); }
+.sv-live-why { flex-basis: 100%; font-size: 13px; line-height: 1.35; }
+.sv-live-lane h4 { margin: 0 0 4px; font-size: 13px; display: flex; justify-content: space-between; }
+.sv-live-lane .sv-scroll { height: 170px; max-height: none; justify-content: flex-end; }
+.sv-live-lane .sv-text { flex: 1 0 auto; min-height: 0; font-size: 13px; line-height: 1.75; padding: 6px 8px; }
+/* presenter mode (a class on <body>, outside the container Gradio prefixes its rules with: !important) */
+.sv-presenter .sv-live-lane .sv-scroll { height: 230px !important; }
+.sv-presenter .sv-live-lane .sv-text { font-size: 19px !important; }
+.sv-presenter .sv-live-x { font-size: 44px !important; }
+.sv-presenter .sv-live-nums, .sv-presenter .sv-live-why { font-size: 17px !important; }
+"""
+
+
+@dataclass
+class LiveView:
+    speed: str  # HTML
+    spec: str  # HTML
+    ar: str  # HTML
+    pq: object  # plotly figure, or gr.skip() while no new round arrived
+
+
+def lane_box(lane: Lane, body: str) -> str:
+    state = f"finished ({lane.finished})" if lane.finished else "running…"
+    return (f'<div class="sv-live-lane"><h4><span>{escape(lane.title)}</span><span>{lane.tokens} tokens · '
+            f'{state}</span></h4><div class="sv-scroll">{body}</div></div>')
+
+
+def lane_numbers(lane: Lane) -> str:
+    return (f"{lane.tokens_per_s:.1f} tok/s (prefill {lane.prefill:.2f} s, then "
+            f"{lane.decode_tokens_per_s:.1f} tok/s decoding)")
+
+
+def speed_html(state: RaceState) -> str:
+    """The running verdict, each lane's numbers, and (once over) why it came out that way."""
+    x = state.running_speedup
+    if x is None:
+        verdict = '<span class="sv-live-x">…</span>'
+    else:
+        word, cls = ("faster", "sv-faster") if x >= 1 else ("slower", "sv-slower")
+        label = "" if state.done else " so far"
+        verdict = f'<span class="sv-live-x {cls}">{x:.2f}× {word}{label}</span>'
+    stats = state.stats()
+    nums = (f'<span class="sv-live-nums">speculative <b>{lane_numbers(state.spec)}</b> · target alone '
+            f'<b>{lane_numbers(state.ar)}</b> · acceptance <b>{stats.spec.acceptance_rate:.0%}</b>, '
+            f'<b>{stats.spec.mean_accepted_tokens:.1f}</b> tokens per round</span>')
+    e = explain(stats) if state.done else None
+    why = f'<span class="sv-live-why">{escape(sentence(e))}</span>' if e else ""
+    return f'<div class="sv-live-speed">{verdict}{nums}{why}</div>'
+
+
+def live_view(state: RaceState, plot: bool = True) -> LiveView:
+    """The four parts after an event of either lane. `plot=False` keeps the p/q plot as it is: the caller
+    rebuilds it only when a new round arrived (a plotly figure costs tens of ms, and the target-alone
+    lane moves one token at a time)."""
+    rounds = state.spec.events
+    return LiveView(
+        speed=speed_html(state),
+        spec=lane_box(state.spec, render.rounds_html(rounds, state.greedy, empty="waiting for the first round…")),
+        ar=lane_box(state.ar, render.steps_html(state.ar.events)),
+        pq=figures.pq_figure(rounds[-1], state.greedy, height=PQ_HEIGHT) if plot and rounds else gr.skip(),
+    )
+
+
+def live_blank() -> LiveView:
+    """The Live view before a run: where each part will appear."""
+    return LiveView(
+        speed='<div class="sv-live-speed"><span class="sv-live-x">–</span><span class="sv-live-nums">Press Run: '
+              "speculative decoding and the target alone decode the same prompt, each on its own clock."
+              "</span></div>",
+        spec=f'<div class="sv-live-lane"><h4><span>Speculative decoding</span></h4><div class="sv-scroll">'
+             f'{render.rounds_html([], True)}</div></div>',
+        ar='<div class="sv-live-lane"><h4><span>Target alone (autoregressive)</span></h4><div class="sv-scroll">'
+           f'{render.steps_html([])}</div></div>',
+        pq=figures.empty_figure("p/q bars of the latest round appear here", PQ_HEIGHT),
+    )

@@ -1,0 +1,136 @@
+"""The app's events: each handler's inputs and outputs, in one place per group of buttons.
+
+Every event that touches the model shares one concurrency group of size 1 (one model, one run at a
+time; other requests wait in the queue). Handlers (handlers.py) do the work; this file only says
+which components go in and come out.
+"""
+
+from __future__ import annotations
+
+from contextlib import closing
+from dataclasses import dataclass
+
+import gradio as gr
+
+from specviz.models.presets import PRESETS
+from specviz.runs.limits import Limits
+from specviz.runs.session import Session
+from specviz.ui import handlers as h
+from specviz.ui.live import live_blank
+from specviz.ui.views import as_tuple, main_view, race_blank
+
+MODEL = "model"  # the concurrency group of everything that runs the pair
+
+
+@dataclass
+class Buttons:
+    run: gr.Button  # both lanes, in the Live tab
+    rounds: gr.Button  # the speculative lane alone, in the Decode tab
+    step: gr.Button
+    stop: gr.Button
+
+
+@dataclass
+class Wiring:
+    """The app's events, grouped by the part of the app they serve."""
+
+    session: Session
+    limits: Limits
+    options: h.Options
+    prompt: gr.Textbox
+    names: list[str]  # the decoding settings' names, in their controls' order
+    record: gr.State
+    tabs: gr.Tabs
+    main_out: list  # MainView's components, the record last
+    race_out: list  # RaceView's components, the record last
+    live_out: list
+
+    def settings_of(self, values) -> dict:
+        return dict(zip(self.names, values))
+
+    def runs(self, buttons: Buttons, show_rejected, settings: list, stepper) -> list:
+        s, lim, opt = self.session, self.limits, self.options
+        details = len(self.race_out) + len(self.main_out) - 1  # one record for both tabs
+
+        def on_live(text, *values):
+            *values, _show = values
+            yield (gr.Tabs(selected="live"), *as_tuple(live_blank()), *[gr.skip()] * details)
+            with closing(h.live(s, lim, text, self.settings_of(values), opt)) as updates:
+                for u in updates:
+                    rest = [*as_tuple(u.race), *as_tuple(u.main)[:-1]] if u.race else [gr.skip()] * details
+                    yield (gr.Tabs(), *as_tuple(u.live), *rest)
+
+        def on_rounds(text, *values):
+            *values, show = values
+            yield (gr.Tabs(selected="decode"), *as_tuple(main_view(None)))
+            yield from stream(h.run(s, lim, text, self.settings_of(values), show, opt), with_tabs)
+
+        def on_step(state, text, *values):
+            *values, show = values
+            yield from stream(h.step(s, lim, state, text, self.settings_of(values), show, opt),
+                              lambda pair: (gr.Tabs(selected="decode"), *as_tuple(pair[0]), pair[1]))
+
+        inputs = [self.prompt, *settings, show_rejected]
+        live_out = [self.tabs, *self.live_out, *self.race_out, *self.main_out[:-1]]
+        events = [trigger(on_live, inputs, live_out, api_visibility="private", concurrency_id=MODEL)
+                  for trigger in (buttons.run.click, self.prompt.submit)]
+        events.append(buttons.rounds.click(on_rounds, inputs, [self.tabs, *self.main_out], api_visibility="private",
+                                           concurrency_id=MODEL))
+        for trigger in (buttons.run.click, self.prompt.submit, buttons.rounds.click):  # a plain run ends step mode
+            trigger(h.reset_step, [stepper], [stepper], api_visibility="private", queue=False)
+        events.append(buttons.step.click(on_step, [stepper, *inputs], [self.tabs, *self.main_out, stepper],
+                                         api_visibility="private", concurrency_id=MODEL))
+        return events
+
+    def replays(self, replay: dict, show_rejected) -> list:
+        def on_replay(file, name, pace, show):
+            yield (gr.Tabs(selected="decode"), *as_tuple(main_view(None)))
+            yield from stream(h.replay_rounds(file, name, pace, show), with_tabs)
+
+        def on_replay_race(file, name, pace):
+            yield (gr.Tabs(selected="race"), *as_tuple(race_blank()))
+            yield from stream(h.replay_race(file, name, pace), with_tabs)
+
+        source = [replay["upload"], replay["shipped"], replay["speed"]]
+        return [replay["rounds"].click(on_replay, [*source, show_rejected], [self.tabs, *self.main_out],
+                                       api_visibility="private", concurrency_limit=4),
+                replay["race"].click(on_replay_race, source, [self.tabs, *self.race_out], api_visibility="private",
+                                     concurrency_limit=4)]
+
+    def distribution(self, dist: dict, settings: list):
+        def on_distribution(text, samples, temperature, *values):
+            experiment = dict(samples=samples, temperature=temperature)
+            yield from stream(h.same_distribution(self.session, self.limits, text, self.settings_of(values),
+                                                  experiment))
+
+        return dist["button"].click(on_distribution, [self.prompt, dist["samples"], dist["temperature"], *settings],
+                                    [dist["fig"], dist["summary"]], api_visibility="private", concurrency_id=MODEL)
+
+    def loading(self, pair: dict, header: gr.HTML):
+        def on_load(d, t, dt):
+            yield from h.load_models(self.session, d, t, dt)
+
+        pair["preset"].input(lambda name: (PRESETS[name][0] or "", PRESETS[name][1]), [pair["preset"]],
+                             [pair["draft"], pair["target"]], api_visibility="private")
+        return pair["load"].click(on_load, [pair["draft"], pair["target"], pair["dtype"]], [pair["log"]],
+                                  api_visibility="private", concurrency_id=MODEL).then(
+            lambda: header_html(self.session.name), None, [header], api_visibility="private")
+
+    def browsing(self, decode: dict) -> None:
+        gr.on([decode["rounds"].input, decode["show_rejected"].input],
+              lambda rec, n, show: as_tuple(h.browse(rec, n, show)),
+              [self.record, decode["rounds"], decode["show_rejected"]], self.main_out, api_visibility="private")
+        decode["positions"].input(h.pick_position, [self.record, decode["rounds"], decode["positions"]],
+                                  [decode["drill"]], api_visibility="private")
+
+
+def stream(views, convert=as_tuple):
+    """Map a handler's views onto output tuples; closing this (Stop) closes the handler, which ends the
+    run and releases the pair at once rather than whenever the garbage collector gets to it."""
+    with closing(views):
+        for view in views:
+            yield convert(view)
+
+
+def with_tabs(view) -> tuple:
+    return (gr.Tabs(), *as_tuple(view))

@@ -1,0 +1,73 @@
+"""The Live view's sentence: why a run was faster or slower, from its own numbers; and prefill apart."""
+
+from __future__ import annotations
+
+import pytest
+
+from specviz.analysis.explain import Explanation, break_even_acceptance, sentence, tokens_per_round
+from specviz.engine import DecodeConfig
+from specviz.models import encode_prompt
+from specviz.runs.race import race_decoders
+from specviz.runs.trace import RunMeta
+
+
+def explanation(measured: float, acceptance: float, c: float, k: float = 4, verify: float = 1.0) -> Explanation:
+    e = tokens_per_round(acceptance, k)
+    return Explanation(measured=measured, predicted=e / (k * c + verify), acceptance=acceptance, tokens_per_round=e,
+                       k=k, c=c, verify=verify, break_even=break_even_acceptance(c, verify, k))
+
+
+@pytest.mark.parametrize("c,verify,k", [(0.15, 1.1, 8), (0.5, 1.0, 4), (0.05, 1.0, 2), (0.3, 1.4, 6)])
+def test_at_the_break_even_acceptance_the_model_predicts_exactly_one(c, verify, k):
+    alpha = break_even_acceptance(c, verify, k)
+    assert 0 < alpha < 1
+    assert tokens_per_round(alpha, k) / (k * c + verify) == pytest.approx(1.0, abs=1e-9)
+    assert tokens_per_round(alpha + 0.01, k) > k * c + verify > tokens_per_round(alpha - 0.01, k)
+
+
+def test_break_even_edges():
+    assert break_even_acceptance(0.0, 1.0, 4) == 0.0  # a free draft never loses
+    assert break_even_acceptance(1.0, 1.0, 4) is None  # K + v target steps for at most K + 1 tokens
+    assert tokens_per_round(1.0, 4) == 5 and tokens_per_round(0.0, 4) == 1
+
+
+def test_a_fast_run_says_what_made_it_fast():
+    text = sentence(explanation(measured=2.4, acceptance=0.8, c=0.15))
+    assert text.startswith("Faster because") and "acceptance 80%" in text and "0.15" in text
+    assert f"predicts {explanation(2.4, 0.8, 0.15).predicted:.2f}×" in text
+
+
+def test_a_slow_run_with_low_acceptance_names_the_break_even():
+    e = explanation(measured=0.7, acceptance=0.3, c=0.3)
+    text = sentence(e)
+    assert text.startswith("Slower because acceptance is too low")
+    assert f"breaks even at {e.break_even:.0%} acceptance" in text and e.break_even > 0.3
+
+
+def test_a_slow_run_with_an_expensive_draft_says_no_acceptance_pays():
+    text = sentence(explanation(measured=0.6, acceptance=0.9, c=1.1))
+    assert text.startswith("Slower because the draft is too expensive") and "lower K" in text
+
+
+def test_a_run_at_break_even_says_so():
+    be = break_even_acceptance(0.5, 1.0, 4)
+    text = sentence(explanation(measured=1.01, acceptance=be, c=0.5))
+    assert text.startswith("About even") and f"{be:.0%} acceptance" in text
+
+
+def test_a_slow_run_the_model_expected_to_win_blames_time_outside_the_model():
+    text = sentence(explanation(measured=0.9, acceptance=0.9, c=0.1))
+    assert text.startswith("Slower than the model's prediction") and "prompt's forward" in text
+
+
+def test_prefill_and_decode_add_up_to_each_lanes_clock(tiny):
+    ids = encode_prompt(tiny.tokenizer, "the man said that it was good and")
+    config = DecodeConfig(k=4, max_new_tokens=16, adaptive="fixed")
+    *_, state = race_decoders(tiny, ids, config, RunMeta.of(tiny, "", ids, config))
+    for lane in state.lanes:
+        first = lane.events[0]
+        assert lane.prefill == first.prefill_time > 0  # the engine's own timing of the prompt's forward
+        assert lane.prefill + lane.decode_seconds == pytest.approx(lane.clock)
+        assert lane.decode_tokens_per_s == pytest.approx(lane.tokens / (lane.clock - lane.prefill))
+        assert lane.decode_tokens_per_s > lane.tokens_per_s
+    assert state.decode_speedup == pytest.approx(state.spec.decode_tokens_per_s / state.ar.decode_tokens_per_s)
