@@ -10,6 +10,8 @@ any model only when the server is bound to loopback (or --allow-any-model says s
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import argparse
 import ipaddress
 import logging
@@ -33,6 +35,11 @@ def cmd_trace(args) -> int:
     trace.save(t, args.out)
     s = spec_stats(t.rounds)
     print(f"wrote {args.out}: {s.rounds} rounds, {s.tokens} tokens, acceptance {s.acceptance_rate:.2f}")
+    if args.html:
+        from specviz.ui.share import share_html
+
+        Path(args.html).write_text(share_html(t), encoding="utf-8")
+        print(f"wrote {args.html}: the run as one self-contained page")
     return 0
 
 
@@ -112,6 +119,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", required=True)
     p.add_argument("--out", default="trace.json")
     p.add_argument("--with-ar", action="store_true", help="also record the target alone (for replaying the race)")
+    p.add_argument("--html", metavar="FILE", help="also write the run as one self-contained HTML page to share")
     add_options(p.add_argument_group("models"), PairSpec)
     add_options(p.add_argument_group("decoding"), DecodeConfig, CLI_LIMITS)
     p.set_defaults(func=cmd_trace)

@@ -98,10 +98,10 @@ def test_a_missing_file(tmp_path):
 
 
 def test_cli_trace_on_the_tiny_pair(tmp_path, capsys):
-    out = tmp_path / "trace.json"
+    out, page = tmp_path / "trace.json", tmp_path / "run.html"
     rc = cli.main(["trace", "--draft", "tiny", "--target", "tiny", "--device", "cpu", "--draft-quant", "none",
                    "--prompt", "the a of", "--out", str(out), "--max-new-tokens", "16", "--k", "3", "--adaptive", "fixed",
-                   "--with-ar"])
+                   "--with-ar", "--html", str(page)])
     assert rc == 0
     printed = capsys.readouterr().out
     assert f"wrote {out}" in printed
@@ -110,6 +110,8 @@ def test_cli_trace_on_the_tiny_pair(tmp_path, capsys):
     assert f"{len(t.rounds)} rounds, 16 tokens, acceptance {s.acceptance_rate:.2f}" in printed
     spec = [x for r in t.rounds for x in r.new_token_ids]
     assert len(spec) == 16 and spec == [s.token.id for s in t.ar_steps]  # greedy by default: identical
+    html = page.read_text()  # the shareable page of the same run (its contents: test_share.py)
+    assert f"wrote {page}" in printed and html.count('class="sv-round') == len(t.rounds) and "×" in html
     assert t.meta.draft == "tiny-draft" and t.meta.config.k == 3
 
 

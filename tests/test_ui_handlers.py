@@ -268,6 +268,13 @@ def test_a_race_replaces_the_decode_record_only_when_it_is_done(session):
     assert not any(u.race is not None for u in early)
 
 
+def test_share_writes_the_last_run_as_one_html_page(session, tmp_path):
+    record = list(h.live(session, Limits(), PROMPT, settings(), options=FAST))[-1].race.record
+    path = Path(h.export(record, replace(FAST, trace_dir=tmp_path), html=True))
+    assert path.suffix == ".html" and path.parent == tmp_path
+    assert path.read_text().count('class="sv-round') == len(record.rounds)
+
+
 def test_two_exports_in_the_same_second_get_their_own_files(session, tmp_path, monkeypatch):
     record = list(h.run(session, Limits(), PROMPT, settings(max_new_tokens=8), options=FAST))[-1].record
     monkeypatch.setattr(h.time, "strftime", lambda *a: "20250101-000000")

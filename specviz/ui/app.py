@@ -197,8 +197,10 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options = 
             with gr.Column(scale=1, min_width=290, elem_id="sv-side"):
                 pair = pair_panel(session)
                 settings = settings_panel(limits, defaults)
-                export_btn = gr.Button("Export last run as a trace", elem_id="sv-export-btn")
-                export_file = gr.File(label="trace (JSON)", interactive=False, visible=False, elem_id="sv-export")
+                with gr.Row():
+                    export_btn = gr.Button("Export trace (JSON)", elem_id="sv-export-btn", min_width=100)
+                    share_btn = gr.Button("Share as HTML", elem_id="sv-share-btn", min_width=100)
+                export_file = gr.File(label="last run", interactive=False, visible=False, elem_id="sv-export")
         wiring = Wiring(session, limits, options, prompt, list(settings), record, tabs,
                         outputs_of(MainView, {**decode, "record": record}),
                         outputs_of(RaceView, {**race, "record": record}), outputs_of(live.LiveView, live_parts))
@@ -208,6 +210,7 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options = 
         buttons.stop.click(None, None, None, cancels=runs)
         wiring.browsing(decode)
         presenter.click(lambda: gr.Tabs(selected="live"), None, [tabs], js=TOGGLE_PRESENTER, api_visibility="private")
-        export_btn.click(lambda rec: gr.File(h.export(rec, options), visible=True), [record], [export_file],
-                         api_visibility="private")
+        for button, html in ((export_btn, False), (share_btn, True)):
+            button.click(lambda rec, html=html: gr.File(h.export(rec, options, html), visible=True), [record],
+                         [export_file], api_visibility="private")
     return demo

@@ -32,6 +32,7 @@ from specviz.runs.session import Session
 from specviz.runs.trace import Trace
 from specviz.ui import figures
 from specviz.ui.live import LiveView, live_view
+from specviz.ui.share import share_html
 from specviz.ui.views import (
     DistributionView, MainView, RaceView, distribution_view, drill, main_view, race_view, round_index,
 )
@@ -139,16 +140,20 @@ def replay_race(upload, shipped, speed) -> Iterator[RaceView]:
         yield race_view(state, t.source)
 
 
-def export(record: Trace | None, options: Options = Options()) -> str:
+def export(record: Trace | None, options: Options = Options(), html: bool = False) -> str:
+    """The last run as a trace (JSON, replayable) or, with `html`, as one self-contained page to share."""
     if record is None or not record.rounds:
-        raise gr.Error("nothing to export yet: press Run, Step or Run race first.", print_exception=False)
+        raise gr.Error("nothing to export yet: press Run, Rounds only or Step first.", print_exception=False)
     folder = options.trace_dir or Path(tempfile.gettempdir()) / "specviz-traces"
     folder.mkdir(parents=True, exist_ok=True)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     # the folder is shared by every user of the server: a unique name, never one derived from the time alone
-    fd, path = tempfile.mkstemp(prefix=f"specviz-trace-{record.source.lower().replace(' ', '-')}-{stamp}-",
-                                suffix=".json", dir=folder)
+    fd, path = tempfile.mkstemp(prefix=f"specviz-{record.source.lower().replace(' ', '-')}-{stamp}-",
+                                suffix=".html" if html else ".json", dir=folder)
     os.close(fd)
+    if html:
+        Path(path).write_text(share_html(record), encoding="utf-8")
+        return path
     return str(tracefile.save(record, path))
 
 
