@@ -3,8 +3,9 @@
     flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py            # embedded pair, bf16
     .venv/bin/python scripts/screenshots.py --pair tiny --out /tmp/shots           # a quick layout check
 
-Writes main_running.png, main_finished.png, drilldown.png, step.png, race.png, distribution.png,
-formulas.png and replay.png into --out (default assets/screenshots).
+Writes live.png (the first screen at 1366x768), live_long_prompt.png, presenter.png, race.png, main_running.png,
+main_finished.png, drilldown.png, step.png, distribution.png, formulas.png and replay.png into --out (default
+assets/screenshots), and prints what the Live view measured and the time from each click to its first round.
 """
 
 from __future__ import annotations
@@ -21,12 +22,13 @@ from specviz.runs.limits import Limits
 from specviz.runs.pacing import Pace
 from specviz.runs.session import Session
 from specviz.server import build_server, launch
+from specviz.ui.examples import EXAMPLES
 from specviz.ui.handlers import Options
 
 ASSETS = Path(__file__).resolve().parents[1] / "assets"
 
-CODE = ("Write a Python function `is_prime(n)` with a docstring and type hints, then a loop that prints "
-        "the primes below 50.")
+CODE, STORY, LONG = (dict(EXAMPLES)[name] for name in ("Code (high acceptance)", "Story (low acceptance)",
+                                                         "Long prompt (prefill apart)"))
 FRUIT = "Pick a random number between 1 and 10. Answer with the number only."
 ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 
@@ -42,6 +44,19 @@ def clip(page, top: str, bottom: str, pad: int = 8) -> dict:
 
 
 FINISHED = "document.querySelector('#sv-caption')?.innerText.includes('finished (')"
+LIVE_DONE = "document.querySelector('#sv-live-speed .sv-live-why')"
+# the time from the click to the first coloured round in the Live view, measured in the page
+CLICK_TO_FIRST_ROUND = """() => new Promise(done => {
+  const t0 = performance.now(); let blank = false;
+  const seen = () => {
+    const round = document.querySelector('#sv-live-spec .sv-round');
+    blank = blank || !round;
+    if (blank && round) { observer.disconnect(); done(performance.now() - t0); }
+  };
+  const observer = new MutationObserver(seen);
+  observer.observe(document.body, {subtree: true, childList: true, characterData: true});
+  document.querySelector('#sv-run').click();
+})"""
 
 
 def shot(page, out: Path, name: str, top: str, bottom: str) -> None:
@@ -55,10 +70,22 @@ def set_slider(page, elem_id: str, value: int) -> None:
     box.press("Enter")
 
 
+def live_run(page, prompt: str, long: int) -> float:
+    """Run both lanes from the Live view; the seconds from the click to the first coloured round."""
+    page.fill("#sv-prompt textarea", prompt)
+    page.locator("#sv-prompt textarea").dispatch_event("input")
+    time.sleep(1.0)
+    first = page.evaluate(CLICK_TO_FIRST_ROUND) / 1000
+    page.wait_for_function(LIVE_DONE, timeout=long)
+    time.sleep(1.5)
+    print(f"click -> first round {first:.2f} s | " + page.inner_text("#sv-live-speed").replace("\n", " | "), flush=True)
+    return first
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pair", default="embedded", choices=["embedded", "tiny"])
-    ap.add_argument("--dtype", default="bfloat16")
+    ap.add_argument("--dtype", default="auto")
     ap.add_argument("--draft-quant", default="int4", choices=["int4", "int8", "none"], help="as `specviz serve`")
     ap.add_argument("--out", default=str(ASSETS / "screenshots"))
     ap.add_argument("--samples", type=int, default=100)
@@ -70,18 +97,36 @@ def main() -> None:
     session = Session(spec=PairSpec(args.pair, args.pair, dtype=args.dtype, device="cpu",
                                      draft_quant=args.draft_quant))
     session.load(args.pair, args.pair, args.dtype, status=print)
-    demo = build_server(session, Limits(), Options(Pace(min_interval=0.08, stage_delay=0.0)))
+    demo = build_server(session, Limits(), Options(Pace(stage_delay=0.0)))  # the served pace
     _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
     long = 600_000
     with sync_playwright() as p:
         browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=ARGS)
-        page = browser.new_page(viewport={"width": 1440, "height": 1000}, device_scale_factor=1)
+        page = browser.new_page(viewport={"width": 1366, "height": 768}, device_scale_factor=1)
         page.goto(url)
         page.wait_for_selector("#sv-run")
         set_slider(page, "sv-set-max_new_tokens", args.max_new_tokens)
-        page.fill("#sv-prompt textarea", CODE)
 
-        page.click("#sv-run")  # main view, mid-run and finished
+        live_run(page, STORY, long)  # the Live view: a story, then the code prompt on screen
+        live_run(page, CODE, long)
+        page.screenshot(path=str(out / "live.png"))
+        print("wrote", out / "live.png", flush=True)
+        page.click("#sv-presenter-btn")
+        time.sleep(1.0)
+        page.screenshot(path=str(out / "presenter.png"))
+        print("wrote", out / "presenter.png", flush=True)
+        page.click("#sv-presenter-btn")
+        page.set_viewport_size({"width": 1440, "height": 1000})
+        page.get_by_role("tab", name="Race").click()  # the finished race's detail
+        time.sleep(1.5)
+        shot(page, out, "race.png", "#sv-race-note", "#sv-race-plot")
+
+        page.get_by_role("tab", name="Live").click()
+        live_run(page, LONG, long)  # prefill apart: the end-to-end gain shrinks, decoding alone holds
+        shot(page, out, "live_long_prompt.png", "#sv-live-speed", "#sv-live-speed")
+
+        page.fill("#sv-prompt textarea", CODE)
+        page.click("#sv-rounds-run")  # the speculative lane alone, in Decode: mid-run and finished
         page.wait_for_function("document.querySelectorAll('#sv-tokens .sv-round').length >= 4", timeout=long)
         shot(page, out, "main_running.png", "#sv-prompt", "#sv-pq")
         page.wait_for_function(FINISHED, timeout=long)
@@ -101,12 +146,6 @@ def main() -> None:
                                    "document.querySelector('#sv-caption')?.innerText.includes('Net:')", timeout=long)
             time.sleep(0.5)
         shot(page, out, "step.png", "#sv-run", "#sv-pq")
-
-        page.click("#sv-race-run")
-        page.wait_for_selector("#sv-lane-ar .sv-done", timeout=long)
-        page.wait_for_selector("#sv-lane-spec .sv-done", timeout=long)
-        time.sleep(1.5)
-        shot(page, out, "race.png", "#sv-race-note", "#sv-race-plot")
 
         page.get_by_role("tab", name="Same distribution").click()
         page.fill("#sv-prompt textarea", FRUIT)

@@ -16,6 +16,7 @@ from specviz.runs.limits import Limits
 from specviz.runs.session import Session
 from specviz.ui.app import APP_CSS, build_app
 from specviz.ui.handlers import Options
+from specviz.ui.share import share_html
 
 
 def build_server(session: Session, limits: Limits = Limits(), options: Options = Options(),
@@ -23,7 +24,7 @@ def build_server(session: Session, limits: Limits = Limits(), options: Options =
     """The app and its JSON endpoints, with one queue: a full queue turns requests away."""
     demo = build_app(session, limits, options, defaults)
     with demo:
-        endpoints.register(session, limits, options.pace)
+        endpoints.register(session, limits, options.pace, page=share_html)
     demo.queue(default_concurrency_limit=1, max_size=limits.max_queue)
     return demo
 

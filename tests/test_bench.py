@@ -252,6 +252,25 @@ def test_speedups_are_ratios_of_totals():
     assert s["efficiency"] == pytest.approx(s["speedup"] / s["predicted_speedup"], abs=1e-3)
 
 
+def with_prefill(run, seconds: float):
+    run.events[0] = replace(run.events[0], prefill_time=seconds)
+    return run
+
+
+def test_prefill_is_reported_apart_and_decode_speedups_leave_it_out():
+    results = synthetic_results()  # 40 tokens: AR 2.0 s, spec 0.5 s; 20 tokens: AR 1.0 s, spec 1.0 s
+    for res, (ar_pre, spec_pre) in zip(results, [(0.5, 0.2), (0.5, 0.5)]):
+        with_prefill(res.ar, ar_pre), with_prefill(res.spec[4], spec_pre)
+    report = build_report(results, PLAN, COST, device="cpu", dtype="float32")
+    first = report["runs"][0]
+    assert first["prefill_s"] == {"ar": 0.5, "spec": 0.2}
+    assert first["decode_speedup"] == pytest.approx((40 / 0.3) / (40 / 1.5))  # 5x where end to end is 4x
+    s, k4 = report["summary"], report["by_k"]["4"]
+    assert k4["prefill_s"] == {"ar": 1.0, "spec": 0.7}
+    assert s["decode_speedup"] == pytest.approx((60 / 0.8) / (60 / 2.0))  # ratio of totals, as the speedup
+    assert s["speedup"] == pytest.approx(2.0) and "decode x" in format_table(report)
+
+
 def pooled_acceptance(results) -> float:
     rounds = [r for res in results for r in res.spec[4].rounds]
     return sum(r.n_accepted for r in rounds) / sum(r.k for r in rounds)

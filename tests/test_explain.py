@@ -71,3 +71,28 @@ def test_prefill_and_decode_add_up_to_each_lanes_clock(tiny):
         assert lane.decode_tokens_per_s == pytest.approx(lane.tokens / (lane.clock - lane.prefill))
         assert lane.decode_tokens_per_s > lane.tokens_per_s
     assert state.decode_speedup == pytest.approx(state.spec.decode_tokens_per_s / state.ar.decode_tokens_per_s)
+
+
+def test_a_replayed_race_keeps_prefill_apart_and_the_live_verdict_shows_decoding_alone(tiny):
+    from dataclasses import replace
+
+    from specviz.runs.race import replay_race
+    from specviz.runs.trace import Trace
+    from specviz.ui.live import speed_html
+
+    ids = encode_prompt(tiny.tokenizer, "the man said that it was good and")
+    config = DecodeConfig(k=4, max_new_tokens=16, adaptive="fixed")
+    *_, live = race_decoders(tiny, ids, config, RunMeta.of(tiny, "", ids, config))
+    # recorded times, set so that a round costs two target steps; the prompt costs both lanes 10 s
+    rounds = [replace(r, draft_time=0.01, verify_time=0.01, overhead_time=0.0, prefill_time=10.0 * (r.index == 0))
+              for r in live.spec.events]
+    steps = [replace(s, time=0.01, prefill_time=10.0 * (s.index == 0)) for s in live.ar.events]
+    *_, state = replay_race(Trace(live.meta, rounds, steps))
+    long_prompt = 10.0
+    for lane in state.lanes:
+        assert lane.prefill == long_prompt and lane.decode_seconds > 0
+        assert lane.prefill + lane.decode_seconds == pytest.approx(lane.clock)
+    tokens_per_round = 16 / len(rounds)
+    assert state.decode_speedup == pytest.approx(tokens_per_round / 2)  # decoding alone: what rounds bought...
+    assert state.speedup == pytest.approx((10 + 0.16) / (10 + 0.02 * len(rounds)))  # ...diluted by the prompt
+    assert f"decoding alone {state.decode_speedup:.2f}×" in speed_html(state)

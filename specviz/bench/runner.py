@@ -22,25 +22,38 @@ from specviz.models import encode_prompt
 
 
 @dataclass
-class SpecRun:
-    rounds: list[Round]
-    seconds: float
+class TimedRun:
+    events: list  # Rounds or Steps; the first carries the prompt's forward as prefill_time
+    seconds: float  # the whole call, prompt reading included
     stall: float | None = None  # fraction of the call's wall time another task waited for a CPU
 
     @property
-    def tokens(self) -> list[int]:
-        return spec_token_ids(self.rounds)
+    def prefill(self) -> float:
+        return self.events[0].prefill_time if self.events else 0.0
+
+    @property
+    def decode_seconds(self) -> float:
+        return self.seconds - self.prefill
 
 
-@dataclass
-class ARRun:
-    steps: list[Step]
-    seconds: float
-    stall: float | None = None
+class SpecRun(TimedRun):
+    @property
+    def rounds(self) -> list[Round]:
+        return self.events
 
     @property
     def tokens(self) -> list[int]:
-        return [s.token.id for s in self.steps]
+        return spec_token_ids(self.events)
+
+
+class ARRun(TimedRun):
+    @property
+    def steps(self) -> list[Step]:
+        return self.events
+
+    @property
+    def tokens(self) -> list[int]:
+        return [s.token.id for s in self.events]
 
 
 @dataclass

@@ -35,13 +35,14 @@ def stopwatch(timer: Callable[[], float] = time.perf_counter) -> Timed:
 
 
 def recorded_time(it: Iterator) -> tuple[object | None, float]:
-    """Advance by one event and charge the time the trace recorded for it (replay)."""
+    """Advance by one event and charge the time the trace recorded for it (replay), the prompt's forward
+    included as the live race's stopwatch includes it."""
     event = next(it, None)
     if event is None:
         return None, 0.0
     if isinstance(event, Step):
-        return event, event.time
-    return event, event.draft_time + event.verify_time + event.overhead_time
+        return event, event.prefill_time + event.time
+    return event, event.prefill_time + event.draft_time + event.verify_time + event.overhead_time
 
 
 @dataclass

@@ -13,6 +13,7 @@ from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
+from specviz.engine import DecodeConfig, autoregressive_generate, speculative_generate
 from specviz.models import ModelLoadError, ModelPair, PairSpec, load_pair, load_spec
 from specviz.models.pair import OUT_OF_MEMORY, release_memory
 from specviz.models.presets import PRESETS
@@ -36,6 +37,17 @@ def clean_source(value, role: str, *, optional: bool = False) -> str | None:
     if len(value) > MAX_SOURCE_CHARS or any(unicodedata.category(c).startswith("C") for c in value):
         raise InputError(f"the {role} model name is not a plausible id or path.")
     return value
+
+
+def warm_up(pair: ModelPair) -> None:
+    """A few tokens through both lanes right after a load. A process's first forwards pay one-time costs
+    (allocations, kernel selection, weights paged in); without this they land on the first click and
+    slow the first race's lanes unequally."""
+    ids = pair.tokenizer("Hello, world", add_special_tokens=False)["input_ids"] or [0]
+    config = DecodeConfig(k=2, max_new_tokens=3, adaptive="fixed", drafter="model" if pair.draft else "lookup")
+    for generate in (speculative_generate, autoregressive_generate):
+        for _ in generate(pair, ids, config):
+            pass
 
 
 def failure(e: Exception, spec: PairSpec) -> str:
@@ -138,7 +150,10 @@ class Session:
             self.lock.release()
 
     def _load(self, spec: PairSpec, status) -> ModelPair:
-        return load_spec(spec, loader=self.loader, status=status, progress=False)
+        pair = load_spec(spec, loader=self.loader, status=status, progress=False)
+        status("Warming up (a few tokens through both lanes)…")
+        warm_up(pair)
+        return pair
 
     def _release(self) -> None:
         self.generation += 1

@@ -25,19 +25,10 @@ from specviz.runs.settings import flat_values
 from specviz.ui import handlers as h
 from specviz.ui import live, render, teach
 from specviz.ui.controls import controls
+from specviz.ui.examples import EXAMPLES
 from specviz.ui.figures import drilldown_figure, empty_figure, race_figure, stats_figure
 from specviz.ui.views import MainView, RaceView
 from specviz.ui.wiring import Buttons, Wiring
-
-EXAMPLES = [
-    ("Code (high acceptance)", "Write a Python function `is_prime(n)` with a docstring and type hints, "
-     "then a loop that prints the primes below 50."),
-    ("JSON (high acceptance)", "Return only a JSON array of three fictional employees, each with the keys "
-     "\"name\", \"age\", \"department\" and \"email\"."),
-    ("Rewrite (try the lookup drafter)", "Rename the variable `x` to `total` and return the whole code:\n\n"
-     "def add_all(items):\n    x = 0\n    for item in items:\n        x = x + item\n    return x\n"),
-    ("Story (low acceptance)", "Write a short surreal story about a lighthouse keeper who collects lost colours."),
-]
 
 APP_CSS = render.CSS + live.CSS + """
 .sv-header { display: flex; align-items: baseline; gap: 6px 16px; flex-wrap: wrap; padding: 0 4px; }

@@ -12,11 +12,17 @@ from specviz.analysis.stats import RunStats
 FONT = dict(family="Inter, system-ui, sans-serif", size=12)
 
 
+COMPACT = 260  # below this height a figure's legend goes to the right: above, it would run into the title
+
+
 def _layout(fig: go.Figure, title: str, height: int = 330) -> go.Figure:
+    if height < COMPACT:
+        margin, legend = dict(l=45, r=10, t=30, b=35), dict(orientation="v", y=1.0, x=1.02, font=dict(size=10))
+    else:
+        margin = dict(l=50, r=15, t=70, b=45)
+        legend = dict(orientation="h", yanchor="bottom", y=1.0, x=0.0, xanchor="left", font=dict(size=11))
     fig.update_layout(title=dict(text=title, font=dict(size=14), x=0.01, xanchor="left"), template="plotly_white",
-                      height=height, margin=dict(l=50, r=15, t=70, b=45), font=FONT,
-                      legend=dict(orientation="h", yanchor="bottom", y=1.0, x=0.0, xanchor="left",
-                                  font=dict(size=11)))
+                      height=height, margin=margin, font=FONT, legend=legend)
     return fig
 
 
@@ -71,7 +77,7 @@ def pq_figure(r: Round | None, greedy: bool, *, verdict: bool = True, height: in
             label = f"{e.kind}: '{short(e.text)}'"
             fig.add_bar(x=[label], y=[e.p_soft if greedy else e.p], name=e.kind,
                         marker=dict(color=COLORS[e.kind]), hovertemplate=f"{e.kind} p = %{{y:.4f}}<extra></extra>")
-    note = " · greedy: bars show softmax at T=1" if greedy else ""
+    note = (" (softmax at T=1)" if height < COMPACT else " · greedy: bars show softmax at T=1") if greedy else ""
     stage = "" if verdict else " (drafted, not yet verified)"
     fig.update_yaxes(range=[0, 1.05], title="probability")
     fig.update_layout(barmode="group", bargap=0.25)
