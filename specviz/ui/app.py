@@ -55,7 +55,9 @@ def outputs_of(view_cls, parts: dict) -> list:
 
 
 # the presenter toggle runs in the browser: a class on <body> that the CSS above keys on
-TOGGLE_PRESENTER = "() => { document.body.classList.toggle('sv-presenter'); }"
+# plotly sizes a figure to its box when drawn; a resize event makes the p/q plot follow the wider presenter layout
+TOGGLE_PRESENTER = ("() => { document.body.classList.toggle('sv-presenter'); "
+                    "setTimeout(() => window.dispatchEvent(new Event('resize')), 50); }")
 
 
 def prompt_area() -> tuple[gr.Textbox, Buttons, gr.Button]:

@@ -97,12 +97,16 @@ def live_view(state: RaceState, plot: bool = True) -> LiveView:
     )
 
 
-def live_blank() -> LiveView:
-    """The Live view before a run: where each part will appear."""
+WAITING = "Press Run: speculative decoding and the target alone decode the same prompt, each on its own clock."
+STARTING = ("Reading the prompt (prefill): the speculative lane runs it through both models, then drafts its first "
+            "round; the target alone follows on its own clock.")
+
+
+def live_blank(starting: bool = False) -> LiveView:
+    """The Live view before a run (`starting`: the moment Run was pressed): where each part will appear."""
     return LiveView(
-        speed='<div class="sv-live-speed"><span class="sv-live-x">–</span><span class="sv-live-nums">Press Run: '
-              "speculative decoding and the target alone decode the same prompt, each on its own clock."
-              "</span></div>",
+        speed=f'<div class="sv-live-speed"><span class="sv-live-x">–</span><span class="sv-live-nums">'
+              f'{STARTING if starting else WAITING}</span></div>',
         spec=f'<div class="sv-live-lane"><h4><span>Speculative decoding</span></h4><div class="sv-scroll">'
              f'{render.rounds_html([], True)}</div></div>',
         ar='<div class="sv-live-lane"><h4><span>Target alone (autoregressive)</span></h4><div class="sv-scroll">'

@@ -54,7 +54,7 @@ class Wiring:
 
         def on_live(text, *values):
             *values, _show = values
-            yield (gr.Tabs(selected="live"), *as_tuple(live_blank()), *[gr.skip()] * details)
+            yield (gr.Tabs(selected="live"), *as_tuple(live_blank(starting=True)), *[gr.skip()] * details)
             with closing(h.live(s, lim, text, self.settings_of(values), opt)) as updates:
                 for u in updates:
                     rest = [*as_tuple(u.race), *as_tuple(u.main)[:-1]] if u.race else [gr.skip()] * details
@@ -72,8 +72,10 @@ class Wiring:
 
         inputs = [self.prompt, *settings, show_rejected]
         live_out = [self.tabs, *self.live_out, *self.race_out, *self.main_out[:-1]]
-        events = [trigger(on_live, inputs, live_out, api_visibility="private", concurrency_id=MODEL)
-                  for trigger in (buttons.run.click, self.prompt.submit)]
+        # no loading overlay: the four parts show progress themselves, and on a laptop that also runs the
+        # browser, an overlay's animation takes CPU from the two lanes being timed
+        events = [trigger(on_live, inputs, live_out, api_visibility="private", concurrency_id=MODEL,
+                          show_progress="hidden") for trigger in (buttons.run.click, self.prompt.submit)]
         events.append(buttons.rounds.click(on_rounds, inputs, [self.tabs, *self.main_out], api_visibility="private",
                                            concurrency_id=MODEL))
         for trigger in (buttons.run.click, self.prompt.submit, buttons.rounds.click):  # a plain run ends step mode
