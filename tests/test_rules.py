@@ -70,6 +70,8 @@ def test_acceptance_probs_by_hand():
     q = torch.tensor([[0.25, 0.6, 0.15], [0.25, 0.6, 0.15], [0.25, 0.6, 0.15], [0.5, 0.5, 0.0]])
     got = acceptance_probs(p, q, torch.tensor([0, 1, 2, 0]))
     torch.testing.assert_close(got, torch.tensor([1.0, 0.5, 1.0, 0.0]))
+    # a token its own q gives no mass was not sampled from q: never accepted (the round loop raises on it)
+    torch.testing.assert_close(acceptance_probs(p[3:], q[3:], torch.tensor([2])), torch.tensor([0.0]))
 
 
 def test_residual_by_hand():
@@ -151,8 +153,11 @@ def test_greedy_reduces_to_argmax_matching(seed):
             tokens[mismatch] = (argmax[mismatch] + 1 + seed) % v
         q = logits_to_probs(torch.randn(k, v, generator=gen).scatter(-1, tokens[:, None], 99.0), SamplingParams(0.0))
         torch.testing.assert_close(acceptance_probs(p[:k], q, tokens), (tokens == argmax[:k]).float())
-        verdict = verify(p, q, tokens, gen)
-        assert int(verdict.n_accepted) == mismatch
+        state = gen.get_state()
+        verdict = verify(p, q, tokens, gen, greedy=True)
+        assert torch.equal(gen.get_state(), state)  # decided without a random number
+        assert int(verdict.n_accepted) == mismatch and torch.equal(verdict.u, torch.zeros(k))
         assert int(verdict.next_token) == int(argmax[mismatch])  # the correction, or the bonus if mismatch == k
+        assert int(verify(p, q, tokens, gen).n_accepted) == mismatch  # the sampled path agrees on point masses
         if mismatch < k:
             torch.testing.assert_close(verdict.residual[mismatch], one_hot(v, int(argmax[mismatch])))

@@ -62,9 +62,26 @@ def test_top_k_2_by_hand():
     np.testing.assert_allclose(got, expected, atol=1e-6)
 
 
-def test_top_k_keeps_ties_at_the_boundary():
-    got = probs([1.0, 2.0, 2.0, 0.0], temperature=1.0, top_k=2)
-    np.testing.assert_allclose(got, [0, 0.5, 0.5, 0], atol=1e-7)
+def test_top_k_breaks_ties_by_token_id():
+    np.testing.assert_allclose(probs([1.0, 2.0, 2.0, 0.0], temperature=1.0, top_k=2), [0, 0.5, 0.5, 0], atol=1e-7)
+    # three tokens tie for two places: the lower ids win, exactly k are kept
+    np.testing.assert_allclose(probs([2.0, 1.0, 2.0, 2.0], temperature=1.0, top_k=2), [0.5, 0, 0.5, 0], atol=1e-7)
+
+
+def test_top_p_breaks_ties_by_token_id():
+    # four equal tokens: a nucleus of 0.5 is the two with the lowest ids
+    np.testing.assert_allclose(probs([0.0] * 4, temperature=1.0, top_p=0.5), [0.5, 0.5, 0, 0], atol=1e-7)
+
+
+@pytest.mark.parametrize("params", [SamplingParams(1.0, top_k=7), SamplingParams(0.8, top_p=0.6),
+                                    SamplingParams(1.2, top_k=20, top_p=0.9)])
+def test_a_row_alone_and_in_a_batch_keep_the_same_tokens(params):
+    """A verify warps K+1 rows at once, the draft one row at a time: with many tied logits (coarse values,
+    as low precision makes them) both must keep exactly the same tokens."""
+    rows = torch.randint(0, 4, (9, 4096), generator=torch.Generator().manual_seed(0)).float()
+    batch = logits_to_probs(rows, params)
+    for i, row in enumerate(rows):
+        assert torch.equal(logits_to_probs(row, params) > 0, batch[i] > 0)
 
 
 @pytest.mark.parametrize("top_p", [0.05, 0.3, 0.5, 0.72, 0.9, 0.99])

@@ -171,7 +171,8 @@ def test_every_drafted_and_emitted_token_is_a_span_with_its_numbers(name, reques
     assert [(t.status, t.text) for t in spec] == round_spans(trace.rounds)
     drafted = [d for r in trace.rounds for d in r.drafted]
     for span, d in zip([t for t in spec if t.status not in ("correction", "bonus")], drafted, strict=True):
-        assert f"min(1, p/q) = {d.accept_prob:.4f}" in span.title and f"u = {d.u:.4f}" in span.title
+        u = "u: none drawn (greedy" if trace.meta.greedy else f"u = {d.u:.4f}"
+        assert f"min(1, p/q) = {d.accept_prob:.4f}" in span.title and u in span.title
         assert (f"p (softmax, T=1) = {d.p_soft:.4f}" if trace.meta.greedy else f"p(x) = {d.p:.4f}") in span.title
         assert (f"q (softmax, T=1) = {d.q_soft:.4f}" if trace.meta.greedy else f"q(x) = {d.q:.4f}") in span.title
     committed, text = [t.text for t in spec if t.status in COMMITTED], trace.rounds[-1].text

@@ -417,3 +417,64 @@ def test_a_run_that_stops_early_diverges_where_it_stopped(greedy_runs):
     assert d.target_top2_gap == steps[d.position].token.target_top2_gap
     d = first_divergence(rounds, steps[:3])
     assert d.position == 3 and d.target_top2_gap is None  # past the AR run's end (compare.py, c0c5bb5)
+
+
+# --- a robust verify step -----------------------------------------------------------------------
+
+
+def test_greedy_draws_no_random_numbers(tiny, ar_greedy, monkeypatch):
+    def no_draws(*args, **kwargs):
+        raise AssertionError("greedy decoding drew a random number")
+
+    monkeypatch.setattr(torch, "rand", no_draws)
+    ids = encode(tiny, PROMPTS[0])
+    for drafter in ("model", "lookup", "hybrid"):
+        config = DecodeConfig(k=4, max_new_tokens=24, sampling=GREEDY, drafter=drafter)
+        rounds = list(speculative_generate(tiny, ids, config))
+        assert spec_tokens(rounds) == ar_greedy[PROMPTS[0]]
+        assert all(d.u == 0.0 for r in rounds for d in r.drafted)
+    assert ar_tokens(tiny, ids, DecodeConfig(max_new_tokens=24, sampling=GREEDY)) == ar_greedy[PROMPTS[0]]
+
+
+class KeepsEveryRow(torch.nn.Module):
+    """A model (or wrapper) that ignores logits_to_keep and returns a row per input token."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.config = model, model.config
+
+    def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0):
+        return self.model(input_ids, past_key_values=past_key_values, use_cache=use_cache, logits_to_keep=0)
+
+
+@pytest.mark.parametrize("sampling", [GREEDY, SAMPLED])
+def test_a_target_that_ignores_logits_to_keep_decodes_the_same(tiny, sampling):
+    ids = encode(tiny, PROMPTS[2])
+    config = DecodeConfig(k=4, max_new_tokens=16, sampling=sampling, adaptive="fixed")
+    wrapped = replace(tiny, target=KeepsEveryRow(tiny.target))
+    assert without_times(speculative_generate(wrapped, ids, config)) == without_times(
+        speculative_generate(tiny, ids, config))
+    assert ar_tokens(wrapped, ids, config) == ar_tokens(tiny, ids, config)
+
+
+def test_a_drafter_whose_q_gives_its_token_no_mass_is_refused(tiny):
+    from specviz.engine.drafters import Draft
+    from specviz.engine.speculative import DrafterError
+
+    class Lying:
+        name = "lying"
+
+        def prefill(self, ids):
+            pass
+
+        def propose(self, ids, history, k):
+            q = torch.zeros(1, tiny.vocab_size)
+            q[0, 3] = 1.0  # claims to have sampled from a point mass on 3...
+            return Draft(torch.tensor([4]), q, q.log())  # ...yet proposes 4
+
+        def rollback(self, keep):
+            pass
+
+    config = DecodeConfig(k=1, max_new_tokens=4, sampling=SAMPLED)
+    with pytest.raises(DrafterError, match="no probability"):
+        list(speculative_generate(tiny, encode(tiny, PROMPTS[0]), config, drafter=Lying()))

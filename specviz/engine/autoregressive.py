@@ -34,7 +34,7 @@ def autoregressive_generate(pair, prompt_ids: list[int], config: DecodeConfig, *
     for index in range(config.max_new_tokens):
         t0 = clock(device)
         logits = pad_vocab(pair.target(feed, past_key_values=cache, use_cache=True,
-                                       logits_to_keep=1).logits[0].float(), vocab)  # [1, V]
+                                       logits_to_keep=1).logits[0, -1:].float(), vocab)  # [1, V], whatever was kept
         p = logits_to_probs(logits, config.sampling)
         token = draw(logits[0], p[0], config.sampling.greedy, gen)
         p_soft, stats = target_stats(logits, p, config.sampling.greedy, config.top_n)

@@ -14,15 +14,16 @@ from dataclasses import dataclass
 import torch
 
 from specviz.engine.plumbing import at
-from specviz.engine.sampling import sample
+from specviz.engine.sampling import draw
 
 
 def acceptance_probs(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """min(1, p(x)/q(x)) for each drafted token x; p, q: [K, V], tokens: [K]."""
     px = p.gather(-1, tokens[:, None]).squeeze(-1)
     qx = q.gather(-1, tokens[:, None]).squeeze(-1)
-    # qx > 0 whenever x was sampled from q; the guard only keeps the division defined
-    return torch.where(qx > 0, px / qx.clamp_min(torch.finfo(qx.dtype).tiny), torch.ones_like(px)).clamp(max=1.0)
+    # qx > 0 whenever x was sampled from q; a token q gives no mass to is a drafter's bug (the round loop
+    # raises on it): never accept it
+    return torch.where(qx > 0, px / qx.clamp_min(torch.finfo(qx.dtype).tiny), torch.zeros_like(px)).clamp(max=1.0)
 
 
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -47,14 +48,17 @@ class Verdict:
     residual: torch.Tensor  # [K, V]
 
 
-def verify(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, generator) -> Verdict:
-    """Decide a whole round on the device. p: [K+1, V] (target, incl. the bonus row), q: [K, V]."""
+def verify(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, generator, greedy: bool = False) -> Verdict:
+    """Decide a whole round on the device. p: [K+1, V] (target, incl. the bonus row), q: [K, V].
+
+    Greedy (p and q point masses): min(1, p/q) is 0 or 1, so nothing is random; u = 0 and the next token
+    is the argmax of its point mass, and the generator is left untouched."""
     k = tokens.shape[0]
     accept_prob = acceptance_probs(p[:k], q, tokens)
-    u = torch.rand(k, generator=generator, device=p.device)
+    u = torch.zeros(k, device=p.device) if greedy else torch.rand(k, generator=generator, device=p.device)
     n = accepted_prefix(accept_prob, u)
     res = residual(p[:k], q)
     # row n of [residuals..., bonus]: the correction at the first rejection, or the bonus if none
     next_dist = at(torch.cat([res, p[k:]]), n)
-    next_token = sample(next_dist, generator)
+    next_token = draw(next_dist, next_dist, greedy, generator)
     return Verdict(n, next_token, at(next_dist, next_token), accept_prob, u, res)

@@ -32,24 +32,30 @@ class SamplingParams:
 def logits_to_probs(logits: torch.Tensor, params: SamplingParams) -> torch.Tensor:
     """Warp logits [..., V] into a distribution, in float32.
 
-    Greedy is a point mass on the argmax; the accept/reject rule then reduces to
-    "accept iff the draft's token is the target's argmax, else correct to that argmax".
+    Greedy is a point mass on the argmax (the lowest id among equal maxima); the accept/reject rule then
+    reduces to "accept iff the draft's token is the target's argmax, else correct to that argmax".
     """
     logits = logits.float()
     if params.greedy:
         return torch.zeros_like(logits).scatter_(-1, logits.argmax(-1, keepdim=True), 1.0)
     logits = logits / params.temperature
-    if params.top_k > 0:
-        kth = torch.topk(logits, min(params.top_k, logits.shape[-1]), dim=-1).values[..., -1:]
-        logits = logits.masked_fill(logits < kth, float("-inf"))
-    probs = torch.softmax(logits, dim=-1)
-    if params.top_p < 1.0:
-        sorted_probs, order = probs.sort(dim=-1, descending=True)
-        # drop a token when the mass strictly before it already reaches top_p
-        drop = sorted_probs.cumsum(-1) - sorted_probs >= params.top_p  # never the first: top_p > 0
-        probs = probs.scatter(-1, order, sorted_probs.masked_fill(drop, 0.0))
-        probs = probs / probs.sum(-1, keepdim=True)
-    return probs
+    if params.top_k > 0 or params.top_p < 1.0:
+        logits = truncate(logits, params.top_k, params.top_p)
+    return torch.softmax(logits, dim=-1)
+
+
+def truncate(logits: torch.Tensor, top_k: int, top_p: float) -> torch.Tensor:
+    """Keep the top_k most likely tokens (0: all), then the smallest set of them holding top_p of their mass;
+    the rest get -inf. Ties are broken by token id (a stable sort): a row alone and the same row inside a
+    batch (a verify) keep exactly the same tokens, which an unstable sort does not promise."""
+    ordered, order = logits.sort(dim=-1, descending=True, stable=True)
+    keep = torch.ones_like(ordered, dtype=torch.bool)
+    if top_k > 0:
+        keep[..., top_k:] = False
+    if top_p < 1.0:
+        probs = torch.softmax(ordered.masked_fill(~keep, float("-inf")), dim=-1)
+        keep &= probs.cumsum(-1) - probs < top_p  # drop a token once the mass before it reaches top_p; never the first
+    return torch.full_like(logits, float("-inf")).scatter(-1, order, ordered.masked_fill(~keep, float("-inf")))
 
 
 def sample(probs: torch.Tensor, generator: torch.Generator | None) -> torch.Tensor:

@@ -22,6 +22,10 @@ from specviz.engine.sampling import logits_to_probs, make_generator
 from specviz.engine.tokens import candidates, emitted_token, shown, target_stats, top
 
 
+class DrafterError(RuntimeError):
+    """A drafter broke its contract: every proposed token must have q(x) > 0 under the q it reports."""
+
+
 @torch.inference_mode()
 def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
                          drafter: Drafter | None = None,
@@ -48,14 +52,18 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
         t1 = clock(device)
         drafted = draft.tokens if target_rows == vocab else fit_ids(draft.tokens, target_rows)
         feed = torch.cat([ids[:, cache.get_seq_length():], drafted[None]], dim=1)
-        logits = pad_vocab(pair.target(feed, past_key_values=cache, use_cache=True,
-                                       logits_to_keep=draft.k + 1).logits[0].float(), vocab)
+        out = pair.target(feed, past_key_values=cache, use_cache=True, logits_to_keep=draft.k + 1)
+        # the last k+1 rows, whatever a model (or a wrapper) made of logits_to_keep
+        logits = pad_vocab(out.logits[0, -(draft.k + 1):].float(), vocab)
         p = logits_to_probs(logits, config.sampling)
-        verdict = verify(p, draft.q, draft.tokens, gen)
+        verdict = verify(p, draft.q, draft.tokens, gen, greedy=config.sampling.greedy)
         t2 = clock(device)
         # from here on, the work is for the event (display statistics, host transfer, texts):
         # it counts as overhead, not as verification
         host = to_host(**_round_stats(draft, logits, p, verdict, config))
+        if any(qx <= 0 for qx in host["q"]):
+            raise DrafterError(f"the {drafter.name} drafter proposed a token its own q gives no probability; "
+                               "its q is not the distribution it sampled from.")
         n = int(host["n"])
         new = until_eos([int(t) for t in host["tokens"][:n]] + [int(host["next"])], pair.eos_token_ids)
         position = len(generated)

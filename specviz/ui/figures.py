@@ -68,10 +68,11 @@ def pq_figure(r: Round | None, greedy: bool, *, verdict: bool = True, height: in
                         marker=dict(symbol="line-ew-open", size=34, color="#0f172a",
                                     line=dict(width=3, color="#0f172a")),
                         hovertemplate="min(1, p/q) = %{y:.4f}<extra></extra>")
-        fig.add_scatter(x=x, y=[t.u for t in r.drafted], mode="markers", name="u (accept iff u < min(1, p/q))",
-                        marker=dict(symbol="x-thin-open", size=13, color="#f59e0b",
-                                    line=dict(width=2.5, color="#f59e0b")),
-                        hovertemplate="u = %{y:.4f}<extra></extra>")
+        if not greedy:  # greedy draws no u: min(1, p/q) is 0 or 1
+            fig.add_scatter(x=x, y=[t.u for t in r.drafted], mode="markers", name="u (accept iff u < min(1, p/q))",
+                            marker=dict(symbol="x-thin-open", size=13, color="#f59e0b",
+                                        line=dict(width=2.5, color="#f59e0b")),
+                            hovertemplate="u = %{y:.4f}<extra></extra>")
         if r.emitted is not None:
             e = r.emitted
             label = f"{e.kind}: '{short(e.text)}'"

@@ -99,7 +99,8 @@ def drafted_tip(t: DraftedToken, greedy: bool) -> str:
                   f"p (softmax, T=1) = {t.p_soft:.4f}", f"q (softmax, T=1) = {t.q_soft:.4f}"]
     else:
         lines += [f"p(x) = {t.p:.4f}", f"q(x) = {t.q:.4f}"]
-    lines += [f"min(1, p/q) = {t.accept_prob:.4f}", f"u = {t.u:.4f}"]
+    lines += [f"min(1, p/q) = {t.accept_prob:.4f}", "u: none drawn (greedy: min(1, p/q) is 0 or 1)" if greedy
+              else f"u = {t.u:.4f}"]
     if t.status == NOT_VERIFIED:
         lines.append("(not tested: an earlier draft was rejected)")
     lines.append(f"target top-2 logit gap = {t.target_top2_gap:.3f}")
