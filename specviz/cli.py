@@ -15,6 +15,7 @@ from pathlib import Path
 import argparse
 import ipaddress
 import logging
+import os
 import sys
 
 from specviz.engine import DecodeConfig
@@ -92,8 +93,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 def add_serve(sub) -> None:
     p = sub.add_parser("serve", help="serve the app (http://127.0.0.1:7860 by default)")
-    p.add_argument("--host", default="127.0.0.1", help="interface to bind; 0.0.0.0 exposes the app to the network")
-    p.add_argument("--port", type=int, default=7860)
+    # Gradio's and hosted Spaces' convention: the environment may choose the address; loopback stays the default
+    p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
+                   help="interface to bind (default: $GRADIO_SERVER_NAME or 127.0.0.1); 0.0.0.0 exposes the app "
+                        "to the network")
+    p.add_argument("--port", type=int, default=os.environ.get("GRADIO_SERVER_PORT", "7860"),
+                   help="default: $GRADIO_SERVER_PORT or 7860")
     p.add_argument("--allow-any-model", action=argparse.BooleanOptionalAction, default=None,
                    help="let users load any hub id, folder or .gguf in the UI, not only the presets and the pair "
                         "served at start (default: on when --host is a loopback address, off otherwise)")

@@ -392,6 +392,13 @@ def test_serve_binds_loopback_by_default_and_passes_its_limits(monkeypatch):
     assert seen["session"].allow_any_model is True and seen["session"].pair is not None
     assert main(argv + ["--host", "0.0.0.0"]) == 0
     assert seen["host"] == "0.0.0.0" and seen["session"].allow_any_model is False
+    # python app.py under a harness or a hosted Space: Gradio's environment variables choose the address
+    monkeypatch.setenv("GRADIO_SERVER_NAME", "0.0.0.0")
+    monkeypatch.setenv("GRADIO_SERVER_PORT", "7861")
+    assert main(argv) == 0
+    assert (seen["host"], seen["port"]) == ("0.0.0.0", 7861) and seen["session"].allow_any_model is False
+    assert main(argv + ["--host", "127.0.0.1", "--port", "7862"]) == 0  # flags still win
+    assert (seen["host"], seen["port"]) == ("127.0.0.1", 7862)
 
 
 @pytest.mark.parametrize("flags, message", [
