@@ -170,3 +170,22 @@ def test_cuda_requested_without_gpu_is_a_clear_error(monkeypatch):
     with pytest.raises(ModelLoadError, match="no CUDA GPU"):
         resolve_device("cuda")
     assert resolve_device("auto").type == "cpu"
+
+
+class RecurrentLM(torch.nn.Module):
+    """A model with a running state instead of per-token keys and values: nothing in the cache to cut."""
+
+    def __init__(self, vocab: int = 16):
+        super().__init__()
+        self.state, self.vocab = torch.zeros(4), vocab
+
+    def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0):
+        self.state = self.state + input_ids.shape[1]  # what it saw stays in here, rejected drafts included
+        return type("Out", (), {"logits": torch.zeros(1, 1, self.vocab)})()
+
+
+def test_a_model_whose_cache_cannot_be_cut_is_refused_at_load():
+    cpu = torch.device("cpu")
+    loading.check_croppable(tiny_model(1, 95), "tiny", cpu)  # keys and values per token: accepted
+    with pytest.raises(ModelLoadError, match="recurrent-lm keeps a cache that cannot be cut back"):
+        loading.check_croppable(RecurrentLM(), "recurrent-lm", cpu)

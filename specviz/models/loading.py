@@ -187,6 +187,29 @@ def eos_ids(model, tokenizer) -> frozenset[int]:
     return frozenset(ids)
 
 
+def check_croppable(model, name: str, device: torch.device) -> None:
+    """Refuse, at load, a model whose KV cache cannot be cut back to the accepted tokens.
+
+    Each round drops the rejected drafts from both caches; a model that keeps a running state instead of
+    per-token keys and values (recurrent or linear-attention layers) would fail mid-run, or silently go on
+    from a state that saw the rejected tokens. Probed the way the round loop uses it: three tokens into a
+    fresh DynamicCache, then one cut off."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache()
+    try:
+        with torch.inference_mode():
+            model(torch.zeros(1, 3, dtype=torch.long, device=device), past_key_values=cache, use_cache=True,
+                  logits_to_keep=1)
+            cache.crop(-1)  # transformers 5: crop(-n) removes the last n tokens
+            cut = cache.get_seq_length() == 2
+    except Exception:  # whatever the model's cache does with a crop, it is not what the round loop needs
+        cut = False
+    if not cut:
+        raise ModelLoadError(f"{name} keeps a cache that cannot be cut back to the accepted tokens (recurrent or "
+                             "linear-attention layers?): speculative decoding needs one that can.")
+
+
 def load_pair(draft: str | None = EMBEDDED, target: str = EMBEDDED, *, device: str = "auto",
               dtype: str = "auto", trust_remote_code: bool = False, device_map: str | None = None,
               status: Status = log.info, progress: bool = True) -> ModelPair:
@@ -220,6 +243,9 @@ def load_pair(draft: str | None = EMBEDDED, target: str = EMBEDDED, *, device: s
                              f"{_display(target, 'target')} on {dev}: pick a smaller pair or a lower-precision "
                              "dtype.") from e
     t_model.eval()
+    for model, source, role in ((t_model, target, "target"), (d_model, draft, "draft")):
+        if model is not None:
+            check_croppable(model, _display(source, role), dev)
     status("Models ready.")
     return ModelPair(draft=d_model, target=t_model, tokenizer=t_tok, device=dev, dtype=dt,
                      draft_name=_display(draft, "draft"), target_name=_display(target, "target"),
