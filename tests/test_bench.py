@@ -362,6 +362,24 @@ def test_hf_settings_are_restored_after_each_call(tiny):
             config.assistant_confidence_threshold) == before
 
 
+@pytest.mark.parametrize("sampling, expected", [
+    (SamplingParams(0.0), dict(do_sample=False, temperature=None, top_k=None, top_p=None)),
+    (SamplingParams(0.7, top_k=0, top_p=0.9), dict(do_sample=True, temperature=0.7, top_k=None, top_p=0.9)),
+    (SamplingParams(1.0, top_k=20), dict(do_sample=True, temperature=1.0, top_k=20, top_p=None)),
+])
+def test_hf_samples_with_the_same_warps_as_specviz(tiny, sampling, expected):
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append({k: kwargs[k] for k in expected})
+        return torch.tensor([[3, 4, 5, 6]])
+
+    hf = HFAssisted(tiny.target, tiny.draft, tiny.eos_token_ids, None, tiny.device, sampling, seed=1)
+    with mock.patch.object(tiny.target, "generate", spy):
+        assert hf.generate([3, 4, 5], 1, HFSetting.fixed(2)) == [6]
+    assert seen == [expected]
+
+
 def test_cli_writes_json_and_html(tiny, tmp_path, capsys):
     from specviz import cli
 

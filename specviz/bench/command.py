@@ -102,7 +102,8 @@ def cmd_bench(args) -> int:
     if args.compare_hf:  # by default HF gets the draft as loaded: what a user would hand it
         # "fast": specviz's cheaper draft, run through the Hugging Face forward that generate() needs
         assistant = cheaper_draft(pair, quant, lean=False) if args.hf_draft == "fast" else pair.draft
-        hf = HFAssisted(pair.target, assistant, pair.eos_token_ids, pair.tokenizer.pad_token_id, pair.device)
+        hf = HFAssisted(pair.target, assistant, pair.eos_token_ids, pair.tokenizer.pad_token_id, pair.device,
+                        plan.config.sampling, plan.config.seed)  # the same warps as specviz's runs
     cost, cost_stall = measure_costs(spec_pair, encode_prompt(pair.tokenizer, prompts[0].prompt), max(plan.ks) + 1,
                                      max_stall=args.max_stall, retries=args.retries)
     results = run_bench(spec_pair, prompts, plan, hf, progress=not args.no_progress)

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 import torch
 
+from specviz.engine import SamplingParams
+
 ASSISTANT_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
 
@@ -39,11 +41,22 @@ class HFResult:
     stall: float | None = None  # fraction of the call's wall time another task waited for a CPU
 
 
-class HFAssisted:
-    """Runs `target.generate(..., assistant_model=draft)` greedily, one setting per call."""
+def sampling_kwargs(sampling: SamplingParams) -> dict:
+    """generate()'s arguments for the warps specviz decodes with: greedy, or sampled at the same temperature,
+    top-k and top-p (None leaves a warp off, and keeps the model's generation_config from adding one)."""
+    if sampling.greedy:
+        return dict(do_sample=False, temperature=None, top_k=None, top_p=None)
+    return dict(do_sample=True, temperature=sampling.temperature, top_k=sampling.top_k or None,
+                top_p=sampling.top_p if sampling.top_p < 1.0 else None)
 
-    def __init__(self, target, assistant, eos_token_ids, pad_token_id: int | None, device):
+
+class HFAssisted:
+    """Runs `target.generate(..., assistant_model=draft)` with specviz's warps, one setting per call."""
+
+    def __init__(self, target, assistant, eos_token_ids, pad_token_id: int | None, device,
+                 sampling: SamplingParams = SamplingParams(), seed: int | None = 0):
         self.target, self.assistant, self.device = target, assistant, device
+        self.sampling, self.seed = sampling, seed
         self.eos = sorted(eos_token_ids)
         self.pad = pad_token_id if pad_token_id is not None else self.eos[0]
         config = assistant.generation_config
@@ -63,11 +76,13 @@ class HFAssisted:
         """The new token ids; the assistant's settings are restored afterwards, even on an error."""
         self._apply(setting)
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        if self.seed is not None and not self.sampling.greedy:
+            torch.manual_seed(self.seed)  # generate() samples from the global generator
         try:
             out = self.target.generate(
-                ids, attention_mask=torch.ones_like(ids), assistant_model=self.assistant, do_sample=False,
+                ids, attention_mask=torch.ones_like(ids), assistant_model=self.assistant,
                 max_new_tokens=max_new_tokens, eos_token_id=self.eos, pad_token_id=self.pad,
-                temperature=None, top_p=None, top_k=None, repetition_penalty=None,
+                repetition_penalty=None, **sampling_kwargs(self.sampling),
             )
         finally:
             self._apply(HF_DEFAULT)
