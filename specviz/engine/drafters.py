@@ -91,12 +91,10 @@ class ModelDrafter:
         if not tokens:
             empty = torch.empty(0, self.vocab_size, device=ids.device)
             return Draft(torch.empty(0, dtype=torch.long, device=ids.device), empty, empty)
-        drafted = torch.stack(tokens)
-        if greedy:  # exactly logits_to_probs' greedy warp, built once for the whole draft
-            q = torch.zeros(len(tokens), self.vocab_size, device=ids.device).scatter_(1, drafted[:, None], 1.0)
-        else:
-            q = torch.stack(qs)
-        return Draft(drafted, q, torch.stack(all_logits))
+        drafted, logits = torch.stack(tokens), torch.stack(all_logits)
+        # greedy: the one warp, applied once to the whole draft (its argmax per row is what draw() took)
+        q = logits_to_probs(logits, self.sampling) if greedy else torch.stack(qs)
+        return Draft(drafted, q, logits)
 
     def rollback(self, keep: int) -> None:
         rollback(self.cache, keep)
