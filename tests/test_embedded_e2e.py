@@ -1,5 +1,6 @@
 """The real embedded pair (Qwen2.5-Coder 0.5B -> 1.5B, float32): verified weights, greedy speculative
-output token-identical to the target alone, and a trace that survives a save/load roundtrip.
+output token-identical to the target alone (specviz's AR loop and transformers' generate()), and a trace
+that survives a save/load roundtrip.
 
 Loads the pair once per session (about 10 GB of RAM); run under `flock /tmp/specviz-real.lock`.
 """
@@ -42,6 +43,28 @@ def ar_runs(embedded_pair):
     return runs
 
 
+@pytest.fixture(scope="module")
+def hf_greedy(embedded_pair):
+    """The external reference: transformers' own greedy generate() of the target, float32."""
+    import torch
+
+    eos = sorted(embedded_pair.eos_token_ids)
+    out = {}
+    for prompt in PROMPTS:
+        ids = torch.tensor([encode_prompt(embedded_pair.tokenizer, prompt)])
+        with torch.inference_mode():
+            tokens = embedded_pair.target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
+                                                   max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=eos[0],
+                                                   temperature=None, top_k=None, top_p=None)
+        out[prompt] = tokens[0, ids.shape[1]:].tolist()
+    return out
+
+
+def test_the_target_alone_equals_transformers_generate(ar_runs, hf_greedy):
+    for prompt in PROMPTS:
+        assert [s.token.id for s in ar_runs[prompt][1]] == hf_greedy[prompt], prompt
+
+
 def test_the_target_writes_sensible_text(ar_runs):
     ids, steps = ar_runs[PROMPTS[0]]
     assert len(steps) == MAX_NEW and steps[-1].finished == "length"
@@ -56,7 +79,7 @@ def served_pair(embedded_pair):
 
 
 @pytest.mark.parametrize("k", [1, 2, 4, 8])
-def test_greedy_speculative_equals_the_target_alone(served_pair, ar_runs, k):
+def test_greedy_speculative_equals_the_target_alone(served_pair, ar_runs, hf_greedy, k):
     assert served_pair.draft_name.endswith("[int4 draft step]")
     config = DecodeConfig(k=k, max_new_tokens=MAX_NEW, sampling=SamplingParams(0.0), adaptive="fixed")
     drafted = accepted = 0
@@ -65,6 +88,7 @@ def test_greedy_speculative_equals_the_target_alone(served_pair, ar_runs, k):
         ids, steps = ar_runs[prompt]
         rounds = list(speculative_generate(served_pair, ids, config))
         assert spec_tokens(rounds) == [s.token.id for s in steps], (prompt, first_divergence(rounds, steps))
+        assert spec_tokens(rounds) == hf_greedy[prompt]  # and transformers' generate(), the outside reference
         check_rounds(served_pair, rounds, config)
         drafted += sum(r.k for r in rounds)
         accepted += sum(r.n_accepted for r in rounds)
