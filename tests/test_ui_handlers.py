@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import json
 from dataclasses import replace
 from pathlib import Path
@@ -282,12 +284,28 @@ def test_two_exports_in_the_same_second_get_their_own_files(session, tmp_path, m
     assert first != second and Path(first).exists() and Path(second).exists()
 
 
+def test_exports_older_than_an_hour_are_swept_from_the_shared_folder(session, tmp_path):
+    import os
+
+    record = list(h.run(session, Limits(), PROMPT, settings(max_new_tokens=8), options=FAST))[-1].record
+    old, recent, other = tmp_path / "specviz-run-old.json", tmp_path / "specviz-run-recent.html", tmp_path / "notes.txt"
+    for f in (old, recent, other):
+        f.write_text("x")
+    two_hours_ago = time.time() - 2 * h.EXPORT_MAX_AGE
+    os.utime(old, (two_hours_ago, two_hours_ago))
+    os.utime(other, (two_hours_ago, two_hours_ago))
+    path = h.export(record, replace(FAST, trace_dir=tmp_path), html=True)
+    assert not old.exists() and recent.exists() and Path(path).exists()
+    assert other.exists()  # only specviz's own exports are touched
+
+
 def test_the_app_is_offline_and_every_decode_resets_step_mode(monkeypatch):
     from specviz.ui.app import build_app
 
     monkeypatch.delenv("GRADIO_ANALYTICS_ENABLED", raising=False)  # conftest's switch; the app must not need it
     demo = build_app(Session(), Limits(), FAST)
     assert demo.analytics_enabled is False  # no telemetry, no version check calling home
+    assert demo.delete_cache == (3600, 3600)  # Gradio's copies of exports go after an hour, like ours
     prompt = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "sv-prompt")
     run_btn = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "sv-run")
     for trigger in ((run_btn._id, "click"), (prompt._id, "submit")):

@@ -177,7 +177,9 @@ def settings_panel(limits: Limits, defaults: DecodeConfig) -> dict:
 def build_app(session: Session, limits: Limits = Limits(), options: h.Options = h.Options(),
               defaults: DecodeConfig = DecodeConfig()) -> gr.Blocks:
     # analytics_enabled=False: no telemetry and no version check calling home (whatever the environment says)
-    with gr.Blocks(title="specviz: speculative decoding, visible", analytics_enabled=False, fill_width=True) as demo:
+    # delete_cache: Gradio's copies of exported files go after an hour too, checked hourly
+    with gr.Blocks(title="specviz: speculative decoding, visible", analytics_enabled=False, fill_width=True,
+                   delete_cache=(3600, 3600)) as demo:
         header = gr.HTML(header_html(session.name))
         record, stepper = gr.State(None), gr.State(None)
         with gr.Row(equal_height=False):

@@ -140,12 +140,27 @@ def replay_race(upload, shipped, speed) -> Iterator[RaceView]:
         yield race_view(state, t.source)
 
 
+EXPORT_MAX_AGE = 3600.0  # seconds an exported file stays in the shared folder (Gradio serves its own copy)
+
+
+def sweep(folder: Path, max_age: float = EXPORT_MAX_AGE, now: float | None = None) -> None:
+    """Remove exports older than max_age: every visitor's exports land in one folder, which must not grow forever."""
+    now = time.time() if now is None else now
+    for f in folder.glob("specviz-*"):
+        try:
+            if now - f.stat().st_mtime > max_age:
+                f.unlink()
+        except OSError:  # another request removed it first
+            pass
+
+
 def export(record: Trace | None, options: Options = Options(), html: bool = False) -> str:
     """The last run as a trace (JSON, replayable) or, with `html`, as one self-contained page to share."""
     if record is None or not record.rounds:
         raise gr.Error("nothing to export yet: press Run, Rounds only or Step first.", print_exception=False)
     folder = options.trace_dir or Path(tempfile.gettempdir()) / "specviz-traces"
     folder.mkdir(parents=True, exist_ok=True)
+    sweep(folder)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     # the folder is shared by every user of the server: a unique name, never one derived from the time alone
     fd, path = tempfile.mkstemp(prefix=f"specviz-{record.source.lower().replace(' ', '-')}-{stamp}-",
