@@ -10,13 +10,12 @@ any model only when the server is bound to loopback (or --allow-any-model says s
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import argparse
 import ipaddress
 import logging
 import os
 import sys
+from pathlib import Path
 
 from specviz.engine import DecodeConfig
 from specviz.models import ModelLoadError, PairSpec, load_spec

@@ -87,5 +87,5 @@ def sentence(e: Explanation) -> str:
         return (f"Slower because acceptance is too low: {facts}; at this draft cost and K it breaks even "
                 f"at {e.break_even:.0%} acceptance.")
     return (f"Slower than the model's prediction: {facts} (break-even {e.break_even:.0%} acceptance); the "
-            "gap is time outside the model: the prompt's forward (the same work in both lanes), building "
-            "events, or a noisy machine.")
+            "gap is time outside the rounds: the prompt's forward (which speculation does not speed up), "
+            "building events, or a noisy machine.")

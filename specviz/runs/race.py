@@ -72,8 +72,8 @@ class Lane:
 
     @property
     def decode_tokens_per_s(self) -> float:
-        """Generation alone: what the speculative rounds speed up (the prompt's forward is the same work in
-        both lanes, so a long prompt dilutes the end-to-end gain)."""
+        """Generation alone: what the speculative rounds speed up. Reading the prompt is not sped up (the
+        speculative lane even reads it with both models), so a long prompt dilutes the end-to-end gain."""
         return ratio(self.tokens, self.decode_seconds)
 
     def add(self, event, seconds: float) -> None:
