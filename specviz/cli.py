@@ -108,7 +108,7 @@ def add_serve(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specviz.bench import command as bench
+    from specviz.bench import command as bench, prove
 
     parser = argparse.ArgumentParser(prog="specviz", description="See speculative decoding work.")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -130,6 +130,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_serve(sub)
     bench.register(sub)
+    prove.register(sub)
     return parser
 
 

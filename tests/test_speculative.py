@@ -139,6 +139,21 @@ def test_the_same_seed_gives_the_same_run(tiny):
     assert steps[0] == steps[1] != steps[2]
 
 
+def test_a_shared_prompt_cache_reads_the_prompt_once_and_changes_nothing(tiny):
+    from specviz.engine.plumbing import PromptCache
+
+    ids = encode(tiny, "the a of")
+    cache = PromptCache()
+    for s in (5, 6, 7):  # each run crops its own copy: a later run must not see an earlier one's tokens
+        config = DecodeConfig(k=4, max_new_tokens=20, sampling=SAMPLED, seed=s)
+        fresh, shared = [list(speculative_generate(tiny, ids, config, prompt_cache=c)) for c in (None, cache)]
+        assert without_times(fresh) == without_times(shared)
+        ar = [[st.token.id for st in autoregressive_generate(tiny, ids, config, prompt_cache=c)] for c in (None, cache)]
+        assert ar[0] == ar[1]
+    assert len(cache.saved) == 2  # the prompt, read once by the target and once by the draft
+    assert all(c.get_seq_length() == len(ids) - 1 for c in cache.saved.values())
+
+
 # --- the caches: one target forward per round, the prefix never recomputed ----------------------
 
 

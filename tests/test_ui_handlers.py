@@ -118,9 +118,12 @@ def test_api_race_reports_speedup_from_lane_clocks(session):
 def test_same_distribution_compares_both_samplers_with_the_exact_distribution(session):
     views = list(h.same_distribution(session, Limits(), PROMPT, settings(), {"samples": 40, "temperature": 1.0}))
     last = views[-1]
-    assert "40 speculative and 40 target-alone samples" in last.summary
-    assert [t.name for t in last.fig.data] == ["exact p (target)", "target alone (n=40)", "speculative (n=40)"]
-    assert sum(last.fig.data[0].y) <= 1.0 + 1e-9
+    assert "40 speculative and 40 target-alone continuations" in last.summary and "sampling…" not in last.summary
+    assert "sampling…" in views[0].summary and len(views) == 3  # a view per batch of 16 paths each
+    assert [t.name for t in last.fig.data] == ["exact p (target)", "target alone (n=40)", "speculative (n=40)"] * 3
+    assert all(sum(t.y) <= 1.0 + 1e-6 for t in last.fig.data)
+    assert [f"\n| {i} |" in last.summary for i in (1, 2, 3, 4)] == [True] * 3 + [False]  # a row per position
+    assert "Whole path" in last.summary
     with pytest.raises(gr.Error, match="temperature above 0"):
         list(h.same_distribution(session, Limits(), PROMPT, settings(), {"samples": 40, "temperature": 0.0}))
     with pytest.raises(gr.Error, match="samples"):

@@ -11,7 +11,6 @@ import pytest
 from specviz.engine.events import (
     ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, TARGET, Candidate, DraftedToken, EmittedToken, Round, Step,
 )
-from specviz.analysis.distribution import chi_square_p, compare, total_variation
 from specviz.analysis.stats import run_stats
 from specviz.engine import DecodeConfig, SamplingParams
 from specviz.runs import race as racing
@@ -204,8 +203,11 @@ def test_stats_race_and_distribution_figures():
                              steps, greedy=False))[-1]
     rf = figures.race_figure(state.lanes)
     assert [t.name for t in rf.data] == ["Target alone (autoregressive)", "Speculative decoding"]
-    df = figures.distribution_figure(["'a'", "'b'"], [0.5, 0.5], [0.4, 0.6], [0.55, 0.45], 10, 10)
-    assert [t.name for t in df.data] == ["exact p (target)", "target alone (n=10)", "speculative (n=10)"]
+    panel = (["'a'", "'b'"], [0.5, 0.5], [0.4, 0.6], [0.55, 0.45])
+    df = figures.distribution_figure([panel] * 3, 10, 10)
+    assert [t.name for t in df.data] == ["exact p (target)", "target alone (n=10)", "speculative (n=10)"] * 3
+    assert [t.showlegend for t in df.data] == [True] * 3 + [False] * 6  # one legend entry per sampler
+    assert [a.text for a in df.layout.annotations][:1] == ["token 1"]
 
 
 # ---------------------------------------------------------------- captions and stats
@@ -239,21 +241,6 @@ def test_stats_pool_counts_from_the_rounds():
     s = stats
     md = teach.stats_markdown(s, "Run")
     assert "0.60 (3 / 5)" in md and "Run race" in md
-
-
-def test_distribution_statistics():
-    import numpy as np
-    from collections import Counter
-
-    exact = np.array([0.5, 0.3, 0.2, 0.0])
-    perfect = Counter({0: 500, 1: 300, 2: 200})
-    assert total_variation(exact, perfect, 1000) == pytest.approx(0.0)
-    assert chi_square_p(exact, perfect, 1000) == pytest.approx(1.0)
-    skewed = Counter({0: 900, 1: 50, 2: 50})
-    assert total_variation(exact, skewed, 1000) == pytest.approx(0.4)
-    assert chi_square_p(exact, skewed, 1000) < 1e-6
-    c = compare(exact, perfect, skewed)
-    assert c.token_ids[:3] == [0, 1, 2] and c.tv_spec == pytest.approx(0.4) and c.tv_ar == pytest.approx(0.0)
 
 
 # ---------------------------------------------------------------- the race loop

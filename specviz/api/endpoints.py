@@ -113,8 +113,9 @@ def race_stream(session: Session, limits: Limits, values: dict, pace: Pace = Pac
 
 @user_errors
 def same_distribution(session: Session, limits: Limits, values: dict) -> Iterator[dict]:
-    """First-token frequencies of speculative vs target-alone samples against the exact distribution,
-    with total variation and χ² p-values. Streams progress; the last has "event": "done"."""
+    """Tokens 1-3 of speculative vs target-alone samples against the target's exact (conditional)
+    distributions: per position frequencies, total variation, χ² and PIT p-values, and the whole path's
+    PIT test. Streams progress; the last has "event": "done"."""
     experiment = {k: values[k] for k in ("samples", "temperature") if k in values}
     with closing(sample_distribution(session, limits, values["prompt"], decode_settings(values), experiment)) as rs:
         for result in rs:

@@ -40,8 +40,13 @@ def race_dict(state: RaceState) -> dict:
 
 
 def distribution_dict(result: DistributionResult) -> dict:
-    c = result.comparison
-    tokens = [{"id": t, "text": x, "exact": e, "ar": a, "spec": sp}
-              for t, x, e, a, sp in zip(c.token_ids, result.texts, c.exact, c.ar, c.spec)]
-    return {"event": "done" if result.done else "progress", "samples": min(c.n_ar, c.n_spec), "tv_ar": c.tv_ar,
-            "tv_spec": c.tv_spec, "p_ar": c.p_ar, "p_spec": c.p_spec, "tv_noise": c.tv_noise, "tokens": tokens}
+    positions = [{"position": c.position, "n_ar": c.stats_ar.n, "n_spec": c.stats_spec.n,
+                  "tv_ar": c.stats_ar.tv, "tv_spec": c.stats_spec.tv, "tv_noise": c.stats_spec.tv_noise,
+                  "p_ar": c.stats_ar.chi2_p, "p_spec": c.stats_spec.chi2_p,
+                  "pit_p_ar": c.stats_ar.ks_p, "pit_p_spec": c.stats_spec.ks_p,
+                  "tokens": [{"id": t, "text": x, "exact": e, "ar": a, "spec": sp}
+                             for t, x, e, a, sp in zip(c.token_ids, c.texts, c.exact, c.ar, c.spec)]}
+                 for c in result.positions]
+    return {"event": "done" if result.done else "progress", "samples": min(result.ar.samples, result.spec.samples),
+            "path_p_ar": result.ar.ks_p, "path_p_spec": result.spec.ks_p, "rejected": result.spec.rejected,
+            "positions": positions}

@@ -9,26 +9,23 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import torch
-from transformers import DynamicCache
-
 from specviz.engine.config import DecodeConfig
 from specviz.engine.events import TARGET, Step, end_of_run
-from specviz.engine.plumbing import Pieces, at, clock, pad_vocab, prefill, to_host
+from specviz.engine.plumbing import Pieces, PromptCache, at, clock, pad_vocab, prefilled, to_host
 from specviz.engine.sampling import draw, logits_to_probs, make_generator
 from specviz.engine.tokens import emitted_token, target_stats
 
 
 @torch.inference_mode()
 def autoregressive_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
-                            should_stop: Callable[[], bool] = lambda: False) -> Iterator[Step]:
+                            prompt_cache: PromptCache | None = None, should_stop: Callable[[], bool] = lambda: False) -> Iterator[Step]:
     device, vocab = pair.device, pair.vocab_size
     gen = make_generator(device, config.seed)
     pieces = Pieces(pair.tokenizer)
-    cache = DynamicCache()
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     generated: list[int] = []
     t0 = clock(device)
-    prefill(pair.target, cache, ids)
+    cache = prefilled(pair.target, ids, prompt_cache)
     prefill_time = clock(device) - t0
     feed = ids[:, cache.get_seq_length():]  # the prompt's last token (the whole of a one-token prompt)
     for index in range(config.max_new_tokens):

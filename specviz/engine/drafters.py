@@ -13,7 +13,7 @@ from typing import Literal, Protocol, get_args
 import torch
 from transformers import DynamicCache
 
-from specviz.engine.plumbing import fit_ids, model_vocab, pad_vocab, prefill, rollback
+from specviz.engine.plumbing import PromptCache, fit_ids, model_vocab, pad_vocab, prefilled, rollback
 from specviz.engine.sampling import SamplingParams, draw, logits_to_probs
 
 
@@ -60,9 +60,10 @@ class ModelDrafter:
 
     name = "model"
 
-    def __init__(self, model, sampling: SamplingParams, generator, vocab_size: int, stop_below: float = 0.0):
+    def __init__(self, model, sampling: SamplingParams, generator, vocab_size: int, stop_below: float = 0.0,
+                 prompt_cache: PromptCache | None = None):
         self.model, self.sampling, self.generator = model, sampling, generator
-        self.vocab_size, self.stop_below = vocab_size, stop_below
+        self.vocab_size, self.stop_below, self.prompt_cache = vocab_size, stop_below, prompt_cache
         self.rows = model_vocab(model)  # < vocab_size when the target's vocabulary is larger
         self.cache = DynamicCache()
 
@@ -71,7 +72,7 @@ class ModelDrafter:
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
-        prefill(self.model, self.cache, self.fit(ids))
+        self.cache = prefilled(self.model, self.fit(ids), self.prompt_cache)
 
     @torch.inference_mode()
     def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft:
@@ -153,12 +154,12 @@ DRAFTERS = get_args(DrafterName)
 
 
 def make_drafter(name: str, draft_model, sampling: SamplingParams, generator, vocab_size: int,
-                 device, stop_below: float = 0.0) -> Drafter:
+                 device, stop_below: float = 0.0, prompt_cache: PromptCache | None = None) -> Drafter:
     if name not in DRAFTERS:
         raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
     if name == "lookup":
         return PromptLookupDrafter(vocab_size, device)
     if draft_model is None:
         raise ValueError(f"the {name!r} drafter needs a draft model, and this pair has none")
-    model = ModelDrafter(draft_model, sampling, generator, vocab_size, stop_below)
+    model = ModelDrafter(draft_model, sampling, generator, vocab_size, stop_below, prompt_cache)
     return model if name == "model" else HybridDrafter(PromptLookupDrafter(vocab_size, device), model)

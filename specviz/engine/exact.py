@@ -21,3 +21,27 @@ def next_token_distribution(pair, prompt_ids: list[int], sampling: SamplingParam
     p = logits_to_probs(pad_vocab(logits, pair.vocab_size), sampling)
     p = p.double().cpu().numpy()
     return p / p.sum()
+
+
+@torch.inference_mode()
+def path_distributions(pair, prompt_ids: list[int], paths: list[list[int]], sampling: SamplingParams) -> torch.Tensor:
+    """The target's warped distribution before each token of each path, on the device: [B, L, V], row t of
+    path b = p(. | prompt, path_b[:t]). One plain batched forward with no cache and no drafts: the reference
+    a sampled path is scored against. Shorter paths are right-padded: attention is causal, so padding after
+    a position never changes it (rows past a path's end are meaningless)."""
+    longest = max(map(len, paths))
+    ids = torch.tensor([prompt_ids + (x + [0] * longest)[:longest - 1] for x in paths], dtype=torch.long,
+                       device=pair.device)
+    logits = pair.target(ids, logits_to_keep=longest).logits[:, -longest:].float()
+    return logits_to_probs(pad_vocab(logits, pair.vocab_size), sampling)
+
+
+def randomized_pit(probs: torch.Tensor, tokens: torch.Tensor, u: torch.Tensor) -> torch.Tensor:
+    """P(X ranks before x) + u * p(x), tokens ranked by probability (ties by id), u [N] uniform: for x drawn
+    from `probs` [N, V] the result is exactly Uniform(0, 1) (the randomised probability integral transform),
+    and a path's values are independent (Rosenblatt), so any sampler error shows up as non-uniform values.
+    Ranking by probability makes a sampler that favours likely (or unlikely) tokens push them down (or up)."""
+    px = probs.gather(-1, tokens[:, None])
+    ids = torch.arange(probs.shape[-1], device=probs.device)
+    before = (probs > px) | ((probs == px) & (ids < tokens[:, None]))
+    return (probs * before).sum(-1) + u * px.squeeze(-1)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import copy
 import time
 
 import torch
+from transformers import DynamicCache
 
 
 def clock(device: torch.device) -> float:
@@ -43,6 +45,29 @@ def prefill(model, cache, ids: torch.Tensor) -> None:
     (the AR step's, or the first round's verify), so prefill is timed apart at no extra cost."""
     if ids.shape[1] > 1:
         model(ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+
+class PromptCache:
+    """Prompts read once per model, handed out as copies: many runs of one prompt (the proof, the
+    same-distribution experiment) then pay its prefill once, and each run still crops its own cache."""
+
+    def __init__(self):
+        self.saved: dict[tuple, DynamicCache] = {}
+
+    def copy(self, model, ids: torch.Tensor) -> DynamicCache:
+        key = (id(model), tuple(ids[0].tolist()))
+        if key not in self.saved:
+            self.saved[key] = prefilled(model, ids)
+        return copy.deepcopy(self.saved[key])
+
+
+def prefilled(model, ids: torch.Tensor, prompt_cache: PromptCache | None = None) -> DynamicCache:
+    """A cache holding the prompt (see `prefill`): read now, or copied from `prompt_cache`."""
+    if prompt_cache is not None:
+        return prompt_cache.copy(model, ids)
+    cache = DynamicCache()
+    prefill(model, cache, ids)
+    return cache
 
 
 def pad_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:

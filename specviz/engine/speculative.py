@@ -9,14 +9,14 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 
 import torch
-from transformers import DynamicCache
-
 from specviz.engine.config import DecodeConfig, next_k
 from specviz.engine.drafters import Drafter, make_drafter
 from specviz.engine.events import (
     ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, Round, end_of_run, until_eos,
 )
-from specviz.engine.plumbing import Pieces, at, clock, fit_ids, model_vocab, pad_vocab, prefill, rollback, to_host
+from specviz.engine.plumbing import (
+    Pieces, PromptCache, at, clock, fit_ids, model_vocab, pad_vocab, prefilled, rollback, to_host,
+)
 from specviz.engine.rules import verify
 from specviz.engine.sampling import logits_to_probs, make_generator
 from specviz.engine.tokens import candidates, emitted_token, shown, target_stats, top
@@ -28,20 +28,21 @@ class DrafterError(RuntimeError):
 
 @torch.inference_mode()
 def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
-                         drafter: Drafter | None = None,
-                         should_stop: Callable[[], bool] = lambda: False) -> Iterator[Round]:
+                         drafter: Drafter | None = None, prompt_cache: PromptCache | None = None,
+                         should_stop: Callable[[], bool] = lambda: False, rule=verify) -> Iterator[Round]:
+    """`rule`: the accept/reject rule; only the proof's negative controls pass a deliberately broken one."""
     device, vocab = pair.device, pair.vocab_size
     target_rows = model_vocab(pair.target)
     gen = make_generator(device, config.seed)
     if drafter is None:
-        drafter = make_drafter(config.drafter, pair.draft, config.sampling, gen, vocab, device, config.stop_below)
+        drafter = make_drafter(config.drafter, pair.draft, config.sampling, gen, vocab, device, config.stop_below,
+                               prompt_cache)
     pieces = Pieces(pair.tokenizer)
-    cache = DynamicCache()
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     history, generated = list(prompt_ids), []
     k = config.k
     t0 = clock(device)
-    prefill(pair.target, cache, ids)
+    cache = prefilled(pair.target, ids, prompt_cache)
     drafter.prefill(ids)
     prefill_time = clock(device) - t0
     for index in range(config.max_new_tokens):
@@ -56,7 +57,7 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
         # the last k+1 rows, whatever a model (or a wrapper) made of logits_to_keep
         logits = pad_vocab(out.logits[0, -(draft.k + 1):].float(), vocab)
         p = logits_to_probs(logits, config.sampling)
-        verdict = verify(p, draft.q, draft.tokens, gen, greedy=config.sampling.greedy)
+        verdict = rule(p, draft.q, draft.tokens, gen, greedy=config.sampling.greedy)
         t2 = clock(device)
         # from here on, the work is for the event (display statistics, host transfer, texts):
         # it counts as overhead, not as verification

@@ -1,37 +1,37 @@
 """The "same distribution" experiment: speculative decoding samples exactly what the target samples.
 
-Draw N short continuations with speculative decoding and N with the target alone (seed i for the
-i-th), and compare the first generated token's empirical frequencies with the target's exact
-distribution at the prompt (`analysis.distribution`). With max_new_tokens = 2 the speculative run
-drafts one token in its first round, so every first token has been through accept/reject
-(accepted draft or correction).
+The app's view of the proof (`runs.proof`): N continuations of 3 tokens drawn with speculative decoding
+and N with the target alone (seed i for the i-th, in alternating batches so a stopped run stays fair),
+each position scored against the target's exact conditionals. Position 1 is where every drafter is
+usually right; positions 2 and 3 come after accepted drafts, corrections and bonuses, and (with
+max_new_tokens = 3 + K) include drafts made right after a clean sweep.
 """
 
 from __future__ import annotations
 
-from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from pydantic import Field
 from pydantic.fields import FieldInfo
 from pydantic.dataclasses import dataclass as spec
 
-from specviz.analysis.distribution import Comparison, compare
-from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
-from specviz.engine.exact import next_token_distribution
+from specviz.analysis.proof import PositionResult, Verdict
+from specviz.engine import SamplingParams
+from specviz.engine.plumbing import PromptCache
 from specviz.runs.errors import InputError
 from specviz.runs.job import prepare
 from specviz.runs.limits import Limits
+from specviz.runs.proof import ProofSettings, prove
 from specviz.runs.session import Session
 from specviz.runs.settings import validate
 
-SPEC_TOKENS = 2  # one drafted + verified token, then its correction/bonus
+POSITIONS = 3
 
 
 @spec(frozen=True)
 class DistributionSettings:
-    samples: int = Field(200, ge=1, title="samples", description="continuations per side",
+    samples: int = Field(200, ge=16, title="samples", description="continuations per side",
                          json_schema_extra={"limit": "max_samples"})
     # the decoder's own temperature setting (range, checks), with the experiment's default and help
     temperature: float = FieldInfo.merge_field_infos(SamplingParams.__pydantic_fields__["temperature"], default=1.0,
@@ -39,55 +39,52 @@ class DistributionSettings:
 
 
 @dataclass(frozen=True)
+class PositionComparison:
+    """One position, both samplers: the shown tokens' exact and observed shares, and the statistics."""
+
+    position: int
+    token_ids: list[int]
+    texts: list[str]
+    exact: list[float]  # mean of each sample's exact conditional (both samplers' samples pooled)
+    spec: list[float]
+    ar: list[float]
+    stats_spec: PositionResult
+    stats_ar: PositionResult
+
+
+@dataclass(frozen=True)
 class DistributionResult:
-    comparison: Comparison
-    texts: list[str]  # the shown tokens' texts, in `comparison.token_ids` order
+    positions: list[PositionComparison]
+    spec: Verdict  # whole-path results: the sequential test, the verdict
+    ar: Verdict
     prompt: str
     done: bool
 
 
-def _first(events: Iterator):
-    try:
-        return next(events)
-    finally:
-        events.close()  # only the first event is needed: free the run's caches now
+def compare_position(spec_p: PositionResult, ar_p: PositionResult, decode) -> PositionComparison:
+    spec_top, ar_top = {t: (e, o) for t, e, o in spec_p.top}, {t: (e, o) for t, e, o in ar_p.top}
+    both = spec_p.n + ar_p.n
 
+    def exact(t):  # pooled over both samplers' prefixes, weighted by their sample counts
+        return (spec_top.get(t, (0, 0))[0] * spec_p.n + ar_top.get(t, (0, 0))[0] * ar_p.n) / both
 
-def first_token_spec(pair, prompt_ids: list[int], config: DecodeConfig) -> int:
-    return _first(speculative_generate(pair, prompt_ids, replace(config, max_new_tokens=SPEC_TOKENS))).new_token_ids[0]
-
-
-def first_token_ar(pair, prompt_ids: list[int], config: DecodeConfig) -> int:
-    return _first(autoregressive_generate(pair, prompt_ids, replace(config, max_new_tokens=1))).token.id
-
-
-def sample_both(pair, prompt_ids: list[int], config: DecodeConfig, n: int,
-                every: int = 10) -> Iterator[tuple[Counter, Counter, int]]:
-    """Alternate one speculative and one target-alone sample (seed = config.seed + i); yield the
-    counts every `every` pairs and at the end. Interleaving keeps both sides comparable if stopped early."""
-    base = config.seed or 0
-    counts_ar, counts_spec = Counter(), Counter()
-    for i in range(n):
-        c = replace(config, seed=base + i)
-        counts_spec[first_token_spec(pair, prompt_ids, c)] += 1
-        counts_ar[first_token_ar(pair, prompt_ids, c)] += 1
-        if (i + 1) % every == 0 or i + 1 == n:
-            yield counts_ar, counts_spec, i + 1
+    ids = sorted(spec_top.keys() | ar_top.keys(), key=lambda t: -exact(t))[:12]
+    return PositionComparison(spec_p.position, ids, [decode([t]) for t in ids], [exact(t) for t in ids],
+                              [spec_top.get(t, (0, 0))[1] for t in ids], [ar_top.get(t, (0, 0))[1] for t in ids],
+                              spec_p, ar_p)
 
 
 def sample_distribution(session: Session, limits: Limits, prompt, settings: dict, experiment: dict
                         ) -> Iterator[DistributionResult]:
-    """Validate, then compare both samplers with the exact distribution every n/20 sample pairs.
-    `settings`: the decoding settings (their temperature and max new tokens are the experiment's)."""
+    """Validate, then yield both samplers' results after each batch of paths.
+    `settings`: the decoding settings (their temperature is the experiment's)."""
     exp = validate(DistributionSettings, experiment, limits)
-    job = prepare(session, limits, prompt, {**settings, "temperature": exp.temperature,
-                                            "max_new_tokens": SPEC_TOKENS})
+    job = prepare(session, limits, prompt, {**settings, "temperature": exp.temperature})
     if job.config.sampling.greedy:
         raise InputError("the same-distribution test needs sampling: set a temperature above 0.")
-    with session.using() as pair:
-        exact = next_token_distribution(pair, job.ids, job.config.sampling)
-    n = exp.samples
-    for counts_ar, counts_spec, done in session.stream(
-            lambda pair: sample_both(pair, job.ids, job.config, n, max(1, n // 20))):
-        c = compare(exact, counts_ar, counts_spec)
-        yield DistributionResult(c, [job.pair.tokenizer.decode([t]) for t in c.token_ids], job.prompt, done == n)
+    proof = ProofSettings(samples=exp.samples, length=POSITIONS, controls=False, control_samples=exp.samples)
+    decode = job.pair.tokenizer.decode
+    for progress in session.stream(lambda pair: prove(pair, job.ids, job.config, proof, prompt_cache=PromptCache())):
+        spec_v, ar_v = progress.verdicts
+        positions = [compare_position(s, a, decode) for s, a in zip(spec_v.positions, ar_v.positions)]
+        yield DistributionResult(positions, spec_v, ar_v, job.prompt, progress.done == progress.total)

@@ -45,7 +45,7 @@ Limits.__init__ = _checked_init
 
 # The CLI runs on the user's own machine: the same checks as the app's controls, but not the web
 # server's per-request caps (only the model's context bounds a run; K stays a sane number).
-CLI_LIMITS = Limits(max_new_tokens=1_000_000, max_k=256)
+CLI_LIMITS = Limits(max_new_tokens=1_000_000, max_k=256, max_samples=1_000_000)
 
 
 def clean_prompt(prompt, limits: Limits) -> str:

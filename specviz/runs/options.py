@@ -30,7 +30,8 @@ def help_text(s: Setting, several: bool = False) -> str:
     if s.optional:
         parts.append("'none' for none")
     if several:
-        parts.append("several, comma-separated, e.g. 4,8")
+        parts.append(f"one or more of {', '.join(map(str, s.choices))}, comma-separated" if s.choices
+                     else "several, comma-separated, e.g. 4,8")
     if s.kind is not bool:
         parts.append(f"default: {s.default}")
     text = f"{s.help} ({'; '.join(parts)})" if parts else s.help
@@ -43,10 +44,12 @@ def add_options(parser, spec: type, limits=None, *, skip: tuple[str, ...] = (), 
         if s.name in skip:
             continue
         if s.kind is bool:
-            parser.add_argument(option, dest=dest, action="store_true", help=help_text(s))
+            action = argparse.BooleanOptionalAction if s.default else "store_true"  # on by default: --no-x
+            parser.add_argument(option, dest=dest, action=action, default=s.default, help=help_text(s))
         else:
-            parser.add_argument(option, dest=dest, default=s.default, choices=s.choices,
-                                metavar=None if s.choices else dest.upper(), help=help_text(s, s.name in several))
+            many = s.name in several  # a list: its choices are checked by `validate`, one value at a time
+            parser.add_argument(option, dest=dest, default=s.default, choices=None if many else s.choices,
+                                metavar=None if s.choices and not many else dest.upper(), help=help_text(s, many))
 
 
 def values_of(args: argparse.Namespace, spec: type) -> dict:

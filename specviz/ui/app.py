@@ -9,7 +9,6 @@ shows; wiring.py connects buttons to handlers. The JSON API is added by `specviz
 from __future__ import annotations
 
 from dataclasses import fields
-from html import escape
 
 import gradio as gr
 
@@ -42,11 +41,6 @@ APP_CSS = render.CSS + live.CSS + """
 .sv-note { font-size: 13px; color: var(--body-text-color-subdued); }
 footer { display: none !important; }
 """
-
-
-def header_html(pair: str) -> str:
-    return (f'<div class="sv-header"><h1>specviz</h1><span class="sv-tagline">speculative decoding, visible</span>'
-            f'<span id="sv-pair">serving {escape(pair)}</span></div>')
 
 
 def outputs_of(view_cls, parts: dict) -> list:
@@ -180,7 +174,7 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options = 
     # delete_cache: Gradio's copies of exported files go after an hour too, checked hourly
     with gr.Blocks(title="specviz: speculative decoding, visible", analytics_enabled=False, fill_width=True,
                    delete_cache=(3600, 3600)) as demo:
-        header = gr.HTML(header_html(session.name))
+        header = gr.HTML(render.header_html(session.name))
         record, stepper = gr.State(None), gr.State(None)
         with gr.Row(equal_height=False):
             with gr.Column(scale=4, min_width=520):

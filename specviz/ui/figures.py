@@ -151,15 +151,23 @@ def race_figure(lanes) -> go.Figure:
     return _layout(fig, "", height=260)
 
 
-def distribution_figure(labels: list[str], exact: list[float], ar: list[float], spec: list[float],
+def distribution_figure(positions: list[tuple[list[str], list[float], list[float], list[float]]],
                         n_ar: int, n_spec: int) -> go.Figure:
-    if not labels:
-        return empty_figure("empirical vs exact first-token distributions appear here", height=340)
-    fig = go.Figure()
-    fig.add_bar(x=labels, y=exact, name="exact p (target)", marker=dict(color="rgba(15,23,42,0.12)",
-                line=dict(color="#0f172a", width=1.5)))
-    fig.add_bar(x=labels, y=ar, name=f"target alone (n={n_ar})", marker_color=COLORS[TARGET])
-    fig.add_bar(x=labels, y=spec, name=f"speculative (n={n_spec})", marker_color=COLORS["accepted"])
+    """One panel per generated position: (labels, exact, target alone, speculative) shares of its likeliest tokens."""
+    if not positions:
+        return empty_figure("empirical vs exact distributions of the first tokens appear here", height=340)
+    fig = make_subplots(rows=1, cols=len(positions), horizontal_spacing=0.06,
+                        subplot_titles=[f"token {i + 1}" + (" (after a sampled prefix)" if i else "")
+                                        for i in range(len(positions))])
+    for col, (labels, exact, ar, spec) in enumerate(positions, start=1):
+        first = col == 1  # one legend entry per sampler
+        fig.add_bar(x=labels, y=exact, name="exact p (target)", legendgroup="exact", showlegend=first, row=1, col=col,
+                    marker=dict(color="rgba(15,23,42,0.12)", line=dict(color="#0f172a", width=1.5)))
+        fig.add_bar(x=labels, y=ar, name=f"target alone (n={n_ar})", legendgroup="ar", showlegend=first,
+                    marker_color=COLORS[TARGET], row=1, col=col)
+        fig.add_bar(x=labels, y=spec, name=f"speculative (n={n_spec})", legendgroup="spec", showlegend=first,
+                    marker_color=COLORS["accepted"], row=1, col=col)
     fig.update_layout(barmode="group", bargap=0.2)
-    fig.update_yaxes(title="probability", rangemode="tozero")
-    return _layout(fig, "First generated token: empirical frequencies vs the exact target distribution", 360)
+    fig.update_yaxes(rangemode="tozero")
+    fig.update_yaxes(title="probability", row=1, col=1)
+    return _layout(fig, "Generated tokens 1-3: empirical frequencies vs the target's exact distribution", 380)

@@ -186,3 +186,9 @@ def legend_html() -> str:
     items = "".join(f'<span class="sv-tok sv-{k}">{escape(v)}</span>' for k, v in LABELS.items())
     return (f'<div class="sv-legend">{items}<span class="sv-empty">dashed box = one round '
             "(one target forward) · hover a token for p, q, min(1, p/q), u</span></div>")
+
+
+def header_html(pair: str) -> str:
+    """The page's header line, naming the pair being served (updated after a load)."""
+    return (f'<div class="sv-header"><h1>specviz</h1><span class="sv-tagline">speculative decoding, visible</span>'
+            f'<span id="sv-pair">serving {escape(pair)}</span></div>')

@@ -17,6 +17,7 @@ from specviz.runs.limits import Limits
 from specviz.runs.session import Session
 from specviz.ui import handlers as h
 from specviz.ui.live import live_blank
+from specviz.ui.render import header_html
 from specviz.ui.views import as_tuple, main_view, race_blank
 
 MODEL = "model"  # the concurrency group of everything that runs the pair

@@ -1,0 +1,131 @@
+"""Is a sampler's output distributed as the target's? Statistics over whole sampled paths.
+
+Each sampled path x_1..x_L is scored against the target's exact conditionals p_t(. | prompt, x_<t)
+(one plain forward over the path, `engine.exact.path_distributions`). Per position t:
+- chi-square: observed counts of each token against the expected counts sum_i p_t,i(v), each sample
+  under its own prefix (tokens with expected count < 5 pooled). With different prefixes the counts
+  vary less than a multinomial's, so the test is conservative there, and exact at position 1.
+- total variation between the same two, beside the TV of draws from the exact conditionals
+  themselves (the chance level for this many samples).
+- the randomised PIT u of each sampled token (`engine.exact.randomized_pit`): Uniform(0, 1) for a
+  correct sampler; a Kolmogorov-Smirnov test per position, and one over every u of every path
+  (under the null they are all independent uniforms), the sequential test of the whole path.
+Nothing V-wide is kept per sample: a position keeps one V-vector of expected counts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from scipy import stats
+
+from specviz.engine.exact import randomized_pit
+from specviz.engine.sampling import sample
+
+NOISE_REPS = 5  # draws per sample from its exact conditional, for the chance level of TV
+SHOWN = 16  # tokens per position kept for display: the most likely under the exact conditionals
+
+
+@dataclass
+class PositionTally:
+    observed: Counter = field(default_factory=Counter)
+    expected: torch.Tensor | None = None  # [V] float64 on the device
+    noise: list[Counter] = field(default_factory=lambda: [Counter() for _ in range(NOISE_REPS)])
+    pits: list[float] = field(default_factory=list)
+
+    @property
+    def n(self) -> int:
+        return len(self.pits)
+
+    def add(self, probs: torch.Tensor, tokens: torch.Tensor, generator: torch.Generator) -> None:
+        """probs [B, V]: each sample's exact conditional at this position; tokens [B]: what it sampled."""
+        total = probs.double().sum(0)
+        self.expected = total if self.expected is None else self.expected + total
+        self.observed.update(tokens.tolist())
+        for counts, draws in zip(self.noise, sample(probs.expand(NOISE_REPS, *probs.shape), generator).tolist()):
+            counts.update(draws)
+        u = torch.rand(tokens.shape, generator=generator, device=probs.device)
+        self.pits += randomized_pit(probs, tokens, u).tolist()
+
+
+@dataclass(frozen=True)
+class PositionResult:
+    position: int  # 1-based
+    n: int  # samples that reached this position (paths end at <eos>)
+    chi2_p: float | None  # None: a single cell, nothing to test
+    dof: int
+    tv: float
+    tv_noise: float
+    ks_p: float
+    top: list[tuple[int, float, float]]  # (token, exact share, observed share), most likely first
+
+
+def _tv(counts: Counter, expected: np.ndarray, n: int) -> float:
+    diff = expected.copy()
+    for t, c in counts.items():
+        diff[t] -= c
+    return 0.5 * float(np.abs(diff).sum()) / n
+
+
+def _chi2(counts: Counter, expected: np.ndarray, n: int, min_expected: float = 5.0) -> tuple[float | None, int]:
+    big = np.flatnonzero(expected >= min_expected)
+    observed = [counts.get(int(t), 0) for t in big]
+    cells = list(expected[big])
+    if n - sum(cells) > 1e-9 * n:
+        observed.append(n - sum(observed))
+        cells.append(n - sum(cells))
+    if len(cells) < 2:
+        return None, 0
+    return float(stats.chisquare(observed, np.asarray(cells) * (n / sum(cells))).pvalue), len(cells) - 1
+
+
+def position_result(position: int, t: PositionTally) -> PositionResult:
+    expected = t.expected.cpu().numpy()
+    chi2_p, dof = _chi2(t.observed, expected, t.n)
+    return PositionResult(position, t.n, chi2_p, dof, _tv(t.observed, expected, t.n),
+                          float(np.mean([_tv(c, expected, t.n) for c in t.noise])),
+                          float(stats.kstest(t.pits, "uniform").pvalue),
+                          [(int(x), float(expected[x]) / t.n, t.observed.get(int(x), 0) / t.n)
+                           for x in np.argsort(-expected)[:SHOWN] if expected[x] > 0])
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """One sampler's result. `expect_pass`: a sampler of the target's distribution (the method, or the
+    target alone) must pass; a negative control must fail, else the test could not have seen a bug."""
+
+    name: str
+    expect_pass: bool
+    samples: int
+    positions: list[PositionResult]
+    ks_p: float  # every u of every path against Uniform(0, 1)
+    alpha: float
+    extra: dict = field(default_factory=dict)  # e.g. how often the clean-sweep path was exercised
+
+    @property
+    def p_values(self) -> list[float]:
+        return [self.ks_p] + [p.ks_p for p in self.positions] + [p.chi2_p for p in self.positions
+                                                                 if p.chi2_p is not None]
+
+    @property
+    def min_p(self) -> float:
+        return min(self.p_values)
+
+    @property
+    def rejected(self) -> bool:
+        """Bonferroni over this sampler's tests: rejected when any p-value < alpha / (number of tests)."""
+        return self.min_p < self.alpha / len(self.p_values)
+
+    @property
+    def as_expected(self) -> bool:
+        return self.rejected != self.expect_pass
+
+
+def verdict(name: str, expect_pass: bool, tallies: list[PositionTally], alpha: float, **extra) -> Verdict:
+    reached = [t for t in tallies if t.n]
+    return Verdict(name, expect_pass, reached[0].n if reached else 0,
+                   [position_result(i + 1, t) for i, t in enumerate(reached)],
+                   float(stats.kstest([u for t in reached for u in t.pits], "uniform").pvalue), alpha, extra)

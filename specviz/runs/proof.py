@@ -1,0 +1,194 @@
+"""The proof: sampled paths of the real round loop scored against the target's exact distributions.
+
+For one decoding configuration, N continuations of L tokens are sampled (seed = seed + i) by each
+sampler below, and each is scored position by position against the target's exact conditionals
+(`analysis.proof`). Speculative decoding must pass; so must the target alone (the harness is
+calibrated); the negative controls must fail, or the test could not have seen a bug:
+- "draft alone": the draft model sampled by itself (what a sampler that trusts the draft produces),
+- "always accept": the round loop with the rule's coin removed (every draft kept, bonus from p).
+Each speculative sample runs with max_new_tokens = L + K, so the end of the budget never shortens a
+draft inside positions 1..L, and a draft made right after a clean sweep is counted (`clean_sweep`).
+
+`identity` is the greedy half: speculative greedy output against transformers' own
+`generate(do_sample=False)` of the target, for every drafter x K x adaptive mode.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, replace
+
+import torch
+from pydantic import Field
+from pydantic.dataclasses import dataclass as spec
+
+from specviz.analysis.divergence import spec_gap_at, spec_token_ids
+from specviz.analysis.proof import PositionTally, Verdict, verdict
+from specviz.engine import DecodeConfig, autoregressive_generate, speculative_generate
+from specviz.engine.events import NOT_VERIFIED
+from specviz.engine.exact import path_distributions
+from specviz.engine.plumbing import PromptCache, at
+from specviz.engine.rules import Verdict as RoundVerdict, residual
+from specviz.engine.sampling import draw, make_generator
+from specviz.models import ModelPair
+
+ALPHA = 1e-3  # family-wise, per sampler: a correct sampler is flagged 1 time in 1000
+BATCH = 16  # paths scored per target forward
+
+
+@spec(frozen=True)
+class ProofSettings:
+    samples: int = Field(200, ge=10, title="samples", description="sampled continuations per sampler",
+                         json_schema_extra={"limit": "max_samples"})
+    length: int = Field(3, ge=1, le=8, title="positions", description="tokens per continuation, each one tested")
+    controls: bool = Field(True, title="negative controls",
+                           description="also run samplers that are wrong on purpose: each must fail")
+    control_samples: int = Field(200, ge=10, title="control samples",
+                                 description="continuations for the target alone and each control (they are "
+                                             "calibration: the target alone must pass, a control must fail)",
+                                 json_schema_extra={"limit": "max_samples"})
+
+
+def accept_every_draft(p, q, tokens, generator, greedy: bool = False) -> RoundVerdict:
+    """A broken rule, for the negative control: no coin, every draft kept, the bonus from p's last row."""
+    k = tokens.shape[0]
+    n = torch.tensor(k, device=p.device)
+    token = draw(p[k], p[k], greedy, generator)
+    ones = torch.ones(k, device=p.device)
+    return RoundVerdict(n, token, at(p[k], token), ones, 0 * ones, residual(p[:k], q))
+
+
+def speculative_path(pair, ids, config, length, prompt_cache, rule=None) -> tuple[list[int], int]:
+    """The first `length` tokens, and how many of them were drafted in a round right after a clean sweep."""
+    config = replace(config, max_new_tokens=length + config.k)
+    tokens, swept, after_sweep = [], False, 0
+    events = speculative_generate(pair, ids, config, prompt_cache=prompt_cache,
+                                  **({"rule": rule} if rule else {}))
+    try:
+        for r in events:
+            if swept:
+                after_sweep += sum(r.position + i < length and t.status != NOT_VERIFIED
+                                   for i, t in enumerate(r.drafted))
+            swept = r.k > 0 and r.n_accepted == r.k
+            tokens += r.new_token_ids
+            if len(tokens) >= length or r.finished:
+                break
+    finally:
+        events.close()  # frees the run's caches now
+    return tokens[:length], after_sweep
+
+
+def target_path(pair, ids, config, length, prompt_cache) -> tuple[list[int], int]:
+    steps = autoregressive_generate(pair, ids, replace(config, max_new_tokens=length), prompt_cache=prompt_cache)
+    return [s.token.id for s in steps], 0
+
+
+@dataclass(frozen=True)
+class Sampler:
+    name: str
+    expect_pass: bool
+    path: Callable  # (pair, ids, config, length, prompt_cache) -> (tokens, drafts after a clean sweep)
+
+
+def samplers(pair: ModelPair, settings: ProofSettings, with_target: bool = True) -> list[Sampler]:
+    out = [Sampler("speculative", True, speculative_path)]
+    if with_target:
+        out.append(Sampler("target alone", True, target_path))
+    if settings.controls:
+        if pair.draft is not None:
+            draft_as_target = replace(pair, target=pair.draft)
+            out.append(Sampler("draft alone (control)", False,
+                               lambda _, *a: target_path(draft_as_target, *a)))
+        out.append(Sampler("always accept (control)", False,
+                           lambda *a: speculative_path(*a, rule=accept_every_draft)))
+    return out
+
+
+@dataclass(frozen=True)
+class Progress:
+    done: int  # samples drawn so far, over every sampler
+    total: int
+    verdicts: list[Verdict]  # finished samplers, then the current one so far
+
+
+def prove(pair: ModelPair, ids: list[int], config: DecodeConfig, settings: ProofSettings, *,
+          with_target: bool = True, prompt_cache: PromptCache | None = None) -> Iterator[Progress]:
+    """Run every sampler, a batch of paths each in turn (so results stopped early stay comparable);
+    yield after each batch (the last `Progress` is final)."""
+    if config.sampling.greedy:
+        raise ValueError("a distribution test needs sampling: temperature > 0 (greedy is checked by `identity`)")
+    prompt_cache = prompt_cache or PromptCache()
+    scorer = make_generator(pair.device, config.seed)  # the PIT's and the chance level's own randomness
+    todo = samplers(pair, settings, with_target)
+    n, length, base = settings.samples, settings.length, config.seed or 0
+    tallies = {s.name: [PositionTally() for _ in range(length)] for s in todo}
+    after_sweep = dict.fromkeys(tallies, 0)
+    wanted = {s.name: n if s.name == "speculative" else min(n, settings.control_samples) for s in todo}
+    total = sum(wanted.values())
+    for start in range(0, n, BATCH):
+        for sampler in todo:
+            seeds = range(base + start, base + min(wanted[sampler.name], start + BATCH))
+            if not seeds:
+                continue
+            paths = []
+            for seed in seeds:
+                tokens, swept = sampler.path(pair, ids, replace(config, seed=seed), length, prompt_cache)
+                paths.append(tokens)
+                after_sweep[sampler.name] += swept
+            score(pair, ids, paths, config, tallies[sampler.name], scorer)
+        done = sum(min(w, start + BATCH) for w in wanted.values())
+        yield Progress(done, total, [
+            verdict(s.name, s.expect_pass, tallies[s.name], ALPHA,
+                    **({"drafts_after_clean_sweep": after_sweep[s.name]} if s.name == "speculative" else {}))
+            for s in todo])
+
+
+def score(pair, ids, paths: list[list[int]], config: DecodeConfig, tallies: list[PositionTally], generator) -> None:
+    probs = path_distributions(pair, ids, paths, config.sampling)  # [B, L, V]
+    for t, tally in enumerate(tallies):
+        rows = [b for b, x in enumerate(paths) if len(x) > t]  # paths that reached position t (no <eos> before)
+        if rows:
+            tally.add(probs[rows, t], torch.tensor([paths[b][t] for b in rows], device=probs.device), generator)
+
+
+def matrix(config: DecodeConfig, drafters, adaptives, ks=None) -> list[DecodeConfig]:
+    """Every drafter x adaptive mode (x K) variant of `config`."""
+    return [replace(config, drafter=d, adaptive=a, k=k if k is not None else config.k)
+            for d, a, k in itertools.product(drafters, adaptives, ks or [None])]
+
+
+@dataclass(frozen=True)
+class Identity:
+    drafter: str
+    adaptive: str
+    k: int
+    tokens: int
+    identical: bool
+    first_difference: int | None  # index of the first token that differs
+    top2_gap: float | None  # the target's top-1 minus top-2 logit there (a near-tie explains a bf16 flip)
+
+
+@torch.inference_mode()
+def hf_greedy(pair: ModelPair, ids: list[int], max_new_tokens: int) -> list[int]:
+    """The outside reference: transformers' own greedy generate() of the target."""
+    eos = sorted(pair.eos_token_ids) or None
+    x = torch.tensor([ids], device=pair.device)
+    out = pair.target.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=max_new_tokens,
+                               eos_token_id=eos, pad_token_id=eos[0] if eos else None,
+                               temperature=None, top_k=None, top_p=None)
+    return out[0, len(ids):].tolist()
+
+
+def identity(pair: ModelPair, ids: list[int], configs: list[DecodeConfig]) -> Iterator[Identity]:
+    """Greedy speculative output of each config (its own max_new_tokens) against transformers' greedy generate()."""
+    if not configs:
+        return
+    reference = hf_greedy(pair, ids, max(c.max_new_tokens for c in configs))
+    for c in configs:
+        rounds = list(speculative_generate(pair, ids, c))
+        tokens, expected = spec_token_ids(rounds), reference[:c.max_new_tokens]
+        diff = None if tokens == expected else next(
+            (i for i, (x, y) in enumerate(zip(tokens, expected)) if x != y), min(len(tokens), len(expected)))
+        yield Identity(c.drafter, c.adaptive, c.k, len(tokens), diff is None, diff,
+                       None if diff is None else spec_gap_at(rounds, diff))
