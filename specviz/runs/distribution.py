@@ -18,7 +18,6 @@ from pydantic.dataclasses import dataclass as spec
 
 from specviz.analysis.proof import PositionResult, Verdict
 from specviz.engine import SamplingParams
-from specviz.engine.plumbing import PromptCache
 from specviz.runs.errors import InputError
 from specviz.runs.job import prepare
 from specviz.runs.limits import Limits
@@ -84,7 +83,7 @@ def sample_distribution(session: Session, limits: Limits, prompt, settings: dict
         raise InputError("the same-distribution test needs sampling: set a temperature above 0.")
     proof = ProofSettings(samples=exp.samples, length=POSITIONS, controls=False, control_samples=exp.samples)
     decode = job.pair.tokenizer.decode
-    for progress in session.stream(lambda pair: prove(pair, job.ids, job.config, proof, prompt_cache=PromptCache())):
+    for progress in session.stream(lambda pair: prove(pair, job.ids, job.config, proof)):
         spec_v, ar_v = progress.verdicts
         positions = [compare_position(s, a, decode) for s, a in zip(spec_v.positions, ar_v.positions)]
         yield DistributionResult(positions, spec_v, ar_v, job.prompt, progress.done == progress.total)

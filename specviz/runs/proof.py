@@ -29,7 +29,7 @@ from specviz.engine import DecodeConfig, autoregressive_generate, speculative_ge
 from specviz.engine.events import NOT_VERIFIED
 from specviz.engine.exact import path_distributions
 from specviz.engine.plumbing import PromptCache, at
-from specviz.engine.rules import Verdict as RoundVerdict, residual
+from specviz.engine.rules import Verdict as RoundVerdict, residual, verify
 from specviz.engine.sampling import draw, make_generator
 from specviz.models import ModelPair
 
@@ -59,12 +59,11 @@ def accept_every_draft(p, q, tokens, generator, greedy: bool = False) -> RoundVe
     return RoundVerdict(n, token, at(p[k], token), ones, 0 * ones, residual(p[:k], q))
 
 
-def speculative_path(pair, ids, config, length, prompt_cache, rule=None) -> tuple[list[int], int]:
+def speculative_path(pair, ids, config, length, prompt_cache, rule=verify) -> tuple[list[int], int]:
     """The first `length` tokens, and how many of them were drafted in a round right after a clean sweep."""
     config = replace(config, max_new_tokens=length + config.k)
     tokens, swept, after_sweep = [], False, 0
-    events = speculative_generate(pair, ids, config, prompt_cache=prompt_cache,
-                                  **({"rule": rule} if rule else {}))
+    events = speculative_generate(pair, ids, config, prompt_cache=prompt_cache, rule=rule)
     try:
         for r in events:
             if swept:
@@ -91,10 +90,8 @@ class Sampler:
     path: Callable  # (pair, ids, config, length, prompt_cache) -> (tokens, drafts after a clean sweep)
 
 
-def samplers(pair: ModelPair, settings: ProofSettings, with_target: bool = True) -> list[Sampler]:
-    out = [Sampler("speculative", True, speculative_path)]
-    if with_target:
-        out.append(Sampler("target alone", True, target_path))
+def samplers(pair: ModelPair, settings: ProofSettings) -> list[Sampler]:
+    out = [Sampler("speculative", True, speculative_path), Sampler("target alone", True, target_path)]
     if settings.controls:
         if pair.draft is not None:
             draft_as_target = replace(pair, target=pair.draft)
@@ -109,18 +106,18 @@ def samplers(pair: ModelPair, settings: ProofSettings, with_target: bool = True)
 class Progress:
     done: int  # samples drawn so far, over every sampler
     total: int
-    verdicts: list[Verdict]  # finished samplers, then the current one so far
+    verdicts: list[Verdict]  # every sampler's, from its paths so far
 
 
 def prove(pair: ModelPair, ids: list[int], config: DecodeConfig, settings: ProofSettings, *,
-          with_target: bool = True, prompt_cache: PromptCache | None = None) -> Iterator[Progress]:
+          prompt_cache: PromptCache | None = None) -> Iterator[Progress]:
     """Run every sampler, a batch of paths each in turn (so results stopped early stay comparable);
     yield after each batch (the last `Progress` is final)."""
     if config.sampling.greedy:
         raise ValueError("a distribution test needs sampling: temperature > 0 (greedy is checked by `identity`)")
     prompt_cache = prompt_cache or PromptCache()
     scorer = make_generator(pair.device, config.seed)  # the PIT's and the chance level's own randomness
-    todo = samplers(pair, settings, with_target)
+    todo = samplers(pair, settings)
     n, length, base = settings.samples, settings.length, config.seed or 0
     tallies = {s.name: [PositionTally() for _ in range(length)] for s in todo}
     after_sweep = dict.fromkeys(tallies, 0)
