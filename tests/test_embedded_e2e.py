@@ -46,18 +46,10 @@ def ar_runs(embedded_pair):
 @pytest.fixture(scope="module")
 def hf_greedy(embedded_pair):
     """The external reference: transformers' own greedy generate() of the target, float32."""
-    import torch
+    from specviz.runs.proof import hf_greedy
 
-    eos = sorted(embedded_pair.eos_token_ids)
-    out = {}
-    for prompt in PROMPTS:
-        ids = torch.tensor([encode_prompt(embedded_pair.tokenizer, prompt)])
-        with torch.inference_mode():
-            tokens = embedded_pair.target.generate(ids, attention_mask=torch.ones_like(ids), do_sample=False,
-                                                   max_new_tokens=MAX_NEW, eos_token_id=eos, pad_token_id=eos[0],
-                                                   temperature=None, top_k=None, top_p=None)
-        out[prompt] = tokens[0, ids.shape[1]:].tolist()
-    return out
+    return {prompt: hf_greedy(embedded_pair, encode_prompt(embedded_pair.tokenizer, prompt), MAX_NEW)
+            for prompt in PROMPTS}
 
 
 def test_the_target_alone_equals_transformers_generate(ar_runs, hf_greedy):

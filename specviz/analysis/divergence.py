@@ -36,14 +36,20 @@ def spec_gap_at(rounds: Sequence[Round], position: int) -> float | None:
     return None
 
 
+def first_difference(a: Sequence[int], b: Sequence[int]) -> int | None:
+    """The first index where two token sequences differ (a shorter one differs where it ends); None if equal."""
+    if list(a) == list(b):
+        return None
+    return next((i for i, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+
+
 def first_divergence(spec_rounds: Sequence[Round], ar_steps: Sequence[Step]) -> Divergence | None:
     """None when both runs emitted the same tokens; otherwise the first position that differs.
 
     A run that ends earlier than the other (while agreeing up to there) diverges where it ended.
     """
-    spec, ar = spec_token_ids(spec_rounds), [s.token.id for s in ar_steps]
-    if spec == ar:
+    position = first_difference(spec_token_ids(spec_rounds), [s.token.id for s in ar_steps])
+    if position is None:
         return None
-    position = next((i for i, (x, y) in enumerate(zip(spec, ar)) if x != y), min(len(spec), len(ar)))
     ar_gap = ar_steps[position].token.target_top2_gap if position < len(ar_steps) else None
     return Divergence(position, ar_gap, spec_gap_at(spec_rounds, position))

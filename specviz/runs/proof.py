@@ -23,7 +23,7 @@ import torch
 from pydantic import Field
 from pydantic.dataclasses import dataclass as spec
 
-from specviz.analysis.divergence import spec_gap_at, spec_token_ids
+from specviz.analysis.divergence import first_difference, spec_gap_at, spec_token_ids
 from specviz.analysis.proof import PositionTally, Verdict, verdict
 from specviz.engine import DecodeConfig, autoregressive_generate, speculative_generate
 from specviz.engine.events import NOT_VERIFIED
@@ -184,8 +184,7 @@ def identity(pair: ModelPair, ids: list[int], configs: list[DecodeConfig]) -> It
     reference = hf_greedy(pair, ids, max(c.max_new_tokens for c in configs))
     for c in configs:
         rounds = list(speculative_generate(pair, ids, c))
-        tokens, expected = spec_token_ids(rounds), reference[:c.max_new_tokens]
-        diff = None if tokens == expected else next(
-            (i for i, (x, y) in enumerate(zip(tokens, expected)) if x != y), min(len(tokens), len(expected)))
+        tokens = spec_token_ids(rounds)
+        diff = first_difference(tokens, reference[:c.max_new_tokens])
         yield Identity(c.drafter, c.adaptive, c.k, len(tokens), diff is None, diff,
                        None if diff is None else spec_gap_at(rounds, diff))
