@@ -16,11 +16,11 @@ from specviz.analysis import predict
 from specviz.analysis.divergence import first_divergence
 from specviz.analysis.stats import run_stats, spec_stats
 from specviz.bench import command
-from specviz.bench.hf import HF_DEFAULT, HFAssisted, HFResult, HFSetting
+from specviz.bench.hf import HF_DEFAULT, HFGenerate, HFSetting
 from specviz.bench.html import write_html
 from specviz.bench.prompts import BenchPrompt, PromptFileError, parse_prompts
 from specviz.bench.report import build_report, format_table
-from specviz.bench.runner import ARRun, Plan, PromptResult, SpecRun, run_bench
+from specviz.bench.runner import AR, AR_HF, Bench, Method, Plan, PromptResult, Timed, hf_assisted, measure, run_bench, split, tuned_best
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, EmittedToken, Round, Step
 from specviz.models.draft import with_cheaper_draft
@@ -31,7 +31,8 @@ from specviz.models.tiny import tiny_pair
 RUN_KEYS = {"id", "kind", "k", "new_tokens", "ar_tokens_per_s", "spec_tokens_per_s", "hf_tokens_per_s", "speedup",
             "acceptance_rate", "mean_accepted_tokens", "identical_to_ar", "first_divergence"}
 SUMMARY_KEYS = {"speedup", "speedup_by_kind", "vs_hf", "acceptance_rate", "identical_fraction", "predicted_speedup",
-                "efficiency", "event_overhead", "device", "dtype"}
+                "efficiency", "event_overhead", "device", "dtype",
+                "vs_hf_other_draft", "speedup_ci95", "vs_hf_ci95"}
 
 
 # --- synthetic events -------------------------------------------------------------------------
@@ -74,18 +75,28 @@ def rounds_emitting(ids: list[int], k: int, n: int) -> list[Round]:
     return out
 
 
+SPEC = "spec k=4"
+
+
 def result(pid: str, kind: str, tokens: int, ar_s: float, spec_s: float, k: int = 4,
-           hf: dict[str, tuple[int, float]] | None = None) -> PromptResult:
+           hf: dict[str, tuple[int, float]] | None = None, ar_hf_s: float | None = None) -> PromptResult:
+    """One prompt, one repetition: AR, speculative at K (2 of k drafts accepted per round), HF methods by name."""
     ids = list(range(10, 10 + tokens))
-    spec = SpecRun(rounds_emitting(ids, k, 2), spec_s)
-    res = PromptResult(BenchPrompt(pid, "p", kind), 5, ARRun(make_steps(ids), ar_s), {k: spec})
+    runs = {AR: Timed(ids, ar_s, events=make_steps(ids)), SPEC: Timed(ids, spec_s, events=rounds_emitting(ids, k, 2))}
+    if ar_hf_s is not None:
+        runs[AR_HF] = Timed(ids, ar_hf_s)
     for name, (n, s) in (hf or {}).items():
-        res.hf[name] = HFResult(ids[:n], s)
-    return res
+        runs[name] = Timed(ids[:n], s)
+    return PromptResult(BenchPrompt(pid, "p", kind), 5, [runs], [list(runs)], attempts=1)
 
 
-PLAN = Plan(ks=(4,), config=DecodeConfig(k=4, max_new_tokens=64, adaptive="fixed"))
+CONFIG = DecodeConfig(k=4, max_new_tokens=64, adaptive="fixed")
+PLAN = Plan(CONFIG, ks=(4,))
 COST = predict.CostModel(0.2, 0.05, (0.2, 0.2, 0.21, 0.21, 0.22))
+
+
+def bench_of(results, config=CONFIG) -> Bench:
+    return Bench([config], config, [], results)
 
 
 # --- prompts ----------------------------------------------------------------------------------
@@ -119,8 +130,14 @@ def plan_for(*flags) -> Plan:
     return command.plan_of(cli.build_parser().parse_args(["bench", *flags]))
 
 
-def test_parse_ks():
+def test_parse_ks_and_confidence_cuts():
     assert plan_for("--k", "8,2, 4,4").ks == (2, 4, 8)
+    plan = plan_for("--k", "4,6", "--confidence", "0.4,0.2", "--adaptive", "confidence", "--reps", "3")
+    assert [(c.k, c.confidence) for c in plan.settings()] == [(4, 0.2), (4, 0.4), (6, 0.2), (6, 0.4)]
+    assert plan.reps == 3
+    assert len(plan_for("--k", "4", "--confidence", "0.2,0.4", "--adaptive", "fixed").settings()) == 1  # no cut there
+    with pytest.raises(Exception):
+        plan_for("--confidence", "1.5")
     with pytest.raises(Exception):
         plan_for("--k", "0,2")
     with pytest.raises(Exception):
@@ -225,31 +242,58 @@ def test_first_divergence():
 # --- the report -------------------------------------------------------------------------------
 
 def synthetic_results() -> list[PromptResult]:
-    # per-prompt speedups 4.0 and 1.0 (mean 2.5); totals: 60 tokens in 3.0 s (AR) vs 60 in 1.5 s (spec)
+    # per-prompt speedups 4.0 and 1.0 (mean 2.5); totals: 60 tokens in 3.0 s (AR) vs 60 in 1.5 s (spec);
+    # transformers' plain generate() is slower (60 in 4.0 s), so specviz's AR lane is the baseline
     return [
-        result("a", "code", 40, ar_s=2.0, spec_s=0.5, hf={"k=4": (40, 1.0), "default": (40, 0.8)}),
-        result("b", "prose", 20, ar_s=1.0, spec_s=1.0, hf={"k=4": (20, 1.0), "default": (20, 1.2)}),
+        result("a", "code", 40, ar_s=2.0, spec_s=0.5, ar_hf_s=2.5,
+               hf={"hf same k=4": (40, 1.0), "hf same default": (40, 0.8), "hf loaded k=4": (40, 2.0)}),
+        result("b", "prose", 20, ar_s=1.0, spec_s=1.0, ar_hf_s=1.5,
+               hf={"hf same k=4": (20, 1.0), "hf same default": (20, 1.2), "hf loaded k=4": (20, 2.0)}),
     ]
 
 
 def test_report_has_the_issue_keys():
-    report = build_report(synthetic_results(), PLAN, COST, device="cpu", dtype="bfloat16")
+    report = build_report(bench_of(synthetic_results()), COST, device="cpu", dtype="bfloat16")
     assert all(RUN_KEYS <= set(run) for run in report["runs"])
     assert SUMMARY_KEYS <= set(report["summary"])
     json.dumps(report)  # plain JSON all the way down
 
 
 def test_speedups_are_ratios_of_totals():
-    report = build_report(synthetic_results(), PLAN, COST, device="cpu", dtype="bfloat16")
+    report = build_report(bench_of(synthetic_results()), COST, device="cpu", dtype="bfloat16")
     s = report["summary"]
-    assert [r["speedup"] for r in report["runs"]] == [4.0, 1.0]
+    assert [r["speedup"] for r in report["runs"]] == [4.0, 1.0]  # each within its own repetition
     assert s["speedup"] == pytest.approx((60 / 1.5) / (60 / 3.0))  # 2.0, not the mean of ratios 2.5
     assert s["speedup_by_kind"] == {"code": 4.0, "prose": 1.0}
-    # HF: k=4 60 tokens / 2.0 s, default 60 / 2.0 s too; best setting by total, vs_hf = 40 / 30
+    assert s["baseline"] == "specviz's AR lane" and s["ar_hf_tokens_per_s"] == pytest.approx(15.0)
+    # same draft: k=4 60 tokens / 2.0 s, default 60 / 2.0 s too; the best by total; vs_hf = 40 / 30
     assert s["vs_hf"] == pytest.approx(40 / 30, abs=1e-4)
+    assert s["vs_hf_other_draft"] == pytest.approx(40 / 15, abs=1e-4) and s["hf_other_draft_setting"] == "hf loaded k=4"
     assert s["acceptance_rate"] == pytest.approx(pooled_acceptance(synthetic_results()), abs=1e-4)
     assert s["identical_fraction"] == 1.0 and all(r["identical_to_ar"] for r in report["runs"])
     assert s["efficiency"] == pytest.approx(s["speedup"] / s["predicted_speedup"], abs=1e-3)
+    assert s["speedup_ci95"] is None  # two prompts: no interval claimed
+
+
+def test_the_faster_target_alone_is_the_baseline():
+    """Instrumentation in specviz's AR lane must not inflate a speedup: transformers' generate() is faster here."""
+    results = synthetic_results()
+    for r, seconds in zip(results, (1.0, 0.5)):
+        r.reps[0][AR_HF].seconds = seconds
+    s = build_report(bench_of(results), COST, device="cpu", dtype="float32")["summary"]
+    assert s["baseline"] == "transformers generate()"
+    assert s["speedup"] == pytest.approx((60 / 1.5) / (60 / 1.5))
+    assert s["ar_tokens_per_s"] == pytest.approx(20.0)  # both rates reported
+
+
+def test_bootstrap_interval_brackets_the_speedup_and_collapses_when_every_prompt_agrees():
+    same = [result(p, "code", 20, ar_s=2.0 * (i + 1), spec_s=i + 1.0, ar_hf_s=9.0) for i, p in enumerate("abcd")]
+    s = build_report(bench_of(same), COST, device="cpu", dtype="float32")["summary"]
+    assert s["speedup"] == pytest.approx(2.0) and s["speedup_ci95"] == [2.0, 2.0]  # any resample: 2.0
+    spread = [result(p, "code", 20, ar_s=2.0, spec_s=t, ar_hf_s=9.0) for p, t in zip("abcde", (0.5, 1.0, 1.5, 2.0, 0.8))]
+    s = build_report(bench_of(spread), COST, device="cpu", dtype="float32")["summary"]
+    low, high = s["speedup_ci95"]
+    assert low < s["speedup"] < high and high - low > 0.3
 
 
 def with_prefill(run, seconds: float):
@@ -260,27 +304,27 @@ def with_prefill(run, seconds: float):
 def test_prefill_is_reported_apart_and_decode_speedups_leave_it_out():
     results = synthetic_results()  # 40 tokens: AR 2.0 s, spec 0.5 s; 20 tokens: AR 1.0 s, spec 1.0 s
     for res, (ar_pre, spec_pre) in zip(results, [(0.5, 0.2), (0.5, 0.5)]):
-        with_prefill(res.ar, ar_pre), with_prefill(res.spec[4], spec_pre)
-    report = build_report(results, PLAN, COST, device="cpu", dtype="float32")
+        with_prefill(res.reps[0][AR], ar_pre), with_prefill(res.reps[0][SPEC], spec_pre)
+    report = build_report(bench_of(results), COST, device="cpu", dtype="float32")
     first = report["runs"][0]
     assert first["prefill_s"] == {"ar": 0.5, "spec": 0.2}
     assert first["decode_speedup"] == pytest.approx((40 / 0.3) / (40 / 1.5))  # 5x where end to end is 4x
-    s, k4 = report["summary"], report["by_k"]["4"]
-    assert k4["prefill_s"] == {"ar": 1.0, "spec": 0.7}
+    s = report["summary"]
     assert s["decode_speedup"] == pytest.approx((60 / 0.8) / (60 / 2.0))  # ratio of totals, as the speedup
     assert s["speedup"] == pytest.approx(2.0) and "decode x" in format_table(report)
 
 
 def pooled_acceptance(results) -> float:
-    rounds = [r for res in results for r in res.spec[4].rounds]
+    rounds = [r for res in results for r in res.reps[0][SPEC].events]
     return sum(r.n_accepted for r in rounds) / sum(r.k for r in rounds)
 
 
 def test_divergence_is_reported_not_hidden():
     results = synthetic_results()
-    ids = results[1].ar.tokens
-    results[1].ar = ARRun(make_steps(ids[:3] + [7] + ids[4:], gaps=[1.0, 1.0, 1.0, 0.01] + [1.0] * 16), 1.0)
-    report = build_report(results, PLAN, COST, device="cpu", dtype="float32")
+    ids = results[1].reps[0][AR].tokens
+    changed = ids[:3] + [7] + ids[4:]
+    results[1].reps[0][AR] = Timed(changed, 1.0, events=make_steps(changed, gaps=[1.0, 1.0, 1.0, 0.01] + [1.0] * 16))
+    report = build_report(bench_of(results), COST, device="cpu", dtype="float32")
     run = report["runs"][1]
     assert run["identical_to_ar"] is False and run["first_divergence"]["position"] == 3
     assert run["first_divergence"]["target_top2_gap"] == 0.01
@@ -290,8 +334,9 @@ def test_divergence_is_reported_not_hidden():
 
 def test_an_ar_run_that_ended_early_is_a_divergence_without_a_gap():
     results = synthetic_results()
-    results[1].ar = ARRun(make_steps(results[1].ar.tokens[:12]), 1.0)
-    report = build_report(results, PLAN, COST, device="cpu", dtype="float32")
+    short = results[1].reps[0][AR].tokens[:12]
+    results[1].reps[0][AR] = Timed(short, 1.0, events=make_steps(short))
+    report = build_report(bench_of(results), COST, device="cpu", dtype="float32")
     run = report["runs"][1]
     assert run["identical_to_ar"] is False and run["first_divergence"]["position"] == 12
     assert run["first_divergence"]["target_top2_gap"] is None
@@ -300,50 +345,97 @@ def test_an_ar_run_that_ended_early_is_a_divergence_without_a_gap():
 
 
 def test_sampling_runs_have_no_identity_claims():
-    plan = replace(PLAN, config=replace(PLAN.config, sampling=SamplingParams(0.7)))
-    report = build_report(synthetic_results(), plan, COST, device="cpu", dtype="float32")
+    sampled = replace(CONFIG, sampling=SamplingParams(0.7))
+    report = build_report(bench_of(synthetic_results(), sampled), COST, device="cpu", dtype="float32")
     assert report["summary"]["identical_fraction"] is None
     assert all(r["identical_to_ar"] is None and r["first_divergence"] is None for r in report["runs"])
 
 
 def test_html_report_is_self_contained(tmp_path):
-    report = build_report(synthetic_results(), PLAN, COST, device="cpu", dtype="bfloat16")
+    report = build_report(bench_of(synthetic_results()), COST, device="cpu", dtype="bfloat16")
     path = write_html(report, tmp_path / "r.html")
     text = path.read_text()
-    assert "Speedup over the target alone vs K" in text and "Acceptance by position" in text
-    assert "Acceptance rate by prompt kind" in text and "Time per round" in text
+    assert "Speedup over the target alone" in text and "Acceptance by position" in text
+    assert "Settings tried" in text and "Predicted speedup vs K" in text and "Time per round" in text
     assert "<script src=\"http" not in text and len(text) > 1_000_000  # plotly.js inline: opens offline
+
+
+# --- fairness: split, order, tuning -------------------------------------------------------------
+
+def test_the_tuning_split_spans_the_kinds_and_never_overlaps_the_report():
+    prompts = [BenchPrompt(f"{kind}{i}", "p", kind) for kind in ("code", "json", "prose") for i in range(2)]
+    tune, report = split(prompts)
+    assert {p.kind for p in tune} == {p.kind for p in report} == {"code", "json", "prose"}
+    assert not {p.id for p in tune} & {p.id for p in report} and len(tune) + len(report) == 6
+    singles = [BenchPrompt(str(i), "p", kind) for i, kind in enumerate(("a", "b", "c", "d"))]
+    assert [[p.id for p in half] for half in split(singles)] == [["1", "3"], ["0", "2"]]
+
+
+def test_the_setting_is_chosen_on_the_tuning_prompts_alone():
+    fast, slow = replace(CONFIG, k=2), replace(CONFIG, k=6)
+    tuning = [PromptResult(BenchPrompt("t", "p"), 3, [{"spec k=2": Timed([1] * 10, 1.0), "spec k=6": Timed([1] * 10, 2.0)}])]
+    assert tuned_best(tuning, [slow, fast]) == fast
+
+
+def test_methods_run_in_a_fresh_seeded_order_each_repetition():
+    ran = []
+    methods = [Method(name, lambda ids, name=name: ran.append(name) or Timed([1], 0.1)) for name in "abcd"]
+    plan = replace(PLAN, reps=12)
+    res = measure(BenchPrompt("x", "p"), [1, 2], methods, plan)
+    assert all(sorted(order) == list("abcd") for order in res.orders)
+    assert ran == [name for order in res.orders for name in order]  # what was recorded is what ran
+    assert len({order[0] for order in res.orders}) > 1 and len({tuple(o) for o in res.orders}) > 1
+    assert all(list(rep) == list("abcd") for rep in res.reps)  # stored in a fixed order for the report
+    assert measure(BenchPrompt("x", "p"), [1, 2], methods, plan).orders == res.orders  # seeded
 
 
 # --- on the tiny pair -------------------------------------------------------------------------
 
 def test_bench_on_the_tiny_pair(tiny):
-    prompts = [BenchPrompt("one", "the a of", "code"), BenchPrompt("two", "she said that", "prose")]
-    plan = Plan(ks=(2, 3), config=DecodeConfig(k=2, max_new_tokens=10, adaptive="fixed"))
-    hf = HFAssisted(tiny.target, tiny.draft, tiny.eos_token_ids, None, tiny.device)
-    results = run_bench(tiny, prompts, plan, hf, progress=False)
-    assert [r.prompt.id for r in results] == ["one", "two"]
-    assert all(set(r.spec) == {2, 3} and set(r.hf) == {"k=2", "k=3", "default"} for r in results)
-    report = build_report(results, plan, COST, device="cpu", dtype="float32")
-    assert len(report["runs"]) == 4 and report["summary"]["k"] in (2, 3)
-    # float32 tiny pair: greedy speculative decoding and HF's assisted generation both equal the target alone
+    prompts = [BenchPrompt("one", "the a of", "code"), BenchPrompt("two", "she said that", "code"),
+               BenchPrompt("three", "of the she", "prose"), BenchPrompt("four", "a she said", "prose")]
+    plan = Plan(DecodeConfig(k=2, max_new_tokens=10, adaptive="fixed"), ks=(2, 3))
+    hf = HFGenerate(tiny.target, tiny.eos_token_ids, None, tiny.device)
+    bench = run_bench(tiny, prompts, plan, hf, {"same": tiny.draft}, progress=False)
+    assert [r.prompt.id for r in bench.tuning] == ["two", "four"]
+    assert [r.prompt.id for r in bench.reported] == ["one", "three"]
+    assert all(set(rep) == {"spec k=2", "spec k=3"} for r in bench.tuning for rep in r.reps)
+    assert bench.chosen == tuned_best(bench.tuning, bench.settings)
+    want = {AR, AR_HF, f"spec k={bench.chosen.k}", f"hf same k={bench.chosen.k}", "hf same default"}
+    assert all(set(rep) == want for r in bench.reported for rep in r.reps)
+    report = build_report(bench, COST, device="cpu", dtype="float32")
+    assert len(report["runs"]) == 2 and report["summary"]["k"] == bench.chosen.k
+    assert report["summary"]["tuned_on"] == ["two", "four"] and set(report["settings"]) == {"k=2", "k=3"}
+    # float32 tiny pair: greedy speculative decoding, HF's plain and assisted generation all equal the target alone
     assert report["summary"]["identical_fraction"] == 1.0
-    assert all(h["identical_fraction"] == 1.0 for h in report["hf"].values())
-    for r in results:
-        assert sum(len(x.new_token_ids) for x in r.spec[2].rounds) == len(r.ar.tokens)
+    assert all(m["identical_fraction"] == 1.0 for m in report["methods"].values())
 
 
-def test_hf_at_the_same_k_drafts_as_specviz_does():
-    assert PLAN.hf_setting(6) == HFSetting("k=6", 6, 0.0)
-    adaptive = replace(PLAN, config=replace(PLAN.config, adaptive="confidence", confidence=0.4))
-    assert adaptive.hf_setting(6) == HFSetting("k=6", 6, 0.4)
-    assert [s.name for s in adaptive.hf_settings()] == ["k=4", "default"]
+def test_hf_drafts_as_specviz_does_and_uses_prompt_lookup_for_the_lookup_drafter(tiny):
+    hf = HFGenerate(tiny.target, tiny.eos_token_ids, None, tiny.device)
+    config = DecodeConfig(k=6, adaptive="confidence", confidence=0.4)
+    names = [m.name for m in hf_assisted(hf, config, {"same": tiny.draft, "loaded": tiny.draft})]
+    assert names == ["hf same k=6", "hf same default", "hf loaded k=6", "hf loaded default"]
+    assert [m.name for m in hf_assisted(hf, replace(config, drafter="lookup"), {"same": tiny.draft})] == ["hf lookup k=6"]
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append({k: kwargs.get(k) for k in ("assistant_model", "prompt_lookup_num_tokens")})
+        return torch.tensor([[3, 4, 5, 6]])
+
+    with mock.patch.object(tiny.target, "generate", spy):
+        hf.generate([3, 4, 5], 1)
+        hf.generate([3, 4, 5], 1, HFSetting.fixed(6), lookup=True)
+        hf.generate([3, 4, 5], 1, HFSetting.fixed(6, 0.4), tiny.draft)
+    assert seen == [{"assistant_model": None, "prompt_lookup_num_tokens": None},
+                    {"assistant_model": None, "prompt_lookup_num_tokens": 6},
+                    {"assistant_model": tiny.draft, "prompt_lookup_num_tokens": None}]
 
 
 def test_hf_settings_are_restored_after_each_call(tiny):
     config = tiny.draft.generation_config
     before = (config.num_assistant_tokens, config.num_assistant_tokens_schedule, config.assistant_confidence_threshold)
-    hf = HFAssisted(tiny.target, tiny.draft, tiny.eos_token_ids, None, tiny.device)
+    hf = HFGenerate(tiny.target, tiny.eos_token_ids, None, tiny.device)
     seen = []
     real_generate = tiny.target.generate
 
@@ -354,8 +446,8 @@ def test_hf_settings_are_restored_after_each_call(tiny):
         return real_generate(*args, **kwargs)
 
     with mock.patch.object(tiny.target, "generate", spy):
-        hf.generate([3, 4, 5], 4, HFSetting.fixed(3))
-        hf.generate([3, 4, 5], 4, HF_DEFAULT)
+        hf.generate([3, 4, 5], 4, HFSetting.fixed(3), tiny.draft)
+        hf.generate([3, 4, 5], 4, HF_DEFAULT, tiny.draft)
     assert seen[0] == (3, "constant", 0.0)
     assert seen[1] == before
     assert (config.num_assistant_tokens, config.num_assistant_tokens_schedule,
@@ -374,37 +466,44 @@ def test_hf_samples_with_the_same_warps_as_specviz(tiny, sampling, expected):
         seen.append({k: kwargs[k] for k in expected})
         return torch.tensor([[3, 4, 5, 6]])
 
-    hf = HFAssisted(tiny.target, tiny.draft, tiny.eos_token_ids, None, tiny.device, sampling, seed=1)
+    hf = HFGenerate(tiny.target, tiny.eos_token_ids, None, tiny.device, sampling, seed=1)
     with mock.patch.object(tiny.target, "generate", spy):
-        assert hf.generate([3, 4, 5], 1, HFSetting.fixed(2)) == [6]
-    assert seen == [expected]
+        assert hf.generate([3, 4, 5], 1, HFSetting.fixed(2), tiny.draft) == [6]
+        assert hf.generate([3, 4, 5], 1) == [6]  # the target alone: the same warps
+    assert seen == [expected, expected]
 
 
 def test_cli_writes_json_and_html(tiny, tmp_path, capsys):
     from specviz import cli
 
     prompts = tmp_path / "p.jsonl"
-    prompts.write_text('{"id": "x", "prompt": "the a of", "kind": "code"}\n')
+    prompts.write_text('{"id": "x", "prompt": "the a of", "kind": "code"}\n'
+                       '{"id": "y", "prompt": "she said that", "kind": "code"}\n')
     out, page = tmp_path / "r.json", tmp_path / "r.html"
     with mock.patch("specviz.models.load_spec", lambda spec, **kw: tiny):
         rc = cli.main(["bench", "--prompts", str(prompts), "--k", "2,3", "--adaptive", "fixed", "--max-new-tokens", "6",
-                       "--compare-hf",
-                       "--json", str(out), "--html", str(page), "--no-progress"])
+                       "--compare-hf", "--json", str(out), "--html", str(page), "--no-progress"])
     assert rc == 0
     report = json.loads(out.read_text())
-    assert SUMMARY_KEYS <= set(report["summary"]) and len(report["runs"]) == 2
-    assert report["config"]["ks"] == [2, 3] and report["costs"]["verify_ratio"][0] == 1.0
+    assert SUMMARY_KEYS <= set(report["summary"]) and len(report["runs"]) == 1
+    assert report["summary"]["tuned_on"] == ["y"] and report["summary"]["reported_on"] == ["x"]
+    assert report["config"]["settings"] == ["k=2", "k=3"] and report["costs"]["verify_ratio"][0] == 1.0
+    assert {"hf same k=2", "hf same k=3"} & set(report["methods"]) and "hf loaded default" in report["methods"]
     assert page.stat().st_size > 1_000_000
-    assert "speedup over AR" in capsys.readouterr().out
+    assert "speedup over the target alone" in capsys.readouterr().out
 
 
-def test_cli_rejects_a_bad_prompt_file(tmp_path, capsys):
+def test_cli_rejects_a_bad_prompt_file_and_a_grid_without_prompts_to_tune_on(tmp_path, capsys):
     from specviz import cli
 
     bad = tmp_path / "p.jsonl"
     bad.write_text("{oops\n")
     assert cli.main(["bench", "--prompts", str(bad)]) == 2
     assert "line 1 is not JSON" in capsys.readouterr().err
+    one = tmp_path / "one.jsonl"
+    one.write_text('{"id": "x", "prompt": "p"}\n')
+    assert cli.main(["bench", "--prompts", str(one), "--k", "2,4"]) == 2
+    assert "at least 2 prompts" in capsys.readouterr().err
 
 
 # --- the cheaper draft ------------------------------------------------------------------------
@@ -525,18 +624,10 @@ def test_stall_seconds_reads_pressure_stall_information(tmp_path):
 
 
 @pytest.mark.parametrize("stalls, attempts, kept", [([0.01], 1, 0.01), ([0.3, 0.1, 0.2], 3, 0.1), ([0.3, 0.02], 2, 0.02)])
-def test_a_disturbed_prompt_is_measured_again(stalls, attempts, kept):
-    from specviz.bench import runner
-
+def test_a_disturbed_repetition_is_measured_again(stalls, attempts, kept):
     made = iter(stalls)
-
-    def fake_run_prompt(pair, hf, prompt, plan, tick):
-        res = result("a", "code", 10, ar_s=1.0, spec_s=0.5)
-        res.ar.stall = next(made)
-        return res
-
-    plan = replace(PLAN, max_stall=0.05, retries=2)
+    method = Method("ar", lambda ids: Timed([1], 1.0, next(made)))
     retried = []
-    with mock.patch.object(runner, "run_prompt", fake_run_prompt):
-        out = runner.measure_prompt(None, None, BenchPrompt("a", "p"), plan, on_retry=lambda: retried.append(1))
+    out = measure(BenchPrompt("a", "p"), [1], [method], replace(PLAN, max_stall=0.05, retries=2),
+                  on_retry=lambda: retried.append(1))
     assert out.attempts == attempts and out.max_stall == kept and len(retried) == attempts - 1

@@ -115,6 +115,19 @@ def test_api_race_reports_speedup_from_lane_clocks(session):
     assert final["stats"]["measured"] == pytest.approx(final["speedup"])
 
 
+def test_successive_races_alternate_which_lane_takes_the_first_step(tiny):
+    from specviz.runs.race import race
+
+    fresh = Session(tiny, PairSpec("tiny", "tiny", draft_quant="none"))
+    firsts = []
+    for _ in range(4):
+        states = race(fresh, Limits(), PROMPT, settings(max_new_tokens=4))
+        first = next(states)
+        firsts.append("ar" if first.ar.tokens else "spec")
+        states.close()
+    assert firsts == ["spec", "ar", "spec", "ar"]
+
+
 def test_same_distribution_compares_both_samplers_with_the_exact_distribution(session):
     views = list(h.same_distribution(session, Limits(), PROMPT, settings(), {"samples": 40, "temperature": 1.0}))
     last = views[-1]

@@ -1,6 +1,7 @@
 """`specviz bench`: measure speculative decoding against the target alone and transformers.
 
-    specviz bench [--prompts FILE.jsonl] [--k 4 | --k 2,4,6,8] [--compare-hf] [--json OUT] [--html OUT]
+    specviz bench [--prompts FILE.jsonl] [--k 4 | --k 4,6,8] [--confidence 0.3,0.4] [--reps N] [--compare-hf]
+                  [--json OUT] [--html OUT]
 """
 
 from __future__ import annotations
@@ -28,14 +29,14 @@ def register(sub) -> None:
     p.add_argument("--prompts", default=None, help="JSON Lines: {\"id\", \"prompt\", \"kind\"} per line "
                                                   "(default: the shipped set, specviz/data/prompts.jsonl)")
     p.add_argument("--compare-hf", action="store_true",
-                   help="also run transformers' generate(assistant_model=...) at each K and at its defaults")
+                   help="also run transformers' assisted generation at the chosen K and at its defaults, with "
+                        "specviz's draft and with the draft as loaded (prompt lookup for --drafter lookup)")
+    p.add_argument("--reps", type=int, default=1, help="repetitions per prompt, each in a fresh random method order")
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the full report as JSON")
     p.add_argument("--html", default=None, metavar="OUT.html", help="write plots (plotly, self-contained)")
     p.add_argument("--draft-group", type=int, default=32, help="int4: weights per scale/zero group")
     p.add_argument("--draft-step", default="lean", choices=["lean", "hf"],
                    help="the draft's one-token step: specviz's lean int4 layer loop, or the Hugging Face forward")
-    p.add_argument("--hf-draft", default="original", choices=["original", "fast"],
-                   help="the draft transformers gets: as loaded (what a user would hand it), or specviz's cheaper one")
     p.add_argument("--limit", type=int, default=None, help="only the first N prompts")
     p.add_argument("--max-stall", type=float, default=0.05,
                    help="measure a prompt again when another process kept the CPU busy for more than this "
@@ -43,16 +44,20 @@ def register(sub) -> None:
     p.add_argument("--retries", type=int, default=2, help="at most this many re-measurements per prompt")
     p.add_argument("--no-progress", action="store_true")
     add_options(p.add_argument_group("models"), PairSpec)
-    add_options(p.add_argument_group("decoding"), DecodeConfig, CLI_LIMITS, several=("k",))
+    add_options(p.add_argument_group("decoding"), DecodeConfig, CLI_LIMITS, several=("k", "confidence"))
     p.set_defaults(func=cmd_bench)
 
 
 def plan_of(args) -> Plan:
-    """The decoding flags as a plan: every K of --k validated, as any single run's settings are."""
+    """The decoding flags as a plan: every K and confidence cut listed validated, as any single run's settings are."""
     values = values_of(args, DecodeConfig)
-    configs = [validate(DecodeConfig, {**values, "k": k}, CLI_LIMITS) for k in several_values(values["k"])]
-    ks = tuple(sorted({c.k for c in configs}))
-    return Plan(ks=ks, config=replace(configs[0], k=ks[0]), max_stall=args.max_stall, retries=args.retries)
+    configs = [validate(DecodeConfig, {**values, "k": k, "confidence": c}, CLI_LIMITS)
+               for k in several_values(values["k"]) for c in several_values(values["confidence"])]
+    if args.reps < 1:
+        raise SystemExit("specviz bench: --reps must be at least 1.")
+    return Plan(configs[0], ks=tuple(sorted({c.k for c in configs})),
+                confidences=tuple(sorted({c.confidence for c in configs})), reps=args.reps,
+                max_stall=args.max_stall, retries=args.retries)
 
 
 def machine() -> dict:
@@ -74,7 +79,7 @@ def machine() -> dict:
 
 def cmd_bench(args) -> int:
     from specviz.bench.costs import measure_costs
-    from specviz.bench.hf import HFAssisted
+    from specviz.bench.hf import HFGenerate
     from specviz.bench.html import write_html
     from specviz.bench.prompts import PromptFileError, load_prompts
     from specviz.bench.report import build_report, format_table
@@ -89,6 +94,10 @@ def cmd_bench(args) -> int:
     except PromptFileError as e:
         print(f"specviz bench: {e}", file=sys.stderr)
         return 2
+    if len(plan.settings()) > 1 and len(prompts) < 2:
+        print("specviz bench: choosing among several settings needs at least 2 prompts (one to tune on, one to "
+              "report on); give one --k and one --confidence, or more prompts.", file=sys.stderr)
+        return 2
     info = machine()
     if info["cpu_count"] and info["torch_threads"] != info["cpu_count"]:
         log.warning("torch uses %s threads on %s cores", info["torch_threads"], info["cpu_count"])
@@ -98,23 +107,24 @@ def cmd_bench(args) -> int:
         return 2
     quant = DraftQuant.named(spec.draft_quant, args.draft_group)
     spec_pair = with_cheaper_draft(pair, quant, lean=args.draft_step == "lean")
-    hf = None
-    if args.compare_hf:  # by default HF gets the draft as loaded: what a user would hand it
-        # "fast": specviz's cheaper draft, run through the Hugging Face forward that generate() needs
-        assistant = cheaper_draft(pair, quant, lean=False) if args.hf_draft == "fast" else pair.draft
-        hf = HFAssisted(pair.target, assistant, pair.eos_token_ids, pair.tokenizer.pad_token_id, pair.device,
-                        plan.config.sampling, plan.config.seed)  # the same warps as specviz's runs
+    hf = HFGenerate(pair.target, pair.eos_token_ids, pair.tokenizer.pad_token_id, pair.device,
+                    plan.config.sampling, plan.config.seed)  # the same warps and seed as specviz's runs
+    assistants = {}
+    if args.compare_hf:
+        # "same": specviz's cheaper draft through the Hugging Face forward generate() needs; "loaded": as a user
+        # would hand it over
+        same = cheaper_draft(pair, quant, lean=False) if spec_pair.draft is not pair.draft else pair.draft
+        assistants = {"same": same, **({"loaded": pair.draft} if same is not pair.draft else {})}
     cost, cost_stall = measure_costs(spec_pair, encode_prompt(pair.tokenizer, prompts[0].prompt), max(plan.ks) + 1,
                                      max_stall=args.max_stall, retries=args.retries)
-    results = run_bench(spec_pair, prompts, plan, hf, progress=not args.no_progress)
+    bench = run_bench(spec_pair, prompts, plan, hf, assistants, progress=not args.no_progress)
     meta = {"machine": info, "draft": pair.draft_name, "target": pair.target_name,
             "draft_quant": {"bits": quant.bits, "group_size": quant.group_size,
                             "applied": spec_pair.draft is not pair.draft,
                             "step": type(spec_pair.draft).__name__},
-            "hf_draft": args.hf_draft if args.compare_hf else None,
-            "prompts": str(args.prompts or "specviz/data/prompts.jsonl")}
-    report = build_report(results, plan, cost, device=str(pair.device),
-                          dtype=str(pair.dtype).removeprefix("torch."), meta=meta, cost_stall=cost_stall)
+            "hf_drafts": list(assistants), "prompts": str(args.prompts or "specviz/data/prompts.jsonl")}
+    report = build_report(bench, cost, device=str(pair.device), dtype=str(pair.dtype).removeprefix("torch."),
+                          meta=meta, cost_stall=cost_stall)
     print(format_table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False))

@@ -1,9 +1,10 @@
-"""transformers' assisted generation, the baseline a user would otherwise pick.
+"""transformers' generate(), the baselines a user would otherwise pick: the target alone, assisted
+generation with a draft model, and prompt lookup.
 
 `generate(assistant_model=draft)` keeps its drafting settings on the assistant's generation
 config, and some of them persist across calls (the "heuristic" schedule writes K back; the
 confidence threshold can adapt). So every call restores the assistant's settings first, then
-applies the setting asked for: a constant K with no confidence cut-off, or HF's own defaults.
+applies the setting asked for: a constant K (with specviz's confidence cut, or none), or HF's defaults.
 """
 
 from __future__ import annotations
@@ -32,15 +33,6 @@ class HFSetting:
 HF_DEFAULT = HFSetting("default", None)
 
 
-@dataclass
-class HFResult:
-    """One timed `HFAssisted.generate` call (timed by the runner, as its own decoders are)."""
-
-    tokens: list[int]
-    seconds: float
-    stall: float | None = None  # fraction of the call's wall time another task waited for a CPU
-
-
 def sampling_kwargs(sampling: SamplingParams) -> dict:
     """generate()'s arguments for the warps specviz decodes with: greedy, or sampled at the same temperature,
     top-k and top-p (None leaves a warp off, and keeps the model's generation_config from adding one)."""
@@ -50,21 +42,21 @@ def sampling_kwargs(sampling: SamplingParams) -> dict:
                 top_p=sampling.top_p if sampling.top_p < 1.0 else None)
 
 
-class HFAssisted:
-    """Runs `target.generate(..., assistant_model=draft)` with specviz's warps, one setting per call."""
+class HFGenerate:
+    """`target.generate(...)` with specviz's warps and seed: alone, with an assistant model, or with prompt lookup."""
 
-    def __init__(self, target, assistant, eos_token_ids, pad_token_id: int | None, device,
+    def __init__(self, target, eos_token_ids, pad_token_id: int | None, device,
                  sampling: SamplingParams = SamplingParams(), seed: int | None = 0):
-        self.target, self.assistant, self.device = target, assistant, device
+        self.target, self.device = target, device
         self.sampling, self.seed = sampling, seed
         self.eos = sorted(eos_token_ids)
         self.pad = pad_token_id if pad_token_id is not None else self.eos[0]
-        config = assistant.generation_config
-        self.original = {f: getattr(config, f, None) for f in ASSISTANT_FIELDS}
+        self.originals: dict[int, dict] = {}  # each assistant's own drafting settings, as first seen
 
-    def _apply(self, setting: HFSetting) -> None:
-        config = self.assistant.generation_config
-        for f, v in self.original.items():
+    def _apply(self, assistant, setting: HFSetting) -> None:
+        config = assistant.generation_config
+        original = self.originals.setdefault(id(assistant), {f: getattr(config, f, None) for f in ASSISTANT_FIELDS})
+        for f, v in original.items():
             setattr(config, f, v)
         if setting.k is not None:
             config.num_assistant_tokens = setting.k
@@ -72,18 +64,24 @@ class HFAssisted:
             config.assistant_confidence_threshold = setting.confidence  # 0: no early stop
 
     @torch.inference_mode()
-    def generate(self, prompt_ids: list[int], max_new_tokens: int, setting: HFSetting) -> list[int]:
-        """The new token ids; the assistant's settings are restored afterwards, even on an error."""
-        self._apply(setting)
+    def generate(self, prompt_ids: list[int], max_new_tokens: int, setting: HFSetting | None = None,
+                 assistant=None, lookup: bool = False) -> list[int]:
+        """The new token ids. No setting: the target alone. With a setting: assisted by `assistant`, or by
+        prompt lookup (`lookup`, K = the setting's). An assistant's settings are restored afterwards."""
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
+        extra = {}
+        if setting is not None and lookup:
+            extra["prompt_lookup_num_tokens"] = setting.k or 10  # no HF default: 10 is its documented example
+        elif setting is not None:
+            self._apply(assistant, setting)
+            extra["assistant_model"] = assistant
         if self.seed is not None and not self.sampling.greedy:
             torch.manual_seed(self.seed)  # generate() samples from the global generator
         try:
             out = self.target.generate(
-                ids, attention_mask=torch.ones_like(ids), assistant_model=self.assistant,
-                max_new_tokens=max_new_tokens, eos_token_id=self.eos, pad_token_id=self.pad,
-                repetition_penalty=None, **sampling_kwargs(self.sampling),
-            )
+                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, eos_token_id=self.eos,
+                pad_token_id=self.pad, repetition_penalty=None, **sampling_kwargs(self.sampling), **extra)
         finally:
-            self._apply(HF_DEFAULT)
+            if "assistant_model" in extra:
+                self._apply(assistant, HF_DEFAULT)
         return out[0, len(prompt_ids):].tolist()

@@ -14,52 +14,69 @@ import plotly.graph_objects as go
 LAYOUT = dict(template="plotly_white", height=380, margin=dict(l=60, r=20, t=50, b=50))
 
 
-def speedup_figure(report: dict) -> go.Figure:
-    by_k = report["by_k"]
-    ks = [int(k) for k in by_k]
-    fig = go.Figure()
-    curve = report.get("predicted_by_k") or {}
-    if curve:
-        fig.add_scatter(x=[int(k) for k in curve], y=list(curve.values()), mode="lines", name="predicted",
-                        line=dict(dash="dot"))
-    fig.add_scatter(x=ks, y=[by_k[str(k)]["speedup"] for k in ks], mode="lines+markers", name="specviz (measured)")
-    hf_k = [(k, report["hf"].get(f"k={k}", {}).get("speedup")) for k in ks]
-    if any(v is not None for _, v in hf_k):
-        fig.add_scatter(x=[k for k, _ in hf_k], y=[v for _, v in hf_k], mode="markers", name="HF assisted, same K",
-                        marker=dict(symbol="x", size=10))
-    if "default" in report["hf"]:
-        fig.add_hline(y=report["hf"]["default"]["speedup"], line_dash="dash", annotation_text="HF defaults")
-    fig.add_hline(y=1.0, line_color="grey", annotation_text="target alone")
-    fig.update_layout(title="Speedup over the target alone vs K", xaxis_title="K (tokens drafted per round)",
+def methods_figure(report: dict) -> go.Figure:
+    """Every method's speedup over the baseline, with its bootstrap 95 % interval."""
+    methods = report["methods"]
+    names = list(methods)
+    ys = [methods[m]["speedup"] for m in names]
+    cis = [methods[m]["speedup_ci95"] or [y, y] for m, y in zip(names, ys)]
+    fig = go.Figure(go.Bar(x=names, y=ys, error_y=dict(type="data", symmetric=False,
+                                                       array=[hi - y for (_, hi), y in zip(cis, ys)],
+                                                       arrayminus=[y - lo for (lo, _), y in zip(cis, ys)])))
+    fig.add_hline(y=1.0, line_color="grey")
+    fig.update_layout(title=f"Speedup over the target alone ({report['summary']['baseline']}), 95 % bootstrap CI",
                       yaxis_title="speedup (×)", **LAYOUT)
+    return fig
+
+
+def settings_figure(report: dict) -> go.Figure:
+    """The tuning grid: tokens/s per setting, beside the cost model's prediction over K."""
+    settings = report["settings"]
+    fig = go.Figure(go.Bar(x=list(settings), y=[t["spec_tokens_per_s"] for t in settings.values()],
+                           marker_color=["crimson" if n == report["summary"]["setting"] else "steelblue"
+                                         for n in settings]))
+    fig.update_layout(title="Settings tried (the chosen one in red): speculative tokens/s",
+                      yaxis_title="tokens/s", **LAYOUT)
+    return fig
+
+
+def predicted_figure(report: dict) -> go.Figure | None:
+    curve = report.get("predicted_by_k") or {}
+    if not curve:
+        return None
+    s = report["summary"]
+    fig = go.Figure(go.Scatter(x=[int(k) for k in curve], y=list(curve.values()), mode="lines", name="predicted",
+                               line=dict(dash="dot")))
+    fig.add_scatter(x=[s["k"]], y=[s["speedup"]], mode="markers", name="measured", marker=dict(size=12))
+    fig.add_hline(y=1.0, line_color="grey", annotation_text="target alone")
+    fig.update_layout(title="Predicted speedup vs K (the chosen setting's acceptance) and the measured one",
+                      xaxis_title="K (tokens drafted per round)", yaxis_title="speedup (×)", **LAYOUT)
     return fig
 
 
 def position_figure(report: dict) -> go.Figure:
     fig = go.Figure()
-    for k, b in report["by_k"].items():
-        alpha = b["per_position_acceptance"]
-        fig.add_scatter(x=list(range(1, len(alpha) + 1)), y=alpha, mode="lines+markers", name=f"K={k}")
+    for name, t in report["settings"].items():
+        alpha = t["per_position_acceptance"]
+        fig.add_scatter(x=list(range(1, len(alpha) + 1)), y=alpha, mode="lines+markers", name=name)
     fig.update_layout(title="Acceptance by position: P(token i accepted | 1..i-1 accepted)",
                       xaxis_title="draft position i", yaxis_title="α̂ᵢ", yaxis_range=[0, 1.05], **LAYOUT)
     return fig
 
 
 def kind_figure(report: dict) -> go.Figure:
-    fig = go.Figure()
-    for k, b in report["by_k"].items():
-        kinds = list(b["acceptance_by_kind"])
-        fig.add_bar(x=kinds, y=[b["acceptance_by_kind"][kind] for kind in kinds], name=f"K={k}")
-    fig.update_layout(title="Acceptance rate by prompt kind", yaxis_title="accepted / drafted",
-                      yaxis_range=[0, 1.05], barmode="group", **LAYOUT)
+    kinds = report["acceptance_by_kind"]
+    fig = go.Figure(go.Bar(x=list(kinds), y=list(kinds.values())))
+    fig.update_layout(title="Acceptance rate by prompt kind (the chosen setting)", yaxis_title="accepted / drafted",
+                      yaxis_range=[0, 1.05], **LAYOUT)
     return fig
 
 
 def breakdown_figure(report: dict) -> go.Figure:
-    ks = [k for k, b in report["by_k"].items() if b["round_ms"]]
+    settings = {n: t for n, t in report["settings"].items() if t["round_ms"]}
     fig = go.Figure()
     for part in ("draft", "verify", "overhead"):
-        fig.add_bar(x=[f"K={k}" for k in ks], y=[report["by_k"][k]["round_ms"][part] for k in ks], name=part)
+        fig.add_bar(x=list(settings), y=[t["round_ms"][part] for t in settings.values()], name=part)
     fig.update_layout(title="Time per round", yaxis_title="ms", barmode="stack", **LAYOUT)
     return fig
 
@@ -77,8 +94,9 @@ def verify_figure(report: dict) -> go.Figure | None:
 
 
 def render(report: dict) -> str:
-    figures = [f for f in (speedup_figure(report), position_figure(report), kind_figure(report),
-                           breakdown_figure(report), verify_figure(report)) if f is not None]
+    figures = [f for f in (methods_figure(report), settings_figure(report), predicted_figure(report),
+                           position_figure(report), kind_figure(report), breakdown_figure(report),
+                           verify_figure(report)) if f is not None]
     divs = [fig.to_html(full_html=False, include_plotlyjs=(i == 0)) for i, fig in enumerate(figures)]
     summary = html.escape(json.dumps(report["summary"], indent=2))
     return ("<!doctype html><html><head><meta charset='utf-8'><title>specviz benchmark</title></head>"

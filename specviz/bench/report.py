@@ -1,7 +1,9 @@
-"""Turn benchmark results into the JSON report and a readable table.
+"""Turn a benchmark into the JSON report and a readable table.
 
-Every aggregate is a ratio of totals (tokens summed over prompts / seconds summed over prompts),
-never a mean of per-prompt ratios, so long and short prompts weigh what they cost.
+Every rate is a ratio of totals (tokens summed over prompts and repetitions / seconds summed), never a
+mean of per-prompt ratios, so long and short prompts weigh what they cost. Every speedup carries a
+bootstrap 95 % interval: the reported prompts are resampled with replacement, each keeping all its
+methods' runs together (a prompt's runs are paired: they ran back to back).
 """
 
 from __future__ import annotations
@@ -10,45 +12,59 @@ import math
 from collections.abc import Sequence
 from dataclasses import asdict
 
-from specviz.analysis.predict import CostModel, best_k, predicted_speedup, predicted_speedup_for_rounds
-from specviz.bench.runner import Plan, PromptResult
-from specviz.analysis.stats import SpecStats, ratio, spec_stats
+import numpy as np
+from scipy import stats as scipy_stats
+
 from specviz.analysis.divergence import first_divergence
+from specviz.analysis.predict import CostModel, best_k, predicted_speedup, predicted_speedup_for_rounds
+from specviz.analysis.stats import SpecStats, ratio, spec_stats
+from specviz.bench.runner import AR, AR_HF, Bench, PromptResult, setting_name
 
 PREDICT_KS = range(1, 17)
+BASELINE_NAMES = {AR: "specviz's AR lane", AR_HF: "transformers generate()"}
 
 
-def pooled_spec(results: Sequence[PromptResult], k: int) -> SpecStats:
-    """All prompts' rounds at K as one stream, timed by the summed wall-clock."""
-    rounds = [r for res in results for r in res.spec[k].rounds]
-    return spec_stats(rounds, sum(res.spec[k].seconds for res in results))
+def _round(x: float | None, digits: int = 4) -> float | None:
+    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(float(x), digits)
 
 
-def pooled_rate(pairs: Sequence[tuple[int, float]]) -> float:
-    """tokens/s over (tokens, seconds) pairs: Σ tokens / Σ seconds."""
-    return ratio(sum(t for t, _ in pairs), sum(s for _, s in pairs))
+def runs_of(results: Sequence[PromptResult], method: str) -> list:
+    return [rep[method] for r in results for rep in r.reps if method in rep]
 
 
-def ar_rate(results: Sequence[PromptResult]) -> float:
-    return pooled_rate([(len(r.ar.tokens), r.ar.seconds) for r in results])
-
-
-def by_kind(results: Sequence[PromptResult]) -> dict[str, list[PromptResult]]:
-    return {kind: [r for r in results if r.prompt.kind == kind] for kind in sorted({r.prompt.kind for r in results})}
+def rate(results: Sequence[PromptResult], method: str) -> float:
+    runs = runs_of(results, method)
+    return ratio(sum(len(x.tokens) for x in runs), sum(x.seconds for x in runs))
 
 
 def decode_rate(runs) -> float:
     """tokens/s after the prompt's forward (Σ tokens / Σ (seconds - prefill)): what the rounds speed up."""
-    return pooled_rate([(len(r.tokens), r.decode_seconds) for r in runs])
+    return ratio(sum(len(x.tokens) for x in runs), sum(x.decode_seconds for x in runs))
 
 
-def hf_rate(results: Sequence[PromptResult], setting: str) -> float | None:
-    runs = [r.hf[setting] for r in results if setting in r.hf]
-    return pooled_rate([(len(h.tokens), h.seconds) for h in runs]) if runs else None
+def totals(results: Sequence[PromptResult], method: str) -> tuple[np.ndarray, np.ndarray]:
+    """Per prompt: tokens and seconds summed over its repetitions."""
+    tokens = [sum(len(rep[method].tokens) for rep in r.reps) for r in results]
+    seconds = [sum(rep[method].seconds for rep in r.reps) for r in results]
+    return np.array(tokens, float), np.array(seconds, float)
 
 
-def _round(x: float | None, digits: int = 4) -> float | None:
-    return None if x is None or (isinstance(x, float) and math.isnan(x)) else round(x, digits)
+def speedup_ci95(results: Sequence[PromptResult], method: str, base: str, n: int = 4999) -> list[float] | None:
+    """Bootstrap percentile interval of rate(method) / rate(base) over prompts; None below 3 prompts."""
+    if len(results) < 3:
+        return None
+    def statistic(tok, sec, base_tok, base_sec, axis=-1):
+        return (tok.sum(axis) / sec.sum(axis)) / (base_tok.sum(axis) / base_sec.sum(axis))
+    data = (*totals(results, method), *totals(results, base))
+    ci = scipy_stats.bootstrap(data, statistic, paired=True, vectorized=True, n_resamples=n, method="percentile",
+                               random_state=np.random.default_rng(0)).confidence_interval
+    return [_round(ci.low), _round(ci.high)]
+
+
+def pooled_spec(results: Sequence[PromptResult], method: str) -> SpecStats:
+    """All prompts' rounds for one speculative method as one stream, timed by the summed wall-clock."""
+    runs = runs_of(results, method)
+    return spec_stats([e for x in runs for e in x.events], sum(x.seconds for x in runs))
 
 
 def predicted_for(rounds, stats: SpecStats, cost: CostModel | None) -> float | None:
@@ -58,71 +74,57 @@ def predicted_for(rounds, stats: SpecStats, cost: CostModel | None) -> float | N
     return predicted_speedup_for_rounds([r.k for r in rounds], stats.tokens, cost)
 
 
-def run_record(res: PromptResult, k: int, greedy: bool, cost: CostModel | None) -> dict:
-    spec = res.spec[k]
-    stats = spec_stats(spec.rounds, spec.seconds)
-    ar_tps, spec_tps = ratio(len(res.ar.tokens), res.ar.seconds), stats.tokens_per_s
-    hf = res.hf.get(f"k={k}")
-    hf_default = res.hf.get("default")
-    div = first_divergence(spec.rounds, res.ar.steps) if greedy else None
+def setting_record(results: Sequence[PromptResult], method: str, cost: CostModel | None) -> dict:
+    """One speculative setting pooled over prompts: its rate, acceptance and where its time goes."""
+    stats = pooled_spec(results, method)
+    rounds = [e for x in runs_of(results, method) for e in x.events]
     return {
-        "id": res.prompt.id, "kind": res.prompt.kind, "k": k, "new_tokens": stats.tokens,
-        "ar_tokens_per_s": _round(ar_tps), "spec_tokens_per_s": _round(spec_tps),
-        "hf_tokens_per_s": _round(ratio(len(hf.tokens), hf.seconds)) if hf else None,
-        "speedup": _round(ratio(spec_tps, ar_tps)),
-        "decode_speedup": _round(ratio(decode_rate([spec]), decode_rate([res.ar]))),
+        "spec_tokens_per_s": _round(stats.tokens_per_s), "acceptance_rate": _round(stats.acceptance_rate),
+        "mean_accepted_tokens": _round(stats.mean_accepted_tokens),
+        "per_position_acceptance": [_round(a) for a in stats.per_position], "accepted_lengths": stats.accepted_lengths,
+        "predicted_speedup": _round(predicted_for(rounds, stats, cost)), "event_overhead": _round(stats.event_overhead),
+        "round_ms": {"draft": _round(1e3 * stats.draft_s / stats.rounds, 2),
+                     "verify": _round(1e3 * stats.verify_s / stats.rounds, 2),
+                     "overhead": _round(1e3 * stats.overhead_s / stats.rounds, 2)} if stats.rounds else None,
+    }
+
+
+def run_record(res: PromptResult, rep: int, spec: str, base: str, greedy: bool, cost: CostModel | None) -> dict:
+    """One prompt and repetition: every method's rate, and ratios within the repetition (pairwise)."""
+    runs = res.reps[rep]
+    s, ar = runs[spec], runs[AR]
+    stats = spec_stats(s.events, s.seconds)
+    rates = {m: ratio(len(x.tokens), x.seconds) for m, x in runs.items()}
+    div = first_divergence(s.events, ar.events) if greedy else None
+    return {
+        "id": res.prompt.id, "kind": res.prompt.kind, "rep": rep, "order": res.orders[rep],
+        "k": max((r.k for r in s.events), default=0), "new_tokens": stats.tokens,
+        "ar_tokens_per_s": _round(rates[AR]), "ar_hf_tokens_per_s": _round(rates.get(AR_HF)),
+        "spec_tokens_per_s": _round(rates[spec]),
+        "hf_tokens_per_s": {m: _round(v) for m, v in rates.items() if m.startswith("hf ")},
+        "speedup": _round(ratio(rates[spec], rates[base])),
+        "decode_speedup": _round(ratio(decode_rate([s]), decode_rate([ar]))),
         "acceptance_rate": _round(stats.acceptance_rate), "mean_accepted_tokens": _round(stats.mean_accepted_tokens),
         "identical_to_ar": div is None if greedy else None,
         "first_divergence": None if div is None else {
             "position": div.position, "target_top2_gap": _round(div.target_top2_gap),
             "spec_top2_gap": _round(div.spec_top2_gap)},
-        # extras beyond the issue's keys
-        "prompt_tokens": res.prompt_tokens, "ar_new_tokens": len(res.ar.tokens),
-        "hf_default_tokens_per_s": _round(ratio(len(hf_default.tokens), hf_default.seconds)) if hf_default else None,
-        "hf_identical_to_ar": (hf.tokens == res.ar.tokens) if hf and greedy else None,
-        "hf_default_identical_to_ar": (hf_default.tokens == res.ar.tokens) if hf_default and greedy else None,
-        "predicted_speedup": _round(predicted_for(spec.rounds, stats, cost)),
-        "cpu_stall": {"ar": _round(res.ar.stall), "spec": _round(spec.stall),
-                      "hf": _round(hf.stall) if hf else None, "hf_default": _round(hf_default.stall) if hf_default else None},
-        "attempts": res.attempts,
-        "rounds": stats.rounds, "per_position_acceptance": [_round(a) for a in stats.per_position],
-        "accepted_lengths": stats.accepted_lengths,
-        "prefill_s": {"ar": _round(res.ar.prefill), "spec": _round(spec.prefill)},
-        "seconds": {"ar": _round(res.ar.seconds), "spec": _round(spec.seconds), "draft": _round(stats.draft_s),
-                    "verify": _round(stats.verify_s), "overhead": _round(stats.overhead_s)},
+        "identical_to_ar_hf": runs[AR_HF].tokens == ar.tokens if greedy and AR_HF in runs else None,
+        "prompt_tokens": res.prompt_tokens, "predicted_speedup": _round(predicted_for(s.events, stats, cost)),
+        "cpu_stall": {m: _round(x.stall) for m, x in runs.items()},
+        "per_position_acceptance": [_round(a) for a in stats.per_position], "accepted_lengths": stats.accepted_lengths,
+        "prefill_s": {"ar": _round(ar.prefill), "spec": _round(s.prefill)},
+        "seconds": {m: _round(x.seconds) for m, x in runs.items()},
     }
 
 
-def k_summary(results: Sequence[PromptResult], k: int, greedy: bool, cost: CostModel | None,
-              ar_tps: float, ar_by_kind: dict[str, float]) -> dict:
-    """All prompts pooled at K; `ar_tps` and `ar_by_kind` are the target alone's pooled rates."""
-    stats = pooled_spec(results, k)
-    speedup = ratio(stats.tokens_per_s, ar_tps)
-    predicted = predicted_for([r for res in results for r in res.spec[k].rounds], stats, cost)
-    kinds = {kind: pooled_spec(rs, k) for kind, rs in by_kind(results).items()}
-    hf_same_k = hf_rate(results, f"k={k}")
-    return {
-        "k": k, "spec_tokens_per_s": _round(stats.tokens_per_s), "speedup": _round(speedup),
-        "speedup_by_kind": {kind: _round(ratio(ks.tokens_per_s, ar_by_kind[kind])) for kind, ks in kinds.items()},
-        "decode_speedup": _round(ratio(decode_rate([r.spec[k] for r in results]), decode_rate([r.ar for r in results]))),
-        "prefill_s": {"ar": _round(sum(r.ar.prefill for r in results)),
-                      "spec": _round(sum(r.spec[k].prefill for r in results))},
-        "acceptance_rate": _round(stats.acceptance_rate),
-        "acceptance_by_kind": {kind: _round(ks.acceptance_rate) for kind, ks in kinds.items()},
-        "mean_accepted_tokens": _round(stats.mean_accepted_tokens),
-        "per_position_acceptance": [_round(a) for a in stats.per_position],
-        "accepted_lengths": stats.accepted_lengths,
-        "identical_fraction": _round(sum(r.spec[k].tokens == r.ar.tokens for r in results) / len(results))
-        if greedy else None,
-        "predicted_speedup": _round(predicted), "efficiency": _round(ratio(speedup, predicted) if predicted else None),
-        "predicted_speedup_fixed_k": _round(predicted_speedup(stats.per_position, cost, k)) if cost and stats.tested else None,
-        "event_overhead": _round(stats.event_overhead),
-        "round_ms": {"draft": _round(1e3 * stats.draft_s / stats.rounds, 2),
-                     "verify": _round(1e3 * stats.verify_s / stats.rounds, 2),
-                     "overhead": _round(1e3 * stats.overhead_s / stats.rounds, 2)} if stats.rounds else None,
-        "hf_tokens_per_s": _round(hf_same_k),
-        "vs_hf_same_k": _round(ratio(stats.tokens_per_s, hf_same_k)) if hf_same_k else None,
-    }
+def by_kind(results: Sequence[PromptResult]) -> dict[str, list[PromptResult]]:
+    return {kind: [r for r in results if r.prompt.kind == kind] for kind in sorted({r.prompt.kind for r in results})}
+
+
+def best_of(results: Sequence[PromptResult], methods: list[str]) -> str | None:
+    """The fastest of these methods over the reported prompts (choosing here favours the baseline, not specviz)."""
+    return max(methods, key=lambda m: rate(results, m)) if methods else None
 
 
 def cost_record(cost: CostModel | None, stall: float | None = None) -> dict | None:
@@ -133,49 +135,71 @@ def cost_record(cost: CostModel | None, stall: float | None = None) -> dict | No
             "verify_ratio": [_round(r) for r in cost.verify_ratio], "cpu_stall": _round(stall)}
 
 
-def build_report(results: Sequence[PromptResult], plan: Plan, cost: CostModel | None, *,
-                 device: str, dtype: str, meta: dict | None = None, cost_stall: float | None = None) -> dict:
-    greedy = plan.config.sampling.greedy
-    ar_tps = ar_rate(results)
-    ar_by_kind = {kind: ar_rate(rs) for kind, rs in by_kind(results).items()}
-    by_k = {k: k_summary(results, k, greedy, cost, ar_tps, ar_by_kind) for k in plan.ks}
-    k_best = max(plan.ks, key=lambda k: by_k[k]["spec_tokens_per_s"] or 0.0)
-    best = by_k[k_best]
-    settings = sorted({name for r in results for name in r.hf})
-    hf_tps = {name: hf_rate(results, name) for name in settings}
-    hf = {name: {"tokens_per_s": _round(hf_tps[name]), "speedup": _round(ratio(hf_tps[name], ar_tps)),
-                 "identical_fraction": _round(sum(r.hf[name].tokens == r.ar.tokens for r in results) / len(results))
-                 if greedy else None}
-          for name in settings}
-    hf_best = max(settings, key=lambda n: hf[n]["tokens_per_s"] or 0.0) if settings else None
-    alpha = pooled_spec(results, max(plan.ks)).per_position
+def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: str, meta: dict | None = None,
+                 cost_stall: float | None = None) -> dict:
+    results, chosen = bench.reported, bench.chosen
+    greedy = chosen.sampling.greedy
+    spec = f"spec {setting_name(chosen)}"
+    methods = list(results[0].reps[0])
+    base = best_of(results, [m for m in (AR, AR_HF) if m in methods])  # the faster target alone
+    base_tps = rate(results, base)
+    same = best_of(results, [m for m in methods if m.startswith(("hf same ", "hf lookup "))])
+    other = best_of(results, [m for m in methods if m.startswith("hf loaded ")])
+    by_method = {m: {"tokens_per_s": _round(rate(results, m)), "speedup": _round(ratio(rate(results, m), base_tps)),
+                     "speedup_ci95": speedup_ci95(results, m, base) if m != base else None,
+                     "identical_fraction": _round(sum(rep[m].tokens == rep[AR].tokens for r in results
+                                                      for rep in r.reps) / sum(len(r.reps) for r in results))
+                     if greedy else None}
+                 for m in methods}
+    record = setting_record(results, spec, cost)
+    speedup = ratio(rate(results, spec), base_tps)
+    alpha = record["per_position_acceptance"]
     curve = {k: _round(predicted_speedup(alpha, cost, k)) for k in PREDICT_KS} if cost and alpha else {}
+    tuned = bench.tuning or results  # without a grid, the one setting's numbers come from the reported prompts
+    settings = {setting_name(c): setting_record(tuned, f"spec {setting_name(c)}", cost) for c in bench.settings}
+
+    def vs(hf_method):
+        return (_round(ratio(rate(results, spec), rate(results, hf_method))),
+                speedup_ci95(results, spec, hf_method)) if hf_method else (None, None)
+
+    vs_hf, vs_hf_ci = vs(same)
+    vs_other, vs_other_ci = vs(other)
     summary = {
-        "speedup": best["speedup"], "speedup_by_kind": best["speedup_by_kind"],
-        "decode_speedup": best["decode_speedup"],
-        "vs_hf": _round(ratio(best["spec_tokens_per_s"], hf[hf_best]["tokens_per_s"])) if hf_best else None,
-        "acceptance_rate": best["acceptance_rate"], "identical_fraction": best["identical_fraction"],
-        "predicted_speedup": best["predicted_speedup"], "efficiency": best["efficiency"],
-        "event_overhead": best["event_overhead"], "device": device, "dtype": dtype,
+        "speedup": _round(speedup), "speedup_ci95": speedup_ci95(results, spec, base),
+        "speedup_by_kind": {kind: _round(ratio(rate(rs, spec), rate(rs, base))) for kind, rs in by_kind(results).items()},
+        "decode_speedup": _round(ratio(decode_rate(runs_of(results, spec)), decode_rate(runs_of(results, AR)))),
+        "vs_hf": vs_hf, "vs_hf_ci95": vs_hf_ci, "vs_hf_other_draft": vs_other, "vs_hf_other_draft_ci95": vs_other_ci,
+        "acceptance_rate": record["acceptance_rate"], "identical_fraction": by_method[spec]["identical_fraction"],
+        "predicted_speedup": record["predicted_speedup"],
+        "efficiency": _round(ratio(speedup, record["predicted_speedup"])) if record["predicted_speedup"] else None,
+        "event_overhead": record["event_overhead"], "device": device, "dtype": dtype,
         # extras beyond the issue's keys
-        "k": k_best, "ar_tokens_per_s": _round(ar_tps), "spec_tokens_per_s": best["spec_tokens_per_s"],
-        "hf_best_setting": hf_best, "hf_tokens_per_s": hf[hf_best]["tokens_per_s"] if hf_best else None,
+        "setting": setting_name(chosen), "k": chosen.k, "adaptive": chosen.adaptive,
+        "confidence": chosen.confidence if chosen.adaptive == "confidence" else None,
+        "baseline": BASELINE_NAMES[base], "ar_tokens_per_s": _round(rate(results, AR)),
+        "ar_hf_tokens_per_s": _round(rate(results, AR_HF)) if AR_HF in methods else None,
+        "spec_tokens_per_s": _round(rate(results, spec)),
+        "hf_same_draft_setting": same, "hf_other_draft_setting": other,
         "best_k_predicted": best_k(alpha, cost, PREDICT_KS) if curve else None,
-        # CPU contention from other processes (see bench/noise.py): the worst call kept, and how
-        # many prompts had to be measured again
-        "max_cpu_stall": _round(max((r.max_stall for r in results), default=0.0)),
-        "remeasured_prompts": sum(r.attempts > 1 for r in results),
+        "tuned_on": [r.prompt.id for r in bench.tuning], "reported_on": [r.prompt.id for r in results],
+        "reps": len(results[0].reps),
+        # CPU contention from other processes (see bench/noise.py): the worst call kept, and re-measurements
+        "max_cpu_stall": _round(max((r.max_stall for r in [*bench.tuning, *results]), default=0.0)),
+        "remeasured": sum(r.attempts - len(r.reps) for r in [*bench.tuning, *results]),
     }
     return {
         "summary": summary,
-        "runs": [run_record(r, k, greedy, cost) for r in results for k in plan.ks],
-        "by_k": {str(k): v for k, v in by_k.items()},
-        "hf": hf,
+        "runs": [run_record(r, i, spec, base, greedy, cost) for r in results for i in range(len(r.reps))],
+        "methods": by_method,
+        "settings": settings,
+        "chosen": record,
+        "acceptance_by_kind": {kind: _round(pooled_spec(rs, spec).acceptance_rate)
+                               for kind, rs in by_kind(results).items()},
         "costs": cost_record(cost, cost_stall),
         "predicted_by_k": {str(k): v for k, v in curve.items()},
-        "config": {"ks": list(plan.ks), "max_new_tokens": plan.config.max_new_tokens,
-                   "sampling": asdict(plan.config.sampling), "seed": plan.config.seed,
-                   "drafter": plan.config.drafter, "adaptive": plan.config.adaptive},
+        "config": {"settings": list(settings), "max_new_tokens": chosen.max_new_tokens,
+                   "sampling": asdict(chosen.sampling), "seed": chosen.seed, "drafter": chosen.drafter,
+                   "adaptive": chosen.adaptive},
         "meta": meta or {},
     }
 
@@ -188,41 +212,51 @@ def _fmt(x, spec: str = ".2f", none: str = "-") -> str:
     return format(x, spec)
 
 
+def _ci(ci) -> str:
+    return f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "[too few prompts]"
+
+
 def format_table(report: dict) -> str:
-    """The runs side by side, then the summary ratios."""
-    header = ("prompt", "kind", "K", "AR tok/s", "spec tok/s", "HF@K tok/s", "HF def tok/s", "speedup",
+    """The reported runs side by side, then every method, the tuning grid and the summary."""
+    s, c = report["summary"], report["costs"]
+    header = ("prompt", "kind", "rep", "AR tok/s", "HF AR tok/s", "spec tok/s", "HF same tok/s", "speedup",
               "prefill s AR/spec", "decode x", "pred", "accept", "tok/round", "identical")
-    rows = [(r["id"], r["kind"], str(r["k"]), _fmt(r["ar_tokens_per_s"]), _fmt(r["spec_tokens_per_s"]),
-             _fmt(r["hf_tokens_per_s"]), _fmt(r["hf_default_tokens_per_s"]), _fmt(r["speedup"], ".2f") + "x",
-             f"{_fmt(r['prefill_s']['ar'])}/{_fmt(r['prefill_s']['spec'])}", _fmt(r["decode_speedup"]) + "x",
-             _fmt(r["predicted_speedup"]), _fmt(r["acceptance_rate"]), _fmt(r["mean_accepted_tokens"]),
+    rows = [(r["id"], r["kind"], str(r["rep"]), _fmt(r["ar_tokens_per_s"]), _fmt(r["ar_hf_tokens_per_s"]),
+             _fmt(r["spec_tokens_per_s"]), _fmt(r["hf_tokens_per_s"].get(s["hf_same_draft_setting"])),
+             _fmt(r["speedup"]) + "x", f"{_fmt(r['prefill_s']['ar'])}/{_fmt(r['prefill_s']['spec'])}",
+             _fmt(r["decode_speedup"]) + "x", _fmt(r["predicted_speedup"]), _fmt(r["acceptance_rate"]),
+             _fmt(r["mean_accepted_tokens"]),
              _fmt(r["identical_to_ar"]) if r["first_divergence"] is None
              else f"NO@{r['first_divergence']['position']} gap {_fmt(r['first_divergence']['target_top2_gap'], '.3f')}")
             for r in report["runs"]]
-    widths = [max(len(str(c)) for c in col) for col in zip(header, *rows)]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(row, widths)) for row in [header, *rows]]
+    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
+    lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    s, c = report["summary"], report["costs"]
-    lines += ["", "per K (ratios of totals over all prompts):"]
-    for k, b in report["by_k"].items():
-        lines.append(f"  K={k}: {_fmt(b['spec_tokens_per_s'])} tok/s, speedup {_fmt(b['speedup'])}x "
-                     f"(decode alone {_fmt(b['decode_speedup'])}x; prefill AR {_fmt(b['prefill_s']['ar'])} s, "
-                     f"spec {_fmt(b['prefill_s']['spec'])} s) "
-                     f"(predicted {_fmt(b['predicted_speedup'])}x, efficiency {_fmt(b['efficiency'])}), "
-                     f"acceptance {_fmt(b['acceptance_rate'])}, HF@K {_fmt(b['hf_tokens_per_s'])} tok/s, "
-                     f"round ms {b['round_ms']}")
-    for name, h in report["hf"].items():
-        lines.append(f"  HF {name}: {_fmt(h['tokens_per_s'])} tok/s ({_fmt(h['speedup'])}x over AR), "
-                     f"identical to AR {_fmt(h['identical_fraction'])}")
-    lines += ["", f"summary (best measured K={s['k']}, {s['device']}, {s['dtype']}):",
-              f"  speedup over AR {_fmt(s['speedup'])}x (decode alone {_fmt(s['decode_speedup'])}x)   "
-              f"by kind {s['speedup_by_kind']}",
-              f"  vs HF (best setting: {s['hf_best_setting']}) {_fmt(s['vs_hf'])}x",
+    lines += ["", f"methods on the reported prompts (ratios of totals over {s['baseline']}, 95% bootstrap CI):"]
+    for name, m in report["methods"].items():
+        lines.append(f"  {name:<24} {_fmt(m['tokens_per_s'])} tok/s  {_fmt(m['speedup'])}x  "
+                     f"{_ci(m['speedup_ci95']) if m['speedup_ci95'] else ''}  "
+                     f"identical to AR {_fmt(m['identical_fraction'])}")
+    tuned = f"tuned on {', '.join(s['tuned_on'])}" if s["tuned_on"] else "one setting: no tuning"
+    lines += ["", f"settings ({tuned}):"]
+    for name, t in report["settings"].items():
+        mark = "  <- chosen" if name == s["setting"] else ""
+        lines.append(f"  {name:<12} {_fmt(t['spec_tokens_per_s'])} tok/s, acceptance {_fmt(t['acceptance_rate'])}, "
+                     f"{_fmt(t['mean_accepted_tokens'])} tok/round, round ms {t['round_ms']}{mark}")
+    lines += ["", f"summary ({s['setting']}, reported on {len(s['reported_on'])} prompt(s) x {s['reps']} rep(s), "
+                  f"{s['device']}, {s['dtype']}):",
+              f"  speedup over the target alone {_fmt(s['speedup'])}x {_ci(s['speedup_ci95'])} "
+              f"(baseline: {s['baseline']}; AR {_fmt(s['ar_tokens_per_s'])} tok/s, "
+              f"transformers {_fmt(s['ar_hf_tokens_per_s'])} tok/s; decode alone {_fmt(s['decode_speedup'])}x)",
+              f"  by kind {s['speedup_by_kind']}",
+              f"  vs HF, same draft ({s['hf_same_draft_setting']}) {_fmt(s['vs_hf'])}x {_ci(s['vs_hf_ci95'])}   "
+              f"other draft ({s['hf_other_draft_setting']}) {_fmt(s['vs_hf_other_draft'])}x "
+              f"{_ci(s['vs_hf_other_draft_ci95'])}",
               f"  acceptance {_fmt(s['acceptance_rate'])}   identical to AR {_fmt(s['identical_fraction'])}",
               f"  predicted {_fmt(s['predicted_speedup'])}x   efficiency {_fmt(s['efficiency'])}   "
               f"event overhead {_fmt(s['event_overhead'], '.3f')}   best K predicted {s['best_k_predicted']}",
               f"  CPU contention: worst call kept stalled {_fmt(s['max_cpu_stall'], '.1%')} of its time; "
-              f"{s['remeasured_prompts']} prompt(s) measured again"]
+              f"{s['remeasured']} repetition(s) measured again"]
     if c:
         lines.append(f"  costs: target step {c['target_step_ms']} ms, draft step {c['draft_step_ms']} ms "
                      f"(c = {c['c']}), verify/T1 for n=1..: {c['verify_ratio']}")

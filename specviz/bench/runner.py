@@ -1,31 +1,44 @@
-"""Run the benchmark: for each prompt, the target alone, speculative decoding at each K, and
-(optionally) transformers' assisted generation at the same K and at its defaults.
+"""Run the benchmark so that a skeptic accepts its ratios.
 
-All methods of one prompt run back to back (interleaved), so a burst of machine noise hits them
-alike; everything is warmed up first. Times are wall-clock around the whole call, prompt
-reading included, exactly as a user would wait for it. The CPU stall seen during each call is
-recorded (see `noise.py`); a prompt whose calls were disturbed is measured again, up to a limit,
-and the least disturbed attempt is kept.
+Methods, each timed wall-clock around the whole call (prompt reading included, as a user waits):
+- the target alone, twice: specviz's AR lane and transformers' plain `generate()`. The faster of the
+  two is the baseline, so the AR lane's per-token instrumentation can never inflate a speedup;
+- speculative decoding at a setting (K, confidence cut);
+- transformers' assisted generation with the SAME draft specviz runs (its int4 weights, through the
+  Hugging Face forward generate() needs) and with the draft as loaded, each at specviz's K and at HF's
+  defaults; with the lookup drafter, transformers' prompt lookup at the same K.
+
+Per prompt and repetition every method runs back to back, in an order shuffled afresh (seeded), so
+neither a warm cache nor a burst of noise favours a fixed slot, and ratios compare runs of the same
+prompt and repetition. A repetition disturbed by another process (CPU stall, `noise.py`) is measured
+again, up to a limit, and the calmest kept.
+
+Several settings (K x confidence cut) are tried on a tuning split of the prompts; the best is then
+reported on the other prompts only: choosing on the measurements one reports would flatter them.
 """
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from specviz.bench.hf import HF_DEFAULT, HFAssisted, HFResult, HFSetting
+from specviz.analysis.divergence import spec_token_ids
+from specviz.bench.hf import HF_DEFAULT, HFGenerate, HFSetting
 from specviz.bench.noise import calmest, timed
 from specviz.bench.prompts import BenchPrompt
-from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
-from specviz.analysis.divergence import spec_token_ids
+from specviz.engine import DecodeConfig, autoregressive_generate, speculative_generate
 from specviz.models import encode_prompt
+
+AR, AR_HF = "ar", "ar_hf"  # the target alone: specviz's lane, transformers' generate()
 
 
 @dataclass
-class TimedRun:
-    events: list  # Rounds or Steps; the first carries the prompt's forward as prefill_time
+class Timed:
+    tokens: list[int]
     seconds: float  # the whole call, prompt reading included
     stall: float | None = None  # fraction of the call's wall time another task waited for a CPU
+    events: list | None = None  # specviz's Rounds or Steps (the first carries the prompt's forward)
 
     @property
     def prefill(self) -> float:
@@ -36,128 +49,163 @@ class TimedRun:
         return self.seconds - self.prefill
 
 
-class SpecRun(TimedRun):
-    @property
-    def rounds(self) -> list[Round]:
-        return self.events
-
-    @property
-    def tokens(self) -> list[int]:
-        return spec_token_ids(self.events)
-
-
-class ARRun(TimedRun):
-    @property
-    def steps(self) -> list[Step]:
-        return self.events
-
-    @property
-    def tokens(self) -> list[int]:
-        return [s.token.id for s in self.events]
+@dataclass(frozen=True)
+class Method:
+    name: str  # "ar", "ar_hf", "spec k=6 c=0.4", "hf same k=6 c=0.4", "hf loaded default", "hf lookup k=6"
+    run: Callable[[list[int]], Timed]
 
 
 @dataclass
 class PromptResult:
     prompt: BenchPrompt
     prompt_tokens: int
-    ar: ARRun
-    spec: dict[int, SpecRun] = field(default_factory=dict)  # by K
-    hf: dict[str, HFResult] = field(default_factory=dict)  # by setting name ("k=4", "default")
-    attempts: int = 1
+    reps: list[dict[str, Timed]] = field(default_factory=list)  # per repetition: method name -> run
+    orders: list[list[str]] = field(default_factory=list)  # the order the methods ran in, per repetition
+    attempts: int = 0  # measurements taken (more than reps: some were disturbed and taken again)
 
     @property
     def max_stall(self) -> float:
-        runs = [self.ar, *self.spec.values(), *self.hf.values()]
-        return max((r.stall for r in runs if r.stall is not None), default=0.0)
+        return max((r.stall or 0.0 for rep in self.reps for r in rep.values()), default=0.0)
+
+
+def setting_name(config: DecodeConfig) -> str:
+    return f"k={config.k}" + (f" c={config.confidence:g}" if config.adaptive == "confidence" else "")
 
 
 @dataclass(frozen=True)
 class Plan:
+    config: DecodeConfig  # the decoding settings; k and confidence are replaced by each of the grid's
     ks: tuple[int, ...]
-    config: DecodeConfig  # its k is replaced by each of ks
-    max_stall: float = 0.05  # re-measure a prompt when a call saw more CPU stall than this fraction
+    confidences: tuple[float, ...] = ()  # tried in "confidence" mode (default: config.confidence)
+    reps: int = 1
+    max_stall: float = 0.05  # re-measure a repetition when a call saw more CPU stall than this fraction
     retries: int = 2
 
-    def hf_setting(self, k: int) -> HFSetting:
-        """HF at the same K, drafting as specviz does: a constant K, or at most K with the same confidence cut."""
-        return HFSetting.fixed(k, self.config.stop_below)
-
-    def hf_settings(self) -> list[HFSetting]:
-        return [self.hf_setting(k) for k in self.ks] + [HF_DEFAULT]
-
-    def calls_per_prompt(self, hf: bool) -> int:
-        return 1 + len(self.ks) + (len(self.hf_settings()) if hf else 0)
+    def settings(self) -> list[DecodeConfig]:
+        cuts = self.confidences if self.config.adaptive == "confidence" and self.confidences else (self.config.confidence,)
+        return [replace(self.config, k=k, confidence=c) for k in self.ks for c in cuts]
 
 
-def run_ar(pair, ids: list[int], config: DecodeConfig) -> ARRun:
-    return ARRun(*timed(lambda: list(autoregressive_generate(pair, ids, config)), pair.device))
+def split(prompts: list[BenchPrompt]) -> tuple[list[BenchPrompt], list[BenchPrompt]]:
+    """(tuning, reported): within each kind, every second prompt tunes, so both halves span the kinds."""
+    seen: dict[str, int] = {}
+    tune, report = [], []
+    for p in prompts:
+        seen[p.kind] = seen.get(p.kind, 0) + 1
+        (tune if seen[p.kind] % 2 == 0 else report).append(p)
+    if not tune and len(report) > 1:  # one prompt per kind: alternate over the whole set
+        return report[1::2], report[0::2]
+    return tune, report
 
 
-def run_spec(pair, ids: list[int], config: DecodeConfig) -> SpecRun:
-    return SpecRun(*timed(lambda: list(speculative_generate(pair, ids, config)), pair.device))
+def spec_method(pair, config: DecodeConfig) -> Method:
+    def run(ids):
+        rounds, seconds, stall = timed(lambda: list(speculative_generate(pair, ids, config)), pair.device)
+        return Timed(spec_token_ids(rounds), seconds, stall, rounds)
+    return Method(f"spec {setting_name(config)}", run)
 
 
-def run_hf(hf: HFAssisted, ids: list[int], max_new_tokens: int, setting: HFSetting) -> HFResult:
-    return HFResult(*timed(lambda: hf.generate(ids, max_new_tokens, setting), hf.device))
+def ar_method(pair, config: DecodeConfig) -> Method:
+    def run(ids):
+        steps, seconds, stall = timed(lambda: list(autoregressive_generate(pair, ids, config)), pair.device)
+        return Timed([s.token.id for s in steps], seconds, stall, steps)
+    return Method(AR, run)
 
 
-def warm_up(pair, hf: HFAssisted | None, ids: list[int], plan: Plan, tokens: int = 8) -> None:
-    """One short run of every method: first calls pay for allocations and kernel selection."""
-    config = replace(plan.config, max_new_tokens=tokens)
-    run_ar(pair, ids, config)
-    for k in plan.ks:
-        run_spec(pair, ids, replace(config, k=k))
-    if hf is not None:
-        for setting in plan.hf_settings():
-            hf.generate(ids, tokens, setting)
+def hf_method(hf: HFGenerate, name: str, max_new_tokens: int, setting: HFSetting | None = None,
+              assistant=None, lookup: bool = False) -> Method:
+    def run(ids):
+        return Timed(*timed(lambda: hf.generate(ids, max_new_tokens, setting, assistant, lookup), hf.device))
+    return Method(name, run)
 
 
-def run_prompt(pair, hf: HFAssisted | None, prompt: BenchPrompt, plan: Plan,
-               tick: Callable[[str], None] = lambda label: None) -> PromptResult:
-    """AR, then for each K: specviz and HF at that K, then HF at its defaults."""
-    ids = encode_prompt(pair.tokenizer, prompt.prompt)
-    result = PromptResult(prompt, len(ids), run_ar(pair, ids, plan.config))
-    tick(f"{prompt.id}: AR")
-    for k in plan.ks:
-        result.spec[k] = run_spec(pair, ids, replace(plan.config, k=k))
-        tick(f"{prompt.id}: spec K={k}")
-        if hf is not None:
-            setting = plan.hf_setting(k)
-            result.hf[setting.name] = run_hf(hf, ids, plan.config.max_new_tokens, setting)
-            tick(f"{prompt.id}: HF {setting.name}")
-    if hf is not None:
-        result.hf[HF_DEFAULT.name] = run_hf(hf, ids, plan.config.max_new_tokens, HF_DEFAULT)
-        tick(f"{prompt.id}: HF default")
+def hf_assisted(hf: HFGenerate, config: DecodeConfig, assistants: dict[str, object]) -> list[Method]:
+    """transformers' assisted generation beside specviz at `config`: prompt lookup at the same K for the lookup
+    drafter; otherwise each assistant ("same": specviz's draft, "loaded": as loaded) at K and at HF's defaults."""
+    n = config.max_new_tokens
+    if config.drafter == "lookup":
+        return [hf_method(hf, f"hf lookup k={config.k}", n, HFSetting.fixed(config.k), lookup=True)]
+    same_k = HFSetting.fixed(config.k, config.stop_below)  # drafting as specviz does
+    return [hf_method(hf, f"hf {label} {s.name}", n, s, assistant)
+            for label, assistant in assistants.items() for s in (same_k, HF_DEFAULT)]
+
+
+def measure(prompt: BenchPrompt, ids: list[int], methods: list[Method], plan: Plan,
+            tick: Callable[[str], None] = lambda label: None,
+            on_retry: Callable[[], None] = lambda: None) -> PromptResult:
+    """Every method once per repetition, in a seeded shuffled order; a disturbed repetition is taken again."""
+    result = PromptResult(prompt, len(ids))
+    for rep in range(plan.reps):
+        order = list(methods)
+        random.Random(f"{plan.config.seed}:{prompt.id}:{rep}").shuffle(order)
+
+        def once() -> dict[str, Timed]:
+            runs = {}
+            for m in order:
+                runs[m.name] = m.run(ids)
+                tick(f"{prompt.id}: {m.name}")
+            return {m.name: runs[m.name] for m in methods}  # stored in the methods' own order
+
+        runs, attempts = calmest(once, lambda runs: max((r.stall or 0.0 for r in runs.values()), default=0.0),
+                                 plan.max_stall, plan.retries, on_retry)
+        result.reps.append(runs)
+        result.orders.append([m.name for m in order])
+        result.attempts += attempts
     return result
 
 
-def measure_prompt(pair, hf: HFAssisted | None, prompt: BenchPrompt, plan: Plan,
-                   tick: Callable[[str], None] = lambda label: None,
-                   on_retry: Callable[[], None] = lambda: None) -> PromptResult:
-    """`run_prompt`, again while another process disturbed it (up to plan.retries); keeps the calmest."""
-    best, attempts = calmest(lambda: run_prompt(pair, hf, prompt, plan, tick), lambda r: r.max_stall,
-                             plan.max_stall, plan.retries, on_retry)
-    best.attempts = attempts  # how many times this prompt was measured
-    return best
+@dataclass
+class Bench:
+    settings: list[DecodeConfig]  # the grid
+    chosen: DecodeConfig  # the best on the tuning split (the only one, without a grid)
+    tuning: list[PromptResult]  # every setting, on the tuning prompts
+    reported: list[PromptResult]  # the baselines, the chosen setting and transformers, on the other prompts
 
 
-def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFAssisted | None = None,
-              progress: bool = True) -> list[PromptResult]:
+def tuned_best(tuning: list[PromptResult], settings: list[DecodeConfig]) -> DecodeConfig:
+    """The setting with the most tokens per second pooled over the tuning prompts (ratio of totals)."""
+    def rate(config):
+        runs = [rep[f"spec {setting_name(config)}"] for r in tuning for rep in r.reps]
+        seconds = sum(x.seconds for x in runs)
+        return sum(len(x.tokens) for x in runs) / seconds if seconds else 0.0
+    return max(settings, key=rate)
+
+
+def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assistants: dict[str, object] | None = None,
+              progress: bool = True) -> Bench:
+    """Tune (with several settings), then measure the chosen one against every baseline.
+    `assistants`: the drafts transformers gets ({} or None: no assisted generation)."""
     from tqdm.auto import tqdm
 
-    warm_up(pair, hf, encode_prompt(pair.tokenizer, prompts[0].prompt), plan)
-    results = []
-    calls = plan.calls_per_prompt(hf is not None)
-    with tqdm(total=len(prompts) * calls, desc="bench", unit="run", disable=not progress) as bar:
+    settings = plan.settings()
+    tune, report = split(prompts) if len(settings) > 1 else ([], prompts)
+    if len(settings) > 1 and not tune:
+        raise ValueError("choosing among several settings needs at least 2 prompts: one to tune on, one to report")
+    encoded = {p.id: encode_prompt(pair.tokenizer, p.prompt) for p in prompts}
+    tuning_methods = [spec_method(pair, c) for c in settings]
+
+    def reported_methods(chosen):
+        return [ar_method(pair, chosen), hf_method(hf, AR_HF, chosen.max_new_tokens), spec_method(pair, chosen),
+                *(hf_assisted(hf, chosen, assistants) if assistants else [])]
+
+    def short(c):
+        return replace(c, max_new_tokens=8)
+    for m in [*(spec_method(pair, short(c)) for c in settings), *reported_methods(short(settings[0]))]:
+        m.run(encoded[prompts[0].id])  # first calls pay for allocations and kernel selection
+    per_report = len(reported_methods(plan.config))
+    calls = plan.reps * (len(tune) * len(tuning_methods) + len(report) * per_report)
+    with tqdm(total=calls, desc="bench", unit="run", disable=not progress) as bar:
         def tick(label: str) -> None:
             bar.set_postfix_str(label, refresh=False)
             bar.update(1)
 
-        def on_retry() -> None:
-            bar.total += calls
+        def grow(n: int) -> None:  # a repetition measured again
+            bar.total += n
             bar.refresh()
 
-        for prompt in prompts:
-            results.append(measure_prompt(pair, hf, prompt, plan, tick, on_retry))
-    return results
-
+        tuning = [measure(p, encoded[p.id], tuning_methods, plan, tick, lambda: grow(len(tuning_methods)))
+                  for p in tune]
+        chosen = tuned_best(tuning, settings) if tuning else settings[0]
+        methods = reported_methods(chosen)
+        reported = [measure(p, encoded[p.id], methods, plan, tick, lambda: grow(per_report)) for p in report]
+    return Bench(settings, chosen, tuning, reported)

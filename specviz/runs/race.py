@@ -3,7 +3,9 @@
 Running both at once on one device would slow both, so the race alternates: it always advances the
 lane whose own clock is behind. A lane's clock is the sum of the wall time spent inside that lane's
 `next()` (the engine synchronizes the device before yielding), so each clock counts only its own
-compute, and neither lane is charged for the other's turns.
+compute, and neither lane is charged for the other's turns. Which lane takes the very first step
+alternates from race to race, so whatever the first forward after a pause costs (caches gone cold)
+falls on each lane as often.
 
 Replay uses the same loop with the times recorded in a trace instead of a stopwatch.
 """
@@ -148,15 +150,14 @@ class RaceState:
 
 
 def alternate(ar_events: Iterator[Step], spec_events: Iterator[Round], meta: RunMeta, timed: Timed,
-              recorded: bool = False) -> Iterator[RaceState]:
-    """Alternate the two event streams, always advancing the lane whose own clock is behind."""
+              recorded: bool = False, first: str = "spec") -> Iterator[RaceState]:
+    """Alternate the two event streams, always advancing the lane whose own clock is behind (on a tie, `first`)."""
     state = RaceState(Lane("ar", "Target alone (autoregressive)"), Lane("spec", "Speculative decoding"), meta,
                       recorded=recorded)
     iterators = {"ar": ar_events, "spec": spec_events}
     try:
         while not state.done:
-            # the lane behind on its own clock goes next; on a tie the speculative one, so rounds show first
-            lane = min((ln for ln in state.lanes if ln.finished is None), key=lambda ln: (ln.clock, ln.key != "spec"))
+            lane = min((ln for ln in state.lanes if ln.finished is None), key=lambda ln: (ln.clock, ln.key != first))
             event, seconds = timed(iterators[lane.key])
             if event is None:  # a stream that ends without a finished event (a truncated trace)
                 lane.finished = lane.finished or "stopped"
@@ -172,16 +173,17 @@ def alternate(ar_events: Iterator[Step], spec_events: Iterator[Round], meta: Run
 
 
 def race_decoders(pair, prompt_ids: list[int], config: DecodeConfig, meta: RunMeta,
-                  timer: Callable[[], float] = time.perf_counter) -> Iterator[RaceState]:
+                  timer: Callable[[], float] = time.perf_counter, first: str = "spec") -> Iterator[RaceState]:
     """Race the real decoders on the same prompt and settings (same seed for both)."""
     return alternate(autoregressive_generate(pair, prompt_ids, config), speculative_generate(pair, prompt_ids, config),
-                     meta, stopwatch(timer))
+                     meta, stopwatch(timer), first=first)
 
 
 def race(session: Session, limits: Limits, prompt, settings) -> Iterator[RaceState]:
     """Validate, take the pair, race: the state after every event of either lane."""
     job = prepare(session, limits, prompt, settings)
-    return session.stream(lambda pair: race_decoders(pair, job.ids, job.config, job.meta))
+    first = "spec" if session.next_race() % 2 == 0 else "ar"
+    return session.stream(lambda pair: race_decoders(pair, job.ids, job.config, job.meta, first=first))
 
 
 def replay_race(trace: Trace) -> Iterator[RaceState]:

@@ -6,6 +6,7 @@ module-level state. `stream` lends the pair to one run at a time.
 
 from __future__ import annotations
 
+import itertools
 import threading
 import unicodedata
 import weakref
@@ -76,6 +77,10 @@ class Session:
         self.generation = 0  # bumps on every load, so a paused step-mode run knows its pair is gone
         self.lock = threading.Lock()  # a plain Lock: Gradio may resume a generator on another thread
         self.paused: weakref.WeakSet = weakref.WeakSet()  # step-mode runs: closed when the pair goes
+        self.races = itertools.count()  # which lane starts a race alternates (runs/race.py)
+
+    def next_race(self) -> int:
+        return next(self.races)
 
     def track(self, run: Generator) -> Generator:
         """A paused run holds the pair's models and its KV caches; `load()` closes it to free them."""
