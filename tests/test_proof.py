@@ -20,7 +20,7 @@ from specviz.bench.prove import format_table, report_html
 from specviz.cli import main
 from specviz.engine import DecodeConfig, SamplingParams
 from specviz.engine.exact import path_distributions, randomized_pit
-from specviz.runs.proof import ProofSettings, identity, matrix, prove
+from specviz.runs.proof import ProofSettings, identity, matrix, prove, samplers
 
 
 def test_pit_intervals_tile_the_unit_interval_in_probability_order():
@@ -84,6 +84,16 @@ def test_speculative_and_target_pass_and_the_controls_fail(pair, drafter, adapti
     assert not by_name["speculative"].rejected and by_name["draft alone (control)"].rejected
     if drafter != "lookup":  # lookup rarely proposes anything on this prompt
         assert by_name["speculative"].extra["drafts_after_clean_sweep"] > 0
+
+
+def test_later_configurations_skip_the_samplers_no_drafter_changes(pair):  # noqa: F811
+    settings = ProofSettings()
+    assert [s.name for s in samplers(pair, settings)] == ["speculative", "target alone", "draft alone (control)",
+                                                          "always accept (control)"]
+    assert [s.name for s in samplers(pair, settings, calibrate=False)] == ["speculative", "always accept (control)"]
+    config = DecodeConfig(k=2, sampling=SamplingParams(1.0), seed=3)
+    final = list(prove(pair, PROMPT, config, ProofSettings(samples=16, control_samples=16), calibrate=False))[-1]
+    assert [v.name for v in final.verdicts] == ["speculative", "always accept (control)"] and final.total == 32
 
 
 def test_greedy_is_not_a_distribution_test(pair):  # noqa: F811

@@ -76,14 +76,17 @@ def cmd_prove(args) -> int:
                                       max_new_tokens=args.identity_tokens),
                               several_values(args.drafter), several_values(args.adaptive), IDENTITY_KS
                               ) if args.identity else []
-    per_run = settings.samples + settings.control_samples * (len(samplers(base, settings)) - 1)
-    with tqdm(total=len(quants) * (len(configs) * per_run + len(identity_configs)), desc="prove", unit="path",
-              disable=args.no_progress) as bar:
+    def paths(calibrate):
+        return settings.samples + settings.control_samples * (len(samplers(base, settings, calibrate)) - 1)
+
+    total = paths(True) + (len(configs) - 1) * paths(False) + len(identity_configs)
+    with tqdm(total=len(quants) * total, desc="prove", unit="path", disable=args.no_progress) as bar:
         for q in quants:
             pair = base if q == "none" or base.draft is None else with_cheaper_draft(base, DraftQuant.named(q))
-            for config in configs:
+            for i, config in enumerate(configs):
                 last = 0
-                for progress in prove(pair, ids, config, settings):
+                # the target alone and the draft alone run once per quantisation: no drafter changes their paths
+                for progress in prove(pair, ids, config, settings, calibrate=i == 0):
                     bar.update(progress.done - last)
                     last = progress.done
                 report["runs"].append({"draft_quant": q, "drafter": config.drafter, "adaptive": config.adaptive,

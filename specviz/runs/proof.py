@@ -90,10 +90,14 @@ class Sampler:
     path: Callable  # (pair, ids, config, length, prompt_cache) -> (tokens, drafts after a clean sweep)
 
 
-def samplers(pair: ModelPair, settings: ProofSettings) -> list[Sampler]:
-    out = [Sampler("speculative", True, speculative_path), Sampler("target alone", True, target_path)]
+def samplers(pair: ModelPair, settings: ProofSettings, calibrate: bool = True) -> list[Sampler]:
+    """`calibrate=False` leaves out the samplers that do not depend on the drafter or adaptive mode (the target
+    alone, the draft alone): with the same seeds they would draw the very same paths again."""
+    out = [Sampler("speculative", True, speculative_path)]
+    if calibrate:
+        out.append(Sampler("target alone", True, target_path))
     if settings.controls:
-        if pair.draft is not None:
+        if pair.draft is not None and calibrate:
             draft_as_target = replace(pair, target=pair.draft)
             out.append(Sampler("draft alone (control)", False,
                                lambda _, *a: target_path(draft_as_target, *a)))
@@ -110,14 +114,14 @@ class Progress:
 
 
 def prove(pair: ModelPair, ids: list[int], config: DecodeConfig, settings: ProofSettings, *,
-          prompt_cache: PromptCache | None = None) -> Iterator[Progress]:
+          prompt_cache: PromptCache | None = None, calibrate: bool = True) -> Iterator[Progress]:
     """Run every sampler, a batch of paths each in turn (so results stopped early stay comparable);
     yield after each batch (the last `Progress` is final)."""
     if config.sampling.greedy:
         raise ValueError("a distribution test needs sampling: temperature > 0 (greedy is checked by `identity`)")
     prompt_cache = prompt_cache or PromptCache()
     scorer = make_generator(pair.device, config.seed)  # the PIT's and the chance level's own randomness
-    todo = samplers(pair, settings)
+    todo = samplers(pair, settings, calibrate)
     n, length, base = settings.samples, settings.length, config.seed or 0
     tallies = {s.name: [PositionTally() for _ in range(length)] for s in todo}
     after_sweep = dict.fromkeys(tallies, 0)
