@@ -249,9 +249,10 @@ def format_table(report: dict) -> str:
               f"(baseline: {s['baseline']}; AR {_fmt(s['ar_tokens_per_s'])} tok/s, "
               f"transformers {_fmt(s['ar_hf_tokens_per_s'])} tok/s; decode alone {_fmt(s['decode_speedup'])}x)",
               f"  by kind {s['speedup_by_kind']}",
-              f"  vs HF, same draft ({s['hf_same_draft_setting']}) {_fmt(s['vs_hf'])}x {_ci(s['vs_hf_ci95'])}   "
-              f"other draft ({s['hf_other_draft_setting']}) {_fmt(s['vs_hf_other_draft'])}x "
-              f"{_ci(s['vs_hf_other_draft_ci95'])}",
+              "  vs HF: " + ("   ".join(f"{label} draft ({s[f'hf_{label}_draft_setting']}) {_fmt(s[key])}x "
+                                         f"{_ci(s[key + '_ci95'])}"
+                                         for label, key in (("same", "vs_hf"), ("other", "vs_hf_other_draft"))
+                                         if s[f"hf_{label}_draft_setting"]) or "not run (--compare-hf)"),
               f"  acceptance {_fmt(s['acceptance_rate'])}   identical to AR {_fmt(s['identical_fraction'])}",
               f"  predicted {_fmt(s['predicted_speedup'])}x   efficiency {_fmt(s['efficiency'])}   "
               f"event overhead {_fmt(s['event_overhead'], '.3f')}   best K predicted {s['best_k_predicted']}",
