@@ -23,6 +23,7 @@ from specviz.bench.report import build_report, format_table
 from specviz.bench.runner import AR, AR_HF, Bench, Method, Plan, PromptResult, Timed, hf_assisted, measure, run_bench, split, tuned_best
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, EmittedToken, Round, Step
+from specviz.models import encode_prompt
 from specviz.models.draft import with_cheaper_draft
 from specviz.models.draft.lean import LeanDraft
 from specviz.models.draft.quantized import DraftQuant, Int4Linear, Int8Linear, QuantLinear, quantize_linear
@@ -114,6 +115,7 @@ def test_default_prompt_set_covers_the_kinds():
     (['{"id": "a", "prompt": "x"}', '{"id": "a", "prompt": "y"}'], "repeats the id"),
     (["not json"], "line 1 is not JSON"),
     (["", "  "], "no prompts"),
+    (['{"id": "a", "prompt": "  "}'], "empty prompt"),
 ])
 def test_bad_prompt_files_say_which_line(lines, message):
     with pytest.raises(PromptFileError, match=message):
@@ -371,10 +373,39 @@ def test_the_tuning_split_spans_the_kinds_and_never_overlaps_the_report():
     assert [[p.id for p in half] for half in split(singles)] == [["1", "3"], ["0", "2"]]
 
 
-def test_the_setting_is_chosen_on_the_tuning_prompts_alone():
-    fast, slow = replace(CONFIG, k=2), replace(CONFIG, k=6)
-    tuning = [PromptResult(BenchPrompt("t", "p"), 3, [{"spec k=2": Timed([1] * 10, 1.0), "spec k=6": Timed([1] * 10, 2.0)}])]
-    assert tuned_best(tuning, [slow, fast]) == fast
+def test_the_setting_is_chosen_on_the_tuning_prompts_alone(tiny):
+    """K=2 is faster on the tuning prompts, K=6 on the reported ones: K=2 is chosen, and only it is reported."""
+    from specviz.bench import runner
+
+    def fake_spec(pair, config):
+        def run(ids):
+            on_tuning_prompt = ids == encode_prompt(tiny.tokenizer, "she said that")
+            fast = (config.k == 2) == on_tuning_prompt
+            rounds = rounds_emitting(list(range(10, 18)), config.k, 1)
+            return Timed(list(range(8)), 1.0 if fast else 3.0, events=rounds)
+        return Method(f"spec {runner.setting_name(config)}", run)
+
+    prompts = [BenchPrompt("report", "the a of", "code"), BenchPrompt("tune", "she said that", "code")]
+    plan = Plan(replace(CONFIG, max_new_tokens=8), ks=(2, 6))
+    hf = HFGenerate(tiny.target, tiny.eos_token_ids, None, tiny.device)
+    with mock.patch.object(runner, "spec_method", fake_spec):
+        bench = run_bench(tiny, prompts, plan, hf, progress=False)
+    assert bench.chosen.k == 2 and [r.prompt.id for r in bench.tuning] == ["tune"]
+    assert set(bench.reported[0].reps[0]) == {AR, AR_HF, "spec k=2"}
+    tuning = [PromptResult(BenchPrompt("t", "p"), 3, [{"spec k=2": Timed([1] * 10, 2.0), "spec k=6": Timed([1] * 10, 1.0)}])]
+    assert tuned_best(tuning, [replace(CONFIG, k=2), replace(CONFIG, k=6)]).k == 6
+
+
+def test_repetitions_are_summed_and_each_gets_its_own_record():
+    one, two = synthetic_results()[0], synthetic_results()[0]
+    one.reps.append(two.reps[0])
+    one.reps[1][SPEC].seconds = 1.0  # the second repetition: 40 tokens in 1.0 s (the first: 0.5 s)
+    one.reps[1][AR] = Timed(list(range(10, 49)) + [7], 2.0, events=make_steps(list(range(10, 49)) + [7]))
+    one.orders.append(one.orders[0])
+    report = build_report(bench_of([one]), COST, device="cpu", dtype="float32")
+    assert [(r["rep"], r["speedup"]) for r in report["runs"]] == [(0, 4.0), (1, 2.0)]
+    assert report["summary"]["speedup"] == pytest.approx((80 / 1.5) / (80 / 4.0), abs=1e-4)  # rounded to 4 digits
+    assert report["summary"]["identical_fraction"] == 0.5 and report["summary"]["reps"] == 2
 
 
 def test_methods_run_in_a_fresh_seeded_order_each_repetition():
@@ -400,7 +431,6 @@ def test_bench_on_the_tiny_pair(tiny):
     assert [r.prompt.id for r in bench.tuning] == ["two", "four"]
     assert [r.prompt.id for r in bench.reported] == ["one", "three"]
     assert all(set(rep) == {"spec k=2", "spec k=3"} for r in bench.tuning for rep in r.reps)
-    assert bench.chosen == tuned_best(bench.tuning, bench.settings)
     want = {AR, AR_HF, f"spec k={bench.chosen.k}", f"hf same k={bench.chosen.k}", "hf same default"}
     assert all(set(rep) == want for r in bench.reported for rep in r.reps)
     report = build_report(bench, COST, device="cpu", dtype="float32")
@@ -415,21 +445,23 @@ def test_hf_drafts_as_specviz_does_and_uses_prompt_lookup_for_the_lookup_drafter
     hf = HFGenerate(tiny.target, tiny.eos_token_ids, None, tiny.device)
     config = DecodeConfig(k=6, adaptive="confidence", confidence=0.4)
     names = [m.name for m in hf_assisted(hf, config, {"same": tiny.draft, "loaded": tiny.draft})]
-    assert names == ["hf same k=6", "hf same default", "hf loaded k=6", "hf loaded default"]
+    assert names == ["hf same k=6 c=0.4", "hf same default", "hf loaded k=6 c=0.4", "hf loaded default"]
+    growing = hf_assisted(hf, replace(config, adaptive="acceptance"), {"same": tiny.draft})
+    assert [m.name for m in growing] == ["hf same k=6 heuristic", "hf same default"]  # HF's own grow/shrink rule
     assert [m.name for m in hf_assisted(hf, replace(config, drafter="lookup"), {"same": tiny.draft})] == ["hf lookup k=6"]
     seen = []
 
     def spy(*args, **kwargs):
-        seen.append({k: kwargs.get(k) for k in ("assistant_model", "prompt_lookup_num_tokens")})
+        seen.append({k: kwargs.get(k) for k in ("assistant_model", "prompt_lookup_num_tokens", "max_matching_ngram_size")})
         return torch.tensor([[3, 4, 5, 6]])
 
     with mock.patch.object(tiny.target, "generate", spy):
         hf.generate([3, 4, 5], 1)
         hf.generate([3, 4, 5], 1, HFSetting.fixed(6), lookup=True)
         hf.generate([3, 4, 5], 1, HFSetting.fixed(6, 0.4), tiny.draft)
-    assert seen == [{"assistant_model": None, "prompt_lookup_num_tokens": None},
-                    {"assistant_model": None, "prompt_lookup_num_tokens": 6},
-                    {"assistant_model": tiny.draft, "prompt_lookup_num_tokens": None}]
+    assert seen == [{"assistant_model": None, "prompt_lookup_num_tokens": None, "max_matching_ngram_size": None},
+                    {"assistant_model": None, "prompt_lookup_num_tokens": 6, "max_matching_ngram_size": 3},
+                    {"assistant_model": tiny.draft, "prompt_lookup_num_tokens": None, "max_matching_ngram_size": None}]
 
 
 def test_hf_settings_are_restored_after_each_call(tiny):

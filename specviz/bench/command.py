@@ -86,6 +86,7 @@ def cmd_bench(args) -> int:
     from specviz.bench.runner import run_bench
     from specviz.models import encode_prompt, load_spec
     from specviz.models.draft import DraftQuant, cheaper_draft, with_cheaper_draft
+    from specviz.models.draft.lean import LeanDraft
 
     plan = plan_of(args)  # a bad flag fails here, before any model loads
     spec = validate(PairSpec, values_of(args, PairSpec))
@@ -102,18 +103,18 @@ def cmd_bench(args) -> int:
     if info["cpu_count"] and info["torch_threads"] != info["cpu_count"]:
         log.warning("torch uses %s threads on %s cores", info["torch_threads"], info["cpu_count"])
     pair = load_spec(replace(spec, draft_quant="none"))  # the draft as loaded; the cheaper one is chosen below
-    if pair.draft is None:
-        print("specviz bench: the benchmark needs a draft model.", file=sys.stderr)
+    if pair.draft is None and plan.config.drafter != "lookup":
+        print("specviz bench: this drafter needs a draft model (or use --drafter lookup).", file=sys.stderr)
         return 2
     quant = DraftQuant.named(spec.draft_quant, args.draft_group)
     spec_pair = with_cheaper_draft(pair, quant, lean=args.draft_step == "lean")
     hf = HFGenerate(pair.target, pair.eos_token_ids, pair.tokenizer.pad_token_id, pair.device,
                     plan.config.sampling, plan.config.seed)  # the same warps and seed as specviz's runs
     assistants = {}
-    if args.compare_hf:
+    if args.compare_hf and plan.config.drafter != "lookup":  # lookup: transformers' own prompt lookup instead
         # "same": specviz's cheaper draft through the Hugging Face forward generate() needs; "loaded": as a user
         # would hand it over
-        same = cheaper_draft(pair, quant, lean=False) if spec_pair.draft is not pair.draft else pair.draft
+        same = cheaper_draft(pair, quant, lean=False) if isinstance(spec_pair.draft, LeanDraft) else spec_pair.draft
         assistants = {"same": same, **({"loaded": pair.draft} if same is not pair.draft else {})}
     cost, cost_stall = measure_costs(spec_pair, encode_prompt(pair.tokenizer, prompts[0].prompt), max(plan.ks) + 1,
                                      max_stall=args.max_stall, retries=args.retries)

@@ -14,20 +14,23 @@ from dataclasses import dataclass
 import torch
 
 from specviz.engine import SamplingParams
+from specviz.engine.drafters import LOOKUP_MAX_NGRAM
 
 ASSISTANT_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
 
 
 @dataclass(frozen=True)
 class HFSetting:
-    name: str  # "k=4" or "default"
+    name: str  # "k=4", "k=4 c=0.4", "k=4 heuristic" or "default"
     k: int | None  # None: HF's defaults (20 tokens, constant schedule, confidence threshold 0.4)
     confidence: float = 0.0  # stop drafting below this draft probability (HF's assistant_confidence_threshold)
+    schedule: str = "constant"  # "heuristic": +2 after a clean sweep, -1 after a rejection (specviz's "acceptance")
 
     @staticmethod
-    def fixed(k: int, confidence: float = 0.0) -> HFSetting:
-        """Exactly K drafts per round, or, with a confidence, at most K (as specviz's "confidence" mode)."""
-        return HFSetting(f"k={k}", k, confidence)
+    def fixed(k: int, confidence: float = 0.0, schedule: str = "constant") -> HFSetting:
+        """K drafts per round: exactly, at most K with a confidence cut, or K adapted by HF's heuristic schedule."""
+        name = f"k={k}" + (f" c={confidence:g}" if confidence else "") + (f" {schedule}" if schedule != "constant" else "")
+        return HFSetting(name, k, confidence, schedule)
 
 
 HF_DEFAULT = HFSetting("default", None)
@@ -60,7 +63,7 @@ class HFGenerate:
             setattr(config, f, v)
         if setting.k is not None:
             config.num_assistant_tokens = setting.k
-            config.num_assistant_tokens_schedule = "constant"
+            config.num_assistant_tokens_schedule = setting.schedule
             config.assistant_confidence_threshold = setting.confidence  # 0: no early stop
 
     @torch.inference_mode()
@@ -71,7 +74,8 @@ class HFGenerate:
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
         extra = {}
         if setting is not None and lookup:
-            extra["prompt_lookup_num_tokens"] = setting.k or 10  # no HF default: 10 is its documented example
+            # no HF default for K: 10 is its documented example; the n-gram as long as specviz's lookup matches
+            extra.update(prompt_lookup_num_tokens=setting.k or 10, max_matching_ngram_size=LOOKUP_MAX_NGRAM)
         elif setting is not None:
             self._apply(assistant, setting)
             extra["assistant_model"] = assistant

@@ -30,6 +30,8 @@ def parse_prompts(lines, source: str = "prompts") -> list[BenchPrompt]:
             raise PromptFileError(f"{source} line {number} is not JSON: {e.msg}.") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("id"), str) or not isinstance(obj.get("prompt"), str):
             raise PromptFileError(f"{source} line {number} needs string fields \"id\" and \"prompt\".")
+        if not obj["prompt"].strip():
+            raise PromptFileError(f"{source} line {number} has an empty prompt.")
         if obj["id"] in seen:
             raise PromptFileError(f"{source} line {number} repeats the id {obj['id']!r}.")
         seen.add(obj["id"])

@@ -57,7 +57,7 @@ def speedup_ci95(results: Sequence[PromptResult], method: str, base: str, n: int
         return (tok.sum(axis) / sec.sum(axis)) / (base_tok.sum(axis) / base_sec.sum(axis))
     data = (*totals(results, method), *totals(results, base))
     ci = scipy_stats.bootstrap(data, statistic, paired=True, vectorized=True, n_resamples=n, method="percentile",
-                               random_state=np.random.default_rng(0)).confidence_interval
+                               rng=np.random.default_rng(0)).confidence_interval
     return [_round(ci.low), _round(ci.high)]
 
 
@@ -165,7 +165,7 @@ def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: st
     vs_hf, vs_hf_ci = vs(same)
     vs_other, vs_other_ci = vs(other)
     summary = {
-        "speedup": _round(speedup), "speedup_ci95": speedup_ci95(results, spec, base),
+        "speedup": _round(speedup), "speedup_ci95": by_method[spec]["speedup_ci95"],
         "speedup_by_kind": {kind: _round(ratio(rate(rs, spec), rate(rs, base))) for kind, rs in by_kind(results).items()},
         "decode_speedup": _round(ratio(decode_rate(runs_of(results, spec)), decode_rate(runs_of(results, AR)))),
         "vs_hf": vs_hf, "vs_hf_ci95": vs_hf_ci, "vs_hf_other_draft": vs_other, "vs_hf_other_draft_ci95": vs_other_ci,
@@ -213,7 +213,7 @@ def _fmt(x, spec: str = ".2f", none: str = "-") -> str:
 
 
 def _ci(ci) -> str:
-    return f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "[too few prompts]"
+    return f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "[no interval: under 3 prompts]"
 
 
 def format_table(report: dict) -> str:
@@ -232,7 +232,8 @@ def format_table(report: dict) -> str:
     widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
     lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in [header, *rows]]
     lines.insert(1, "  ".join("-" * w for w in widths))
-    lines += ["", f"methods on the reported prompts (ratios of totals over {s['baseline']}, 95% bootstrap CI):"]
+    lines += ["", f"methods on the {len(s['reported_on'])} reported prompts (ratios of totals over {s['baseline']}, "
+                  f"95% bootstrap CI over those prompts):"]
     for name, m in report["methods"].items():
         lines.append(f"  {name:<24} {_fmt(m['tokens_per_s'])} tok/s  {_fmt(m['speedup'])}x  "
                      f"{_ci(m['speedup_ci95']) if m['speedup_ci95'] else ''}  "
@@ -247,7 +248,8 @@ def format_table(report: dict) -> str:
                   f"{s['device']}, {s['dtype']}):",
               f"  speedup over the target alone {_fmt(s['speedup'])}x {_ci(s['speedup_ci95'])} "
               f"(baseline: {s['baseline']}; AR {_fmt(s['ar_tokens_per_s'])} tok/s, "
-              f"transformers {_fmt(s['ar_hf_tokens_per_s'])} tok/s; decode alone {_fmt(s['decode_speedup'])}x)",
+              f"transformers {_fmt(s['ar_hf_tokens_per_s'])} tok/s; decode alone over the AR lane "
+              f"{_fmt(s['decode_speedup'])}x)",
               f"  by kind {s['speedup_by_kind']}",
               "  vs HF: " + ("   ".join(f"{label} draft ({s[f'hf_{label}_draft_setting']}) {_fmt(s[key])}x "
                                          f"{_ci(s[key + '_ci95'])}"

@@ -69,7 +69,7 @@ class PromptResult:
 
 
 def setting_name(config: DecodeConfig) -> str:
-    return f"k={config.k}" + (f" c={config.confidence:g}" if config.adaptive == "confidence" else "")
+    return f"k={config.k}" + (f" c={config.stop_below:g}" if config.stop_below else "")
 
 
 @dataclass(frozen=True)
@@ -82,7 +82,8 @@ class Plan:
     retries: int = 2
 
     def settings(self) -> list[DecodeConfig]:
-        cuts = self.confidences if self.config.adaptive == "confidence" and self.confidences else (self.config.confidence,)
+        cut_matters = self.config.adaptive == "confidence" and self.config.drafter != "lookup"  # lookup has no q
+        cuts = self.confidences if cut_matters and self.confidences else (self.config.confidence,)
         return [replace(self.config, k=k, confidence=c) for k in self.ks for c in cuts]
 
 
@@ -125,7 +126,8 @@ def hf_assisted(hf: HFGenerate, config: DecodeConfig, assistants: dict[str, obje
     n = config.max_new_tokens
     if config.drafter == "lookup":
         return [hf_method(hf, f"hf lookup k={config.k}", n, HFSetting.fixed(config.k), lookup=True)]
-    same_k = HFSetting.fixed(config.k, config.stop_below)  # drafting as specviz does
+    same_k = HFSetting.fixed(config.k, config.stop_below,  # drafting as specviz does
+                             "heuristic" if config.adaptive == "acceptance" else "constant")
     return [hf_method(hf, f"hf {label} {s.name}", n, s, assistant)
             for label, assistant in assistants.items() for s in (same_k, HF_DEFAULT)]
 

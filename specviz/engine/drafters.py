@@ -101,6 +101,9 @@ class ModelDrafter:
         rollback(self.cache, keep)
 
 
+LOOKUP_MAX_NGRAM = 3  # the longest suffix matched against the context
+
+
 class PromptLookupDrafter:
     """Model-free: find the latest earlier occurrence of the last n tokens, propose what followed.
 
@@ -109,7 +112,7 @@ class PromptLookupDrafter:
 
     name = "lookup"
 
-    def __init__(self, vocab_size: int, device, max_ngram: int = 3):
+    def __init__(self, vocab_size: int, device, max_ngram: int = LOOKUP_MAX_NGRAM):
         self.vocab_size, self.device, self.max_ngram = vocab_size, device, max_ngram
 
     def continuation(self, history: list[int], k: int) -> list[int]:
