@@ -76,8 +76,9 @@ def predicted_for(rounds, stats: SpecStats, cost: CostModel | None) -> float | N
 
 def setting_record(results: Sequence[PromptResult], method: str, cost: CostModel | None) -> dict:
     """One speculative setting pooled over prompts: its rate, acceptance and where its time goes."""
-    stats = pooled_spec(results, method)
-    rounds = [e for x in runs_of(results, method) for e in x.events]
+    runs = runs_of(results, method)
+    rounds = [e for x in runs for e in x.events]
+    stats = spec_stats(rounds, sum(x.seconds for x in runs))  # the rounds pooled, as `pooled_spec`
     return {
         "spec_tokens_per_s": _round(stats.tokens_per_s), "acceptance_rate": _round(stats.acceptance_rate),
         "mean_accepted_tokens": _round(stats.mean_accepted_tokens),
@@ -175,7 +176,7 @@ def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: st
         "event_overhead": record["event_overhead"], "device": device, "dtype": dtype,
         # extras beyond the issue's keys
         "setting": setting_name(chosen), "k": chosen.k, "adaptive": chosen.adaptive,
-        "confidence": chosen.confidence if chosen.adaptive == "confidence" else None,
+        "confidence": chosen.stop_below or None,
         "baseline": BASELINE_NAMES[base], "ar_tokens_per_s": _round(rate(results, AR)),
         "ar_hf_tokens_per_s": _round(rate(results, AR_HF)) if AR_HF in methods else None,
         "spec_tokens_per_s": _round(rate(results, spec)),
