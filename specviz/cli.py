@@ -4,8 +4,9 @@ Every model, decoding and limit option is generated from the settings specs (`ru
 checked by the same validation as the app's controls; trace and bench use the CLI's own limits.
 
 Serving's security defaults, in one place: loopback unless --host is given; never a Gradio share link;
-remote model code only for the pair named on the command line with --trust-remote-code; users may load
-any model only when the server is bound to loopback (or --allow-any-model says so), else only the presets.
+the served pair is fixed unless --allow-pair-switch; remote model code only for the pair named on the
+command line with --trust-remote-code; with switching on, visitors may load any model only when the
+server is bound to loopback (or --allow-any-model says so), else only the presets.
 """
 
 from __future__ import annotations
@@ -78,12 +79,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     limits = validate(Limits, values_of(args, Limits))  # fail at start-up, not on the first click
     defaults = validate(DecodeConfig, values_of(args, DecodeConfig), limits)
     spec = validate(PairSpec, values_of(args, PairSpec))
-    session = Session(spec=spec, allow_any_model=allow_any_model(args))
+    session = Session(spec=spec, allow_switch=args.allow_pair_switch, allow_any_model=allow_any_model(args))
     print(f"specviz: loading {spec.label}…", flush=True)
     session.load(spec.draft, spec.target, spec.dtype, status=lambda line: print(f"  {line}", flush=True))
     demo = build_server(session, limits, defaults=defaults)
-    models = "any model" if session.allow_any_model else "the presets and the pair above only"
-    print(f"specviz: serving {session.name} on http://{args.host}:{args.port} (users may load {models})", flush=True)
+    if session.allow_switch:
+        models = "any model" if session.allow_any_model else "the presets and the pair above only"
+        switching = f"pair switching on: visitors may load {models}"
+    else:
+        switching = "pair switching off: the pair is fixed (--allow-pair-switch turns it on)"
+    print(f"specviz: serving {session.name} on http://{args.host}:{args.port} ({switching}; each request may hold "
+          f"the model {limits.max_seconds} s at most)", flush=True)
     if not is_loopback(args.host):
         print("specviz: bound beyond loopback: anyone who can reach this port can run the models.", flush=True)
     launch(demo, host=args.host, port=args.port)
@@ -98,9 +104,13 @@ def add_serve(sub) -> None:
                         "to the network")
     p.add_argument("--port", type=int, default=os.environ.get("GRADIO_SERVER_PORT", "7860"),
                    help="default: $GRADIO_SERVER_PORT or 7860")
+    p.add_argument("--allow-pair-switch", action="store_true",
+                   help="let visitors change the served pair (the UI's model menu and /load_pair); off by default: "
+                        "the pair given here is served until the server stops")
     p.add_argument("--allow-any-model", action=argparse.BooleanOptionalAction, default=None,
-                   help="let users load any hub id, folder or .gguf in the UI, not only the presets and the pair "
-                        "served at start (default: on when --host is a loopback address, off otherwise)")
+                   help="with --allow-pair-switch: let visitors load any hub id, folder or .gguf, not only the "
+                        "presets and the pair served at start (default: on when --host is a loopback address, "
+                        "off otherwise)")
     add_options(p.add_argument_group("models"), PairSpec)
     add_options(p.add_argument_group("decoding (the app opens with these)"), DecodeConfig, Limits())
     add_options(p.add_argument_group("limits (per request)"), Limits)

@@ -112,7 +112,8 @@ def server_session():
     from specviz.models import PairSpec
     from specviz.runs.session import Session
 
-    return Session(tiny_pair(), PairSpec("tiny", "tiny", draft_quant="none"))  # the pair as it is served
+    # the pair as it is served, switching allowed (`specviz serve --allow-pair-switch`): the tests load pairs
+    return Session(tiny_pair(), PairSpec("tiny", "tiny", draft_quant="none"), allow_switch=True)
 
 
 @pytest.fixture(scope="module")

@@ -59,7 +59,7 @@ class CountingSession(Session):
 
 @pytest.fixture(scope="module")
 def server_session():
-    return CountingSession(load_pair("tiny", "tiny"), PairSpec("tiny", "tiny"))
+    return CountingSession(load_pair("tiny", "tiny"), PairSpec("tiny", "tiny"), allow_switch=True)
 
 
 @pytest.fixture(scope="module")

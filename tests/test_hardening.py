@@ -55,9 +55,9 @@ def good_text():
 
 @pytest.fixture(scope="module")
 def server_session():
-    """The tiny pair, described as served (the draft as loaded, not int4): a pair loaded or restored
+    """The tiny pair, described as served (the draft as loaded, not int4): a pair loaded
     through the API is then the same pair, and gives the same text."""
-    return Session(tiny_pair(), PairSpec("tiny", "tiny", draft_quant="none"))
+    return Session(tiny_pair(), PairSpec("tiny", "tiny", draft_quant="none"), allow_switch=True)
 
 
 @pytest.fixture(scope="module")
@@ -272,7 +272,7 @@ def test_out_of_memory_frees_the_runs_tensors_even_while_the_error_is_held(monke
     assert not session.lock.locked()
 
 
-def test_out_of_memory_while_loading_restores_the_served_pair(server, folders, good_text, monkeypatch):
+def test_out_of_memory_while_loading_keeps_the_served_pair(server, folders, good_text, monkeypatch):
     refs: list = []
 
     def from_pretrained(*args, **kwargs):
@@ -314,14 +314,15 @@ def test_loading_a_new_pair_releases_the_old_one_and_closes_paused_runs():
     settings = {"k": 4, "max_new_tokens": 24, "adaptive": "fixed"}
     stepper = list(h.step(session, LIMITS, None, PROMPT, settings, options=FAST))[-1][1]
     assert not stepper.done  # a paused step-mode run: its drafter holds the draft, its caches hold tensors
-    session.load("tiny", "tiny")
+    assert session.load("tiny", "tiny") and session.pair is old  # the pair already served: nothing reloaded
+    session.load("tiny", "tiny", "float32")
     assert old.draft is None and old.target is None
     assert all(r() is None for r in refs)
     restarted = list(h.step(session, LIMITS, stepper, PROMPT, settings, options=FAST))[-1][1]
     assert restarted is not stepper and len(restarted.trace.rounds) == 1  # on the new pair
 
 
-def test_a_failed_load_of_any_kind_restores_the_previous_pair():
+def test_a_failed_load_of_any_kind_keeps_the_served_pair():
     def loader(draft, target, **kw):
         if target == "broken/model":
             raise KeyError("rope_scaling")  # what a malformed config can raise deep inside transformers

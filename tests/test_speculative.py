@@ -377,7 +377,7 @@ def test_a_stop_request_ends_the_run():
 
     def should_stop():
         calls.append(1)
-        return len(calls) >= 2
+        return "stopped" if len(calls) >= 2 else None
 
     pair = scripted_pair({}, {})  # no end-of-sequence anywhere
     config = DecodeConfig(k=3, max_new_tokens=50, sampling=GREEDY)

@@ -148,7 +148,7 @@ def test_export_then_replay_gives_back_the_same_rounds(session, tmp_path):
     record = list(h.run(session, Limits(), PROMPT, settings(), options=FAST))[-1].record
     path = h.export(record, replace(FAST, trace_dir=tmp_path))
     assert Path(path).parent == tmp_path
-    replayed = list(h.replay_rounds(path, None, 0))
+    replayed = list(h.replay_rounds(path, None, 0, options=FAST))
     assert [r.new_token_ids for r in replayed[-1].record.rounds] == [r.new_token_ids for r in record.rounds]
     assert replayed[-1].tokens == main_view(record).tokens
 
@@ -156,9 +156,13 @@ def test_export_then_replay_gives_back_the_same_rounds(session, tmp_path):
 def test_replay_of_the_shipped_trace_needs_no_models():
     assert SHIPPED in shipped_traces()
     t = tracefile.load(shipped_dir() / SHIPPED)
-    views = list(h.replay_rounds(None, SHIPPED, 0))
+    views = list(h.replay_rounds(None, SHIPPED, 0, options=FAST))
     assert len(views) == len(t.rounds) + 1
     assert views[-1].record.rounds[-1].text == t.rounds[-1].text
+    assert [v.tokens for v in views] == [main_view(replace(t, rounds=t.rounds[:n])).tokens for n in range(len(views))]
+    # paced like a live run: an instant replay shows its start and its end, not every round in between
+    paced = list(h.replay_rounds(None, SHIPPED, 0))
+    assert len(paced) == 2 and paced[-1].tokens == views[-1].tokens
     race = list(h.replay_race(None, SHIPPED, 0))[-1]
     assert "finished" in race.ar and "finished" in race.spec and "×" in race.result
     messages = list(api.replay(SHIPPED))
@@ -216,7 +220,7 @@ def test_a_session_without_a_pair_says_so():
         list(h.run(Session(), Limits(), PROMPT, settings(), options=FAST))
 
 
-def test_loading_streams_status_and_a_failed_load_restores_the_previous_pair():
+def test_loading_streams_status_and_a_failed_load_keeps_the_served_pair():
     calls = []
 
     def loader(draft, target, *, status, **kw):
@@ -226,14 +230,14 @@ def test_loading_streams_status_and_a_failed_load_restores_the_previous_pair():
         status(f"Loading {target}…")
         return tiny_pair()
 
-    s = Session(tiny_pair(), PairSpec("tiny", "tiny", draft_quant="none"), loader=loader)
+    s = Session(tiny_pair(), PairSpec("tiny", "tiny", draft_quant="none"), loader=loader, allow_switch=True)
     before = s.generation
     lines = list(h.load_models(s, "tiny", "tiny-2", "float32"))
     assert "Loading tiny-2…" in lines[0] and "Loaded" in lines[-1]
     assert s.spec.target == "tiny-2" and s.spec.dtype == "float32" and s.generation == before + 1
     with pytest.raises(gr.Error, match="model hub.*now serving: tiny-draft"):
         list(h.load_models(s, "tiny", "missing/model", "auto"))
-    assert calls[-1] == ("tiny", "tiny-2") and s.pair is not None  # the previous pair came back
+    assert calls[-1] == ("tiny", "missing/model") and s.spec.target == "tiny-2"  # the served pair stayed: no reload
     with pytest.raises(gr.Error, match="target model is empty"):
         list(h.load_models(s, "tiny", "  ", "auto"))
     with pytest.raises(gr.Error, match="dtype"):
@@ -241,7 +245,8 @@ def test_loading_streams_status_and_a_failed_load_restores_the_previous_pair():
 
 
 def test_a_locked_down_session_serves_only_presets():
-    s = Session(tiny_pair(), PairSpec("tiny", "tiny"), loader=lambda *a, **k: tiny_pair(), allow_any_model=False)
+    s = Session(tiny_pair(), PairSpec("tiny", "tiny"), loader=lambda *a, **k: tiny_pair(), allow_any_model=False,
+                allow_switch=True)
     with pytest.raises(gr.Error, match="only serves its preset"):
         list(h.load_models(s, "some/draft", "some/target", "auto"))
     assert s.allowed("tiny", "tiny") and s.allowed("embedded", "embedded")
@@ -262,7 +267,7 @@ def test_a_served_int4_draft_is_named_kept_across_loads_and_decodes_what_the_tar
     from specviz.models.draft.lean import LeanDraft
 
     assert build_parser().parse_args(["serve"]).draft_quant == "int4"  # the CPU demo's default
-    s = Session(spec=PairSpec("tiny", "tiny", draft_quant="int4"), loader=lambda *a, **k: tiny_pair())
+    s = Session(spec=PairSpec("tiny", "tiny", draft_quant="int4"), loader=lambda *a, **k: tiny_pair(), allow_switch=True)
     lines = list(h.load_models(s, "tiny", "tiny", "float32"))
     assert isinstance(s.pair.draft, LeanDraft) and "[int4 draft step]" in s.name and "int4" in lines[-1]
     views = list(h.run(s, Limits(), PROMPT, settings(), options=FAST))
@@ -271,7 +276,8 @@ def test_a_served_int4_draft_is_named_kept_across_loads_and_decodes_what_the_tar
     assert [t for r in views[-1].record.rounds for t in r.new_token_ids] == ar  # greedy: the target's tokens
     list(h.load_models(s, "tiny", "tiny-2", "float32"))  # a pair picked in the UI keeps the server's setting
     assert isinstance(s.pair.draft, LeanDraft)
-    plain = Session(spec=PairSpec("tiny", "tiny", draft_quant="none"), loader=lambda *a, **k: tiny_pair())
+    plain = Session(spec=PairSpec("tiny", "tiny", draft_quant="none"), loader=lambda *a, **k: tiny_pair(),
+                    allow_switch=True)
     list(h.load_models(plain, "tiny", "tiny", "float32"))
     assert not isinstance(plain.pair.draft, LeanDraft) and "int4" not in plain.name
 

@@ -31,6 +31,7 @@ from specviz.runs.settings import Setting, fields_of
 from specviz.runs.trace import Trace
 
 MODEL = "model"  # the concurrency group of everything that runs the pair (the same as the UI's)
+REPLAY = "replay"  # no model, one at a time beside the model's queue (the same as the UI's replays)
 user_errors = translating(lambda message: gr.Error(message, print_exception=False))
 
 
@@ -146,8 +147,9 @@ def share_html(trace: str, page: Callable[[Trace], str]) -> str:
 
 @user_errors
 def load_pair(session: Session, values: dict) -> str:
-    """Swap the served pair (the previous one is released first). Returns the new pair's name."""
-    session.load(values["draft"], values["target"], values["dtype"])
+    """Serve another pair (only on a server started with --allow-pair-switch): it is loaded beside the served
+    one, which is released once the new one is ready. Returns the served pair's name."""
+    session.switch(values["draft"], values["target"], values["dtype"])
     return session.name
 
 
@@ -164,10 +166,11 @@ def register(session: Session, limits: Limits, pace: Pace = Pace(),
                  settings),
         endpoint(lambda values: same_distribution(session, limits, values), "same_distribution",
                  same_distribution.__doc__, prompt, fields_of(DistributionSettings, limits) + shared),
-        endpoint(lambda values: load_pair(session, values), "load_pair", load_pair.__doc__,
-                 [("draft", str, inspect.Parameter.empty), ("target", str, inspect.Parameter.empty)],
-                 [s for s in fields_of(PairSpec) if s.name == "dtype"], returns=str),
     ]
+    if session.allow_switch:  # the operator's choice; otherwise the pair is fixed at start
+        timed.append(endpoint(lambda values: load_pair(session, values), "load_pair", load_pair.__doc__,
+                              [("draft", str, inspect.Parameter.empty), ("target", str, inspect.Parameter.empty)],
+                              [s for s in fields_of(PairSpec) if s.name == "dtype"], returns=str))
     for fn in timed:
         gr.api(fn, api_name=fn.__name__, api_description=fn.__doc__, concurrency_id=MODEL)
 
@@ -176,11 +179,17 @@ def register(session: Session, limits: Limits, pace: Pace = Pace(),
         return {"pair": session.name, "limits": asdict(limits), "presets": {k: list(v) for k, v in PRESETS.items()},
                 "shipped_traces": shipped_traces()}
 
-    gr.api(replay, api_name="replay", concurrency_limit=4)  # no model: beside the queue
+    def replay_beside(trace: str) -> Iterator[dict]:
+        with session.beside.job():  # a race timed meanwhile notes it
+            yield from replay(trace)
+
+    replay_beside.__doc__ = replay.__doc__
+    gr.api(replay_beside, api_name="replay", concurrency_id=REPLAY, concurrency_limit=1)
     gr.api(info, api_name="info", concurrency_limit=None, queue=False)
     if page is not None:
         def share(trace: str) -> str:
-            return share_html(trace, page)
+            with session.beside.job():
+                return share_html(trace, page)
 
         share.__doc__ = share_html.__doc__
-        gr.api(share, api_name="share_html", concurrency_limit=4)  # no model: beside the queue
+        gr.api(share, api_name="share_html", concurrency_id=REPLAY, concurrency_limit=1)

@@ -33,7 +33,7 @@ def race_dict(state: RaceState) -> dict:
     d = state.divergence
     out = {"event": "done" if state.done else "race", "ar": lane_dict(state.ar), "spec": lane_dict(state.spec),
            "speedup": state.speedup, "decode_speedup": state.decode_speedup if state.done else None,
-           "greedy": state.greedy, "divergence": None if d is None else asdict(d)}
+           "greedy": state.greedy, "divergence": None if d is None else asdict(d), "cpu_shared": state.shared_cpu}
     if state.done:
         out.update(stats=state.stats().to_dict(), identical=state.identical, meta=asdict(state.meta))
     return out
@@ -49,4 +49,4 @@ def distribution_dict(result: DistributionResult) -> dict:
                  for c in result.positions]
     return {"event": "done" if result.done else "progress", "samples": min(result.ar.samples, result.spec.samples),
             "path_p_ar": result.ar.ks_p, "path_p_spec": result.spec.ks_p, "rejected": result.spec.rejected,
-            "positions": positions}
+            "finished": result.finished, "note": result.note, "positions": positions}

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 from specviz.engine.config import DecodeConfig
-from specviz.engine.events import TARGET, Step, end_of_run
+from specviz.engine.events import TARGET, Finish, Step, end_of_run
 from specviz.engine.plumbing import Pieces, PromptCache, at, clock, pad_vocab, prefilled, to_host
 from specviz.engine.sampling import draw, logits_to_probs, make_generator
 from specviz.engine.tokens import emitted_token, target_stats
@@ -18,7 +18,8 @@ from specviz.engine.tokens import emitted_token, target_stats
 
 @torch.inference_mode()
 def autoregressive_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
-                            prompt_cache: PromptCache | None = None, should_stop: Callable[[], bool] = lambda: False) -> Iterator[Step]:
+                            prompt_cache: PromptCache | None = None,
+                            should_stop: Callable[[], Finish] = lambda: None) -> Iterator[Step]:
     device, vocab = pair.device, pair.vocab_size
     gen = make_generator(device, config.seed)
     pieces = Pieces(pair.tokenizer)

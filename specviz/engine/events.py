@@ -11,7 +11,8 @@ from typing import Literal
 
 ACCEPTED, REJECTED, NOT_VERIFIED = "accepted", "rejected", "not_verified"
 CORRECTION, BONUS, TARGET = "correction", "bonus", "target"
-Finish = Literal["eos", "length", "stopped"] | None
+# why a run ended: its end-of-sequence token, max_new_tokens, a stop request, or the server's time budget
+Finish = Literal["eos", "length", "stopped", "budget"] | None
 
 
 @dataclass
@@ -101,12 +102,13 @@ def until_eos(tokens: list[int], eos_ids) -> list[int]:
 
 
 def end_of_run(new: list[int], generated: int, eos_ids, max_new_tokens: int, should_stop) -> Finish:
-    """Why a run ends after committing `new` (cut by `until_eos`), `generated` tokens in all; None if it goes on."""
+    """Why a run ends after committing `new` (cut by `until_eos`), `generated` tokens in all; None if it goes on.
+    `should_stop()` gives the caller's reason to end now ("stopped", "budget") or None."""
     if new[-1] in eos_ids:
         return "eos"
     if generated >= max_new_tokens:
         return "length"
-    return "stopped" if should_stop() else None
+    return should_stop() or None
 
 
 def round_from_dict(d: dict) -> Round:

@@ -8,20 +8,31 @@ from __future__ import annotations
 
 import torch
 
-from specviz.engine.plumbing import pad_vocab
+from specviz.engine.plumbing import PromptCache, pad_vocab
 from specviz.engine.sampling import SamplingParams, logits_to_probs
 
 
 @torch.inference_mode()
-def path_distributions(pair, prompt_ids: list[int], paths: list[list[int]], sampling: SamplingParams) -> torch.Tensor:
+def path_distributions(pair, prompt_ids: list[int], paths: list[list[int]], sampling: SamplingParams,
+                       prompt_cache: PromptCache | None = None) -> torch.Tensor:
     """The target's warped distribution before each token of each path, on the device: [B, L, V], row t of
-    path b = p(. | prompt, path_b[:t]). One plain batched forward with no cache and no drafts: the reference
-    a sampled path is scored against. Shorter paths are right-padded: attention is causal, so padding after
-    a position never changes it (rows past a path's end are meaningless)."""
+    path b = p(. | prompt, path_b[:t]). One plain batched forward with no drafts: the reference a sampled
+    path is scored against. With `prompt_cache` the prompt is read once for every batch (a long prompt
+    would otherwise be read again for each path); without it the forward uses no cache at all. Shorter
+    paths are right-padded: attention is causal, so padding after a position never changes it (rows past
+    a path's end are meaningless)."""
     longest = max(map(len, paths))
-    ids = torch.tensor([prompt_ids + (x + [0] * longest)[:longest - 1] for x in paths], dtype=torch.long,
-                       device=pair.device)
-    logits = pair.target(ids, logits_to_keep=longest).logits[:, -longest:].float()
+    tails = [(x + [0] * longest)[:longest - 1] for x in paths]
+    if prompt_cache is None:
+        ids = torch.tensor([prompt_ids + t for t in tails], dtype=torch.long, device=pair.device)
+        cache = None
+    else:  # the cache holds all but the prompt's last token (see `prefill`)
+        cache = prompt_cache.copy(pair.target, torch.tensor([prompt_ids], device=pair.device))
+        cache.batch_repeat_interleave(len(paths))
+        ids = torch.tensor([prompt_ids[cache.get_seq_length():] + t for t in tails], dtype=torch.long,
+                           device=pair.device)
+    logits = pair.target(ids, past_key_values=cache, use_cache=cache is not None,
+                         logits_to_keep=longest).logits[:, -longest:].float()
     return logits_to_probs(pad_vocab(logits, pair.vocab_size), sampling)
 
 

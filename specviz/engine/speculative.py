@@ -12,7 +12,7 @@ import torch
 from specviz.engine.config import DecodeConfig, next_k
 from specviz.engine.drafters import Drafter, make_drafter
 from specviz.engine.events import (
-    ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, Round, end_of_run, until_eos,
+    ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, Finish, Round, end_of_run, until_eos,
 )
 from specviz.engine.plumbing import (
     Pieces, PromptCache, at, clock, fit_ids, model_vocab, pad_vocab, prefilled, rollback, to_host,
@@ -29,7 +29,7 @@ class DrafterError(RuntimeError):
 @torch.inference_mode()
 def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
                          drafter: Drafter | None = None, prompt_cache: PromptCache | None = None,
-                         should_stop: Callable[[], bool] = lambda: False, rule=verify) -> Iterator[Round]:
+                         should_stop: Callable[[], Finish] = lambda: None, rule=verify) -> Iterator[Round]:
     """`rule`: the accept/reject rule; only the proof's negative controls pass a deliberately broken one."""
     device, vocab = pair.device, pair.vocab_size
     target_rows = model_vocab(pair.target)

@@ -63,7 +63,7 @@ def _hub_source(source: str) -> dict:
     return {"local_files_only": not hub_reachable()}
 
 
-def _locate(source: str) -> tuple[str, dict]:
+def locate(source: str) -> tuple[str, dict]:
     """The folder (or hub id) to load from and the extra loading arguments: a .gguf file, a model folder,
     or a hub id (cache only when the hub is unreachable)."""
     path = Path(source).expanduser()
@@ -114,7 +114,7 @@ def _from_pretrained(source: str, dtype: torch.dtype, trust_remote_code: bool, d
     """Load a model and its tokenizer, turning the library's many exceptions into one sentence."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    folder, where = _locate(source)
+    folder, where = locate(source)
     kw = {**kw, **where}
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, **kw)

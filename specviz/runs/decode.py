@@ -1,17 +1,20 @@
 """Speculative decoding as a run: validate -> take the pair -> rounds, streamed as a growing `Trace`.
 
+A run that outlasts the request's time budget ends with `finished == "budget"`, its rounds kept.
+
 `decode` streams a whole run; `step` advances a paused one by one round (the app's step mode).
 Closing a stream (Stop) closes the engine's generator and releases the pair.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import inspect
+from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
 from specviz.engine import Round, speculative_generate
 from specviz.runs.job import prepare
-from specviz.runs.limits import Limits
+from specviz.runs.limits import Limits, budget
 from specviz.runs.session import Session
 from specviz.runs.trace import Trace
 
@@ -21,20 +24,27 @@ def decode(session: Session, limits: Limits, prompt, settings, source: str = "Ru
     job = prepare(session, limits, prompt, settings)
     trace = Trace(job.meta, source=source)
     yield trace
-    for r in session.stream(lambda pair: speculative_generate(pair, job.ids, job.config)):
+    rounds = session.stream(lambda pair: speculative_generate(pair, job.ids, job.config,
+                                                               should_stop=budget(limits.max_seconds)))
+    for r in rounds:
         trace.rounds.append(r)
         yield trace
+
+
+EVICTED = ("your paused step-mode run was closed to free memory (paused runs are kept for {seconds} s without a "
+           "step, {count} at most on this server); this step starts it again.")
 
 
 @dataclass
 class Stepper:
     """A paused speculative run: step mode advances it one round per call."""
 
-    events: Iterator[Round]
+    events: Generator[Round, None, None]
     trace: Trace
     key: tuple
     generation: int
     done: bool = False
+    notice: str = ""  # for its owner: why the previous paused run was closed
 
     def close(self) -> None:
         try:
@@ -42,23 +52,34 @@ class Stepper:
         except ValueError:  # a step is running right now (Run pressed meanwhile): it ends with its session
             pass
 
+    @property
+    def evicted(self) -> bool:
+        """Closed by the session (idle too long, or beyond the cap) before it finished."""
+        return not self.done and inspect.getgeneratorstate(self.events) == inspect.GEN_CLOSED
+
 
 def step(session: Session, limits: Limits, stepper: Stepper | None, prompt, settings
          ) -> tuple[Stepper, Round | None]:
-    """Advance by one round: a new run starts when there is none, the last one finished, or the prompt,
-    settings or pair changed. Returns the stepper and the new round (None: the run had ended)."""
+    """Advance by one round: a new run starts when there is none, the last one finished or was closed, or
+    the prompt, settings or pair changed. Returns the stepper and the new round (None: the run had ended)."""
     job = prepare(session, limits, prompt, settings)
     key = (job.prompt, job.config)
-    if stepper is None or stepper.done or stepper.key != key or stepper.generation != session.generation:
+    closed = stepper is not None and stepper.generation == session.generation and stepper.evicted
+    notice = EVICTED.format(seconds=limits.paused_seconds, count=limits.max_paused) if closed else ""
+    if notice or stepper is None or stepper.done or stepper.key != key or stepper.generation != session.generation:
         if stepper is not None:
             stepper.close()
-        events = session.track(speculative_generate(job.pair, job.ids, job.config))
-        stepper = Stepper(events, Trace(job.meta, source="Step mode"), key, session.generation)
+        events = speculative_generate(job.pair, job.ids, job.config)
+        stepper = Stepper(events, Trace(job.meta, source="Step mode"), key, session.generation, notice=notice)
+    else:
+        stepper.notice = ""
     with session.using():
         r = next(stepper.events, None)
-    if r is None:
-        stepper.done = True
-    else:
+        stepper.done = r is None or r.finished is not None
+        if stepper.done:
+            session.untrack(stepper.events)
+        else:
+            session.track(stepper.events, limits)
+    if r is not None:
         stepper.trace.rounds.append(r)
-        stepper.done = r.finished is not None
     return stepper, r

@@ -20,12 +20,13 @@ from specviz.analysis.proof import PositionResult, Verdict
 from specviz.engine import SamplingParams
 from specviz.runs.errors import InputError
 from specviz.runs.job import prepare
-from specviz.runs.limits import Limits
+from specviz.runs.limits import Limits, budget
 from specviz.runs.proof import ProofSettings, prove
 from specviz.runs.session import Session
 from specviz.runs.settings import validate
 
 POSITIONS = 3
+FULL_SAMPLES_UP_TO = 256  # prompt tokens: longer prompts get proportionally fewer samples (see `samples_for`)
 
 
 @spec(frozen=True)
@@ -58,6 +59,19 @@ class DistributionResult:
     ar: Verdict
     prompt: str
     done: bool
+    finished: str | None = None  # "budget": the request's time ran out; the results cover what was drawn
+    note: str = ""  # why fewer samples ran than were asked for, if they did
+
+
+def samples_for(asked: int, prompt_tokens: int, limits: Limits) -> tuple[int, str]:
+    """The samples a request may run, and a note when it is fewer than asked. Each path copies the
+    prompt's cache for both models and attends over the whole prompt, so its cost grows with the
+    prompt: the allowance shrinks in proportion past FULL_SAMPLES_UP_TO tokens, for the budget to hold."""
+    allowed = max(16, limits.max_samples * FULL_SAMPLES_UP_TO // max(prompt_tokens, FULL_SAMPLES_UP_TO))
+    if asked <= allowed:
+        return asked, ""
+    return allowed, (f"{allowed} samples per side, not {asked}: a {prompt_tokens}-token prompt allows at most "
+                     f"{allowed} (the allowance shrinks with the prompt's length).")
 
 
 def compare_position(spec_p: PositionResult, ar_p: PositionResult, decode) -> PositionComparison:
@@ -81,9 +95,12 @@ def sample_distribution(session: Session, limits: Limits, prompt, settings: dict
     job = prepare(session, limits, prompt, {**settings, "temperature": exp.temperature})
     if job.config.sampling.greedy:
         raise InputError("the same-distribution test needs sampling: set a temperature above 0.")
-    proof = ProofSettings(samples=exp.samples, length=POSITIONS, controls=False, control_samples=exp.samples)
+    samples, note = samples_for(exp.samples, len(job.ids), limits)
+    proof = ProofSettings(samples=samples, length=POSITIONS, controls=False, control_samples=samples)
     decode = job.pair.tokenizer.decode
-    for progress in session.stream(lambda pair: prove(pair, job.ids, job.config, proof)):
+    runs = session.stream(lambda pair: prove(pair, job.ids, job.config, proof, should_stop=budget(limits.max_seconds)))
+    for progress in runs:
         spec_v, ar_v = progress.verdicts
         positions = [compare_position(s, a, decode) for s, a in zip(spec_v.positions, ar_v.positions)]
-        yield DistributionResult(positions, spec_v, ar_v, job.prompt, progress.done == progress.total)
+        done = progress.done == progress.total or progress.finished is not None
+        yield DistributionResult(positions, spec_v, ar_v, job.prompt, done, progress.finished, note)

@@ -7,11 +7,14 @@ raises `InputError` with one sentence a user can act on; callers show it and car
 
 from __future__ import annotations
 
+import time
 import unicodedata
+from collections.abc import Callable
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
+from specviz.engine.events import Finish
 from specviz.runs.errors import InputError
 from specviz.runs.settings import checked_values
 
@@ -30,6 +33,11 @@ class Limits:
     max_k: int = _limit(16, "max_k", "most tokens drafted per round")
     max_samples: int = _limit(2000, "max_samples", "'same distribution' samples per side")
     max_queue: int = _limit(64, "max_queue", "requests that may wait for the model; more are turned away")
+    max_paused: int = _limit(8, "max_paused", "paused step-mode runs kept at once (each holds KV caches); the "
+                             "oldest beyond are closed")
+    paused_seconds: int = _limit(600, "paused_seconds", "seconds a paused step-mode run is kept without a step")
+    max_seconds: int = _limit(180, "max_seconds", "wall-clock seconds one request may hold the model; then it "
+                              "ends (finished: 'budget') and keeps what it made")
 
 
 _init = Limits.__init__
@@ -45,7 +53,14 @@ Limits.__init__ = _checked_init
 
 # The CLI runs on the user's own machine: the same checks as the app's controls, but not the web
 # server's per-request caps (only the model's context bounds a run; K stays a sane number).
-CLI_LIMITS = Limits(max_new_tokens=1_000_000, max_k=256, max_samples=1_000_000)
+CLI_LIMITS = Limits(max_new_tokens=1_000_000, max_k=256, max_samples=1_000_000, max_seconds=10**9)
+
+
+def budget(seconds: float, clock: Callable[[], float] = time.monotonic) -> Callable[[], Finish]:
+    """A request's time budget as the engine's `should_stop`, counted from now: create it once the pair is
+    taken, so waiting in the queue costs none of it."""
+    end = clock() + seconds
+    return lambda: "budget" if clock() >= end else None
 
 
 def clean_prompt(prompt, limits: Limits) -> str:

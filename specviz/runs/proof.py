@@ -111,12 +111,14 @@ class Progress:
     done: int  # samples drawn so far, over every sampler
     total: int
     verdicts: list[Verdict]  # every sampler's, from its paths so far
+    finished: str | None = None  # "budget": stopped early by `should_stop`; the verdicts cover what was drawn
 
 
 def prove(pair: ModelPair, ids: list[int], config: DecodeConfig, settings: ProofSettings, *,
-          prompt_cache: PromptCache | None = None, calibrate: bool = True) -> Iterator[Progress]:
-    """Run every sampler, a batch of paths each in turn (so results stopped early stay comparable);
-    yield after each batch (the last `Progress` is final)."""
+          prompt_cache: PromptCache | None = None, calibrate: bool = True,
+          should_stop: Callable[[], str | None] = lambda: None) -> Iterator[Progress]:
+    """Run every sampler, taking turns path by path (so results stopped early stay comparable); score and
+    yield after each batch of paths (the last `Progress` is final). `should_stop()` is asked before every path."""
     if config.sampling.greedy:
         raise ValueError("a distribution test needs sampling: temperature > 0 (greedy is checked by `identity`)")
     prompt_cache = prompt_cache or PromptCache()
@@ -124,29 +126,33 @@ def prove(pair: ModelPair, ids: list[int], config: DecodeConfig, settings: Proof
     todo = samplers(pair, settings, calibrate)
     n, length, base = settings.samples, settings.length, config.seed or 0
     tallies = {s.name: [PositionTally() for _ in range(length)] for s in todo}
-    after_sweep = dict.fromkeys(tallies, 0)
+    after_sweep, drawn = dict.fromkeys(tallies, 0), dict.fromkeys(tallies, 0)
     wanted = {s.name: n if s.name == "speculative" else min(n, settings.control_samples) for s in todo}
-    total = sum(wanted.values())
+    stopped = None
     for start in range(0, n, BATCH):
-        for sampler in todo:
-            seeds = range(base + start, base + min(wanted[sampler.name], start + BATCH))
-            if not seeds:
-                continue
-            paths = []
-            for seed in seeds:
-                tokens, swept = sampler.path(pair, ids, replace(config, seed=seed), length, prompt_cache)
-                paths.append(tokens)
+        paths = {s.name: [] for s in todo}
+        for i in range(start, min(n, start + BATCH)):  # the samplers take turns path by path: stopped early,
+            for sampler in todo:                          # they have drawn as many paths as each other
+                if i >= wanted[sampler.name] or (stopped := stopped or should_stop()):
+                    continue
+                tokens, swept = sampler.path(pair, ids, replace(config, seed=base + i), length, prompt_cache)
+                paths[sampler.name].append(tokens)
                 after_sweep[sampler.name] += swept
-            score(pair, ids, paths, config, tallies[sampler.name], scorer)
-        done = sum(min(w, start + BATCH) for w in wanted.values())
-        yield Progress(done, total, [
+        for sampler in todo:
+            if batch := paths[sampler.name]:
+                drawn[sampler.name] += len(batch)
+                score(pair, ids, batch, config, tallies[sampler.name], scorer, prompt_cache)
+        yield Progress(sum(drawn.values()), sum(wanted.values()), [
             verdict(s.name, s.expect_pass, tallies[s.name], ALPHA,
                     **({"drafts_after_clean_sweep": after_sweep[s.name]} if s.name == "speculative" else {}))
-            for s in todo])
+            for s in todo], stopped)
+        if stopped:
+            return
 
 
-def score(pair, ids, paths: list[list[int]], config: DecodeConfig, tallies: list[PositionTally], generator) -> None:
-    probs = path_distributions(pair, ids, paths, config.sampling)  # [B, L, V]
+def score(pair, ids, paths: list[list[int]], config: DecodeConfig, tallies: list[PositionTally], generator,
+          prompt_cache: PromptCache | None = None) -> None:
+    probs = path_distributions(pair, ids, paths, config.sampling, prompt_cache)  # [B, L, V]
     for t, tally in enumerate(tallies):
         rows = [b for b, x in enumerate(paths) if len(x) > t]  # paths that reached position t (no <eos> before)
         if rows:

@@ -14,13 +14,15 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterator
+from contextlib import closing
 from dataclasses import dataclass, field
 
 from specviz.analysis.divergence import Divergence, first_divergence
 from specviz.analysis.stats import RunStats, ratio, run_stats
 from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
+from specviz.engine.events import Finish
 from specviz.runs.job import prepare
-from specviz.runs.limits import Limits
+from specviz.runs.limits import Limits, budget
 from specviz.runs.session import Session
 from specviz.runs.trace import RunMeta, Trace
 
@@ -95,6 +97,7 @@ class RaceState:
     meta: RunMeta
     divergence: Divergence | None = None
     recorded: bool = False  # a replay: the clocks are the times a trace recorded
+    shared_cpu: bool = False  # another job (a replay, a page rendered) ran on the CPU during the race
 
     @property
     def greedy(self) -> bool:
@@ -173,17 +176,28 @@ def alternate(ar_events: Iterator[Step], spec_events: Iterator[Round], meta: Run
 
 
 def race_decoders(pair, prompt_ids: list[int], config: DecodeConfig, meta: RunMeta,
-                  timer: Callable[[], float] = time.perf_counter, first: str = "spec") -> Iterator[RaceState]:
+                  timer: Callable[[], float] = time.perf_counter, first: str = "spec",
+                  should_stop: Callable[[], Finish] = lambda: None) -> Iterator[RaceState]:
     """Race the real decoders on the same prompt and settings (same seed for both)."""
-    return alternate(autoregressive_generate(pair, prompt_ids, config), speculative_generate(pair, prompt_ids, config),
+    return alternate(autoregressive_generate(pair, prompt_ids, config, should_stop=should_stop),
+                     speculative_generate(pair, prompt_ids, config, should_stop=should_stop),
                      meta, stopwatch(timer), first=first)
 
 
 def race(session: Session, limits: Limits, prompt, settings) -> Iterator[RaceState]:
-    """Validate, take the pair, race: the state after every event of either lane."""
+    """Validate, take the pair, race: the state after every event of either lane. Past the request's time
+    budget each lane ends at its next event (`finished == "budget"`)."""
     job = prepare(session, limits, prompt, settings)
     first = "spec" if session.next_race() % 2 == 0 else "ar"
-    return session.stream(lambda pair: race_decoders(pair, job.ids, job.config, job.meta, first=first))
+
+    def run(pair) -> Iterator[RaceState]:
+        started = session.beside.started
+        stop = budget(limits.max_seconds)
+        with closing(race_decoders(pair, job.ids, job.config, job.meta, first=first, should_stop=stop)) as states:
+            for state in states:
+                state.shared_cpu = state.shared_cpu or session.beside.since(started)
+                yield state
+    return session.stream(run)
 
 
 def replay_race(trace: Trace) -> Iterator[RaceState]:

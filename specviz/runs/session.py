@@ -8,14 +8,16 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import unicodedata
-import weakref
+from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 
 from specviz.engine import DecodeConfig, autoregressive_generate, speculative_generate
 from specviz.models import ModelLoadError, ModelPair, PairSpec, load_pair, load_spec
+from specviz.models.memory import check_fits
 from specviz.models.pair import OUT_OF_MEMORY, release_memory
 from specviz.models.presets import PRESETS
 from specviz.runs.errors import InputError
@@ -60,6 +62,30 @@ def failure(e: Exception, spec: PairSpec) -> str:
     return f"could not load {spec.label}: {type(e).__name__}: {e}"
 
 
+class BesideQueue:
+    """Counts the jobs that run beside the model queue (replays, pages rendered): they take CPU from a race
+    being timed, which then says so (`RaceState.shared_cpu`)."""
+
+    def __init__(self):
+        self.active = self.started = 0
+        self.lock = threading.Lock()
+
+    @contextmanager
+    def job(self) -> Iterator[None]:
+        with self.lock:
+            self.active += 1
+            self.started += 1
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.active -= 1
+
+    def since(self, started: int) -> bool:
+        """Did any job run beside the queue since `started` was read (or is one running now)?"""
+        return self.active > 0 or self.started != started
+
+
 class Session:
     """Holds the current pair. `using()` lends it to one run at a time; `load()` swaps it.
 
@@ -68,24 +94,41 @@ class Session:
     """
 
     def __init__(self, pair: ModelPair | None = None, spec: PairSpec | None = None, *,
-                 loader: Loader = load_pair, allow_any_model: bool = True, busy_timeout: float = 120.0):
+                 loader: Loader = load_pair, allow_any_model: bool = True, allow_switch: bool = False,
+                 fits: Callable[[PairSpec], None] = check_fits, busy_timeout: float = 120.0):
         self.pair, self.spec = pair, spec
         self.origin = spec
         self.loader = loader
+        self.allow_switch = allow_switch  # False: visitors cannot change the pair (the operator's choice)
         self.allow_any_model = allow_any_model  # False: only the presets (and the pair started with)
+        self.fits = fits  # refuses a pair whose weights would not fit in memory, before loading it
         self.busy_timeout = busy_timeout
         self.generation = 0  # bumps on every load, so a paused step-mode run knows its pair is gone
         self.lock = threading.Lock()  # a plain Lock: Gradio may resume a generator on another thread
-        self.paused: weakref.WeakSet = weakref.WeakSet()  # step-mode runs: closed when the pair goes
+        # step-mode runs, oldest first, with when each last ran: they hold the models' KV caches, so they are
+        # closed when the pair goes, when idle too long, and beyond a cap (see `track`)
+        self.paused: OrderedDict[Generator, float] = OrderedDict()
+        self.clock = time.monotonic
         self.races = itertools.count()  # which lane starts a race alternates (runs/race.py)
+        self.beside = BesideQueue()  # jobs run beside the model queue: a race timed meanwhile says so
 
     def next_race(self) -> int:
         return next(self.races)
 
-    def track(self, run: Generator) -> Generator:
-        """A paused run holds the pair's models and its KV caches; `load()` closes it to free them."""
-        self.paused.add(run)
-        return run
+    def track(self, run: Generator, limits) -> None:
+        """Note that `run` (a paused step-mode run) just ran. Runs idle for `limits.paused_seconds`, and the
+        oldest beyond `limits.max_paused`, are closed: a visitor's memory is bounded. Call it holding the
+        lock (`using`), so that no run being closed is running."""
+        now = self.clock()
+        self.paused.pop(run, None)
+        self.paused[run] = now
+        for old, last in list(self.paused.items()):
+            if now - last > limits.paused_seconds or len(self.paused) > limits.max_paused:
+                del self.paused[old]
+                old.close()
+
+    def untrack(self, run: Generator) -> None:
+        self.paused.pop(run, None)
 
     @property
     def name(self) -> str:
@@ -122,8 +165,16 @@ class Session:
     def allowed(self, draft: str | None, target: str) -> bool:
         return self.allow_any_model or self.is_origin(draft, target) or (draft, target) in PRESETS.values()
 
+    def switch(self, draft, target, dtype: str = "auto", status: Callable[[str], None] = lambda _: None) -> str:
+        """A visitor's request to serve another pair: only where the operator allowed it."""
+        if not self.allow_switch:
+            raise InputError("this server's model pair is fixed by its operator (`specviz serve "
+                             "--allow-pair-switch` lets visitors change it).")
+        return self.load(draft, target, dtype, status)
+
     def load(self, draft, target, dtype: str = "auto", status: Callable[[str], None] = lambda _: None) -> str:
-        """Release the current pair, load the new one; if that fails, bring the previous one back."""
+        """Load the new pair beside the served one and swap only once it is ready: a failed load (too big,
+        missing, broken) leaves the served pair serving. Asking for the pair already served loads nothing."""
         draft = clean_source(draft, "draft", optional=True)
         target = clean_source(target, "target")
         checked_values(PairSpec, {"dtype": dtype})
@@ -133,24 +184,20 @@ class Session:
         base = self.origin or self.spec or PairSpec(draft, target, draft_quant="none")
         spec = replace(base, draft=draft, target=target, dtype=dtype,
                        trust_remote_code=base.trust_remote_code and self.is_origin(draft, target))
+        if self.pair is not None and spec == self.spec:
+            return self.name
         if not self.lock.acquire(timeout=self.busy_timeout):
             raise InputError("the model is busy with another run; try loading again when it has finished.")
         try:
-            previous = self.spec if self.pair is not None else None
-            self._release()
             try:
-                self.pair, self.spec = self._load(spec, status), spec
-                return self.name
-            except Exception as e:  # any failure (OOM included): free what it held, bring the old pair back
+                self.fits(spec)  # measured now: what the served pair holds is already counted out
+                pair = self._load(spec, status)
+            except Exception as e:  # any failure (OOM included): free what it held; the served pair stays
                 release_memory(e)
-                reason = failure(e, spec)
-                if previous is not None:
-                    status(f"Could not load {spec.label}; restoring {previous.label}…")
-                    try:
-                        self.pair, self.spec = self._load(previous, status), previous
-                    except Exception as again:
-                        release_memory(again)
-                raise ModelLoadError(f"{reason} (now serving: {self.name}).") from e
+                raise ModelLoadError(f"{failure(e, spec)} (now serving: {self.name}).") from e
+            self._release()
+            self.pair, self.spec = pair, spec
+            return self.name
         finally:
             self.lock.release()
 

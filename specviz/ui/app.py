@@ -175,7 +175,9 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options = 
     with gr.Blocks(title="specviz: speculative decoding, visible", analytics_enabled=False, fill_width=True,
                    delete_cache=(3600, 3600)) as demo:
         header = gr.HTML(render.header_html(session.name))
-        record, stepper = gr.State(None), gr.State(None)
+        # what a visitor's session holds is let go when it ends: the paused run's caches, the exported files
+        record, stepper = gr.State(None), gr.State(None, delete_callback=h.reset_step)
+        exports = gr.State([], delete_callback=h.remove_files)
         with gr.Row(equal_height=False):
             with gr.Column(scale=4, min_width=520):
                 prompt, buttons, presenter = prompt_area()
@@ -184,7 +186,7 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options = 
                     dist, replay = distribution_tab(limits), replay_tab()
                     formulas_tab()
             with gr.Column(scale=1, min_width=290, elem_id="sv-side"):
-                pair = pair_panel(session)
+                pair = pair_panel(session) if session.allow_switch else None  # the operator's choice
                 settings = settings_panel(limits, defaults)
                 with gr.Row():
                     export_btn = gr.Button("Export trace (JSON)", elem_id="sv-export-btn", min_width=100)
@@ -195,11 +197,17 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options = 
                         outputs_of(RaceView, {**race, "record": record}), outputs_of(live.LiveView, live_parts))
         runs = wiring.runs(buttons, decode["show_rejected"], list(settings.values()), stepper)
         runs += wiring.replays(replay, decode["show_rejected"])
-        runs += [wiring.distribution(dist, list(settings.values())), wiring.loading(pair, header)]
+        runs.append(wiring.distribution(dist, list(settings.values())))
+        if pair is not None:
+            runs.append(wiring.loading(pair, header))
         buttons.stop.click(None, None, None, cancels=runs)
         wiring.browsing(decode)
         presenter.click(lambda: gr.Tabs(selected="live"), None, [tabs], js=TOGGLE_PRESENTER, api_visibility="private")
+        def on_export(rec, paths, html):
+            path = h.export(rec, options, html)
+            return gr.File(path, visible=True), [*paths, path]
+
         for button, html in ((export_btn, False), (share_btn, True)):
-            button.click(lambda rec, html=html: gr.File(h.export(rec, options, html), visible=True), [record],
-                         [export_file], api_visibility="private")
+            button.click(lambda rec, paths, html=html: on_export(rec, paths, html), [record, exports],
+                         [export_file, exports], api_visibility="private")
     return demo

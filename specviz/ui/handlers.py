@@ -30,7 +30,7 @@ from specviz.runs import replay as replays
 from specviz.runs.replay import trace_data
 from specviz.runs.session import Session
 from specviz.runs.trace import Trace
-from specviz.ui import figures
+from specviz.ui import figures, render
 from specviz.ui.live import LiveView, live_view
 from specviz.ui.share import share_html
 from specviz.ui.views import (
@@ -52,10 +52,12 @@ class Options:
 def run(session: Session, limits: Limits, prompt, settings: dict, show_rejected: bool = True,
         options: Options = Options()) -> Iterator[MainView]:
     """Stream a speculative run round by round."""
+    tokens_html = render.RoundsHtml()
     with closing(paced(decoding.decode(session, limits, prompt, settings), options.pace.min_interval)) as events:
         for trace, show in events:
             if show:
-                yield main_view(trace, show_rejected=show_rejected, live=bool(trace.rounds) and not trace.finished)
+                yield main_view(trace, show_rejected=show_rejected, live=bool(trace.rounds) and not trace.finished,
+                                tokens_html=tokens_html)
 
 
 def browse(record: Trace | None, round_number, show_rejected: bool = True) -> MainView:
@@ -76,6 +78,8 @@ def step(session: Session, limits: Limits, stepper: decoding.Stepper | None, pro
          ) -> Iterator[tuple[MainView, decoding.Stepper | None]]:
     """One round per call, shown in three captioned stages: draft → verify → accept/correct."""
     stepper, new = decoding.step(session, limits, stepper, prompt, settings)
+    if stepper.notice:
+        gr.Warning(stepper.notice)
     stages = ("draft", "verify", "done") if new is not None else ("done",)
     for stage in stages:
         yield main_view(stepper.trace, show_rejected=show_rejected, stage=stage), stepper
@@ -101,12 +105,13 @@ def live(session: Session, limits: Limits, prompt, settings: dict, options: Opti
          ) -> Iterator[LiveUpdate]:
     """Both lanes on one screen as they run; the finished race also fills the Race and Decode tabs."""
     plotted = 0  # rounds the p/q plot has seen
+    tokens_html = render.RoundsHtml()
     with closing(paced(racing.race(session, limits, prompt, settings), options.pace.min_interval)) as states:
         for state, show in states:
             if not show:
                 continue
             rounds = len(state.spec.events)
-            view = live_view(state, plot=rounds > plotted)
+            view = live_view(state, plot=rounds > plotted, tokens_html=tokens_html)
             plotted = rounds
             if state.done:
                 details = race_view(state)
@@ -125,19 +130,25 @@ def same_distribution(session: Session, limits: Limits, prompt, settings: dict, 
 
 @user_errors
 @trace_data
-def replay_rounds(upload, shipped, speed, show_rejected: bool = True) -> Iterator[MainView]:
-    """Stream a recorded run round by round, at its recorded pace divided by `speed` (0: at once)."""
+def replay_rounds(upload, shipped, speed, show_rejected: bool = True, options: Options = Options()
+                  ) -> Iterator[MainView]:
+    """Stream a recorded run round by round, at its recorded pace divided by `speed` (0: at once), shown at
+    most every `options.pace.min_interval` seconds (and at the end) like a live run, each round rendered once."""
     t = replays.open_trace(upload, shipped)
-    for shown in replays.replay(t, speed):
-        yield main_view(shown, show_rejected=show_rejected, live=len(shown.rounds) < len(t.rounds))
+    tokens_html = render.RoundsHtml()
+    for shown, show in paced(replays.replay(t, speed), options.pace.min_interval):
+        last = len(shown.rounds) == len(t.rounds)
+        if show or last:
+            yield main_view(shown, show_rejected=show_rejected, live=not last, tokens_html=tokens_html)
 
 
 @user_errors
 @trace_data
-def replay_race(upload, shipped, speed) -> Iterator[RaceView]:
+def replay_race(upload, shipped, speed, options: Options = Options()) -> Iterator[RaceView]:
     t = replays.open_trace(upload, shipped)
-    for state in replays.replay_race_paced(t, speed):
-        yield race_view(state, t.source)
+    for state, show in paced(replays.replay_race_paced(t, speed), options.pace.min_interval):
+        if show or state.done:
+            yield race_view(state, t.source)
 
 
 EXPORT_MAX_AGE = 3600.0  # seconds an exported file stays in the shared folder (Gradio serves its own copy)
@@ -152,6 +163,12 @@ def sweep(folder: Path, max_age: float = EXPORT_MAX_AGE, now: float | None = Non
                 f.unlink()
         except OSError:  # another request removed it first
             pass
+
+
+def remove_files(paths: list[str] | None) -> None:
+    """A visitor's exports, when their browser session ends (Gradio's State delete callback)."""
+    for path in paths or []:
+        Path(path).unlink(missing_ok=True)
 
 
 def export(record: Trace | None, options: Options = Options(), html: bool = False) -> str:
@@ -180,7 +197,7 @@ def load_models(session: Session, draft, target, dtype) -> Iterator[str]:
 
     def work():
         try:
-            outcome["name"] = session.load(draft, target, dtype or "auto", status=lines.put)
+            outcome["name"] = session.switch(draft, target, dtype or "auto", status=lines.put)
         except BaseException as e:  # handed to the caller's thread below
             outcome["error"] = e
         finally:

@@ -14,7 +14,7 @@ import gradio as gr
 
 from specviz.analysis.explain import explain, sentence
 from specviz.runs.race import Lane, RaceState
-from specviz.ui import figures, render
+from specviz.ui import figures, render, teach
 
 PQ_HEIGHT = 210  # px: beside the verdict, above the lanes: the four parts fit a 1366x768 screen
 
@@ -76,7 +76,9 @@ def speed_html(state: RaceState) -> str:
             f'<b>{stats.spec.mean_accepted_tokens:.1f}</b> tokens per round</span>')
     e = explain(stats) if state.done else None
     why = f'<span class="sv-live-why">{escape(sentence(e))}</span>' if e else ""
-    return f'<div class="sv-live-speed">{verdict}{nums}{why}</div>'
+    notes = "".join(f'<span class="sv-live-why">{escape(n)}</span>'
+                    for n in teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished)))
+    return f'<div class="sv-live-speed">{verdict}{nums}{why}{notes}</div>'
 
 
 def latest_drafted(rounds: list) -> object:
@@ -84,14 +86,14 @@ def latest_drafted(rounds: list) -> object:
     return next((r for r in reversed(rounds) if r.drafted), rounds[-1])
 
 
-def live_view(state: RaceState, plot: bool = True) -> LiveView:
+def live_view(state: RaceState, plot: bool = True, tokens_html=render.rounds_html) -> LiveView:
     """The four parts after an event of either lane. `plot=False` keeps the p/q plot as it is: the caller
     rebuilds it only when a new round arrived (a plotly figure costs tens of ms, and the target-alone
     lane moves one token at a time)."""
     rounds = state.spec.events
     return LiveView(
         speed=speed_html(state),
-        spec=lane_box(state.spec, render.rounds_html(rounds, state.greedy, empty="waiting for the first round…")),
+        spec=lane_box(state.spec, tokens_html(rounds, state.greedy, empty="waiting for the first round…")),
         ar=lane_box(state.ar, render.steps_html(state.ar.events)),
         pq=figures.pq_figure(latest_drafted(rounds), state.greedy, height=PQ_HEIGHT) if plot and rounds else gr.skip(),
     )

@@ -136,13 +136,29 @@ def round_html(r: Round, greedy: bool, stage: str = "done", last: bool = False) 
 
 
 def rounds_html(rounds: list[Round], greedy: bool, *, show_rejected: bool = True, stage: str = "done",
-                empty: str = "Press Run: tokens appear here round by round.") -> str:
+                empty: str = "Press Run: tokens appear here round by round.", done: list[str] | None = None) -> str:
+    """Every round's box. `done`: the boxes of the rounds before the last, already rendered (`RoundsHtml`)."""
     if not rounds:
         return f'<div class="sv-text"><span class="sv-empty">{escape(empty)}</span></div>'
-    body = "".join(round_html(r, greedy, stage if i == len(rounds) - 1 else "done", last=i == len(rounds) - 1)
-                   for i, r in enumerate(rounds))
+    done = done if done is not None else [round_html(r, greedy) for r in rounds[:-1]]
+    body = "".join(done) + round_html(rounds[-1], greedy, stage, last=True)
     hide = "" if show_rejected else " sv-hide-rejected"
     return f'<div class="sv-text{hide}" id="sv-tokens-body">{body}</div>'
+
+
+class RoundsHtml:
+    """`rounds_html` for one growing run (live or replayed): each round is rendered once, when it stops
+    being the last, so an update costs the new rounds, not the whole run again."""
+
+    def __init__(self):
+        self.first: Round | None = None  # the run being rendered, known by its first round
+        self.done: list[str] = []
+
+    def __call__(self, rounds: list[Round], greedy: bool, **options) -> str:
+        if not rounds or rounds[0] is not self.first or len(self.done) >= len(rounds):
+            self.first, self.done = (rounds[0] if rounds else None), []  # another run: start over
+        self.done += [round_html(r, greedy) for r in rounds[len(self.done):-1]]
+        return rounds_html(rounds, greedy, done=self.done, **options)
 
 
 def steps_html(steps: list[Step], diverge_at: int | None = None) -> str:

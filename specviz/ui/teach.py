@@ -171,3 +171,15 @@ def stats_markdown(s: RunStats, source: str) -> str:
         f"tokens per round at K = {s.k}, from the per-position α̂) |",
         f"| measured speedup | {measured} |",
     ])
+
+
+def race_caveats(shared_cpu: bool, finishes: tuple) -> list[str]:
+    """What a reader of a race's numbers must know: another job shared the CPU, or the budget cut it short."""
+    out = []
+    if shared_cpu:
+        out.append("⚠ Another job (a replay, or a page being rendered) used the CPU during this race: both clocks "
+                   "may include some of its time, so the speedup is less certain than usual.")
+    if "budget" in finishes:
+        out.append("⏱ The race reached the server's time budget per request: the lanes stopped there, and the "
+                   "numbers cover the tokens shown.")
+    return out

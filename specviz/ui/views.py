@@ -85,9 +85,10 @@ def round_index(n_rounds: int, selected) -> int:
 
 
 def main_view(record: Trace | None, *, show_rejected: bool = True, selected: int | None = None,
-              stage: str = "done", live: bool = False) -> MainView:
+              stage: str = "done", live: bool = False, tokens_html=render.rounds_html) -> MainView:
     """Everything the Decode tab shows for a record. `live` (mid-run) leaves the drill-down and the
-    stats chart alone: plotly figures cost tens of ms each, which would slow a fast device's rounds."""
+    stats chart alone: plotly figures cost tens of ms each, which would slow a fast device's rounds.
+    A stream of views of one growing run passes a `render.RoundsHtml()` as `tokens_html`."""
     rounds = record.rounds if record else []
     greedy = record.meta.greedy if record else True
     n = len(rounds)
@@ -97,7 +98,7 @@ def main_view(record: Trace | None, *, show_rejected: bool = True, selected: int
     pos = default_position(current) if done else None
     s = run_stats(rounds, record.ar_steps if record else None)
     return MainView(
-        tokens=render.rounds_html(rounds, greedy, show_rejected=show_rejected, stage=stage),
+        tokens=tokens_html(rounds, greedy, show_rejected=show_rejected, stage=stage),
         caption=teach.step_caption(current, greedy, stage) if current else "",
         pq=figures.pq_figure(current, greedy, verdict=stage != "draft"),
         rounds=gr.update(minimum=1, maximum=max(n, 2), value=i + 1, interactive=n > 1),  # min < max
@@ -146,6 +147,7 @@ def race_result(state: RaceState) -> str:
                 f"there is {gap(d.target_top2_gap)} (target alone) / {gap(d.spec_top2_gap)} (verify pass): a "
                 "near-tie that low precision can flip when the target scores K+1 tokens at once instead of one. "
                 "The rule is exact; the arithmetic of a batched forward is not bit-identical.")
+    lines += teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished))
     return "\n\n".join(lines)
 
 
@@ -182,6 +184,8 @@ def distribution_summary(result: DistributionResult) -> str:
         return "–" if v is None else f"{v:.3f}"
     spec_v, ar_v = result.spec, result.ar
     state = "" if result.done else " (sampling…)"
+    notes = [n for n in (result.note, "⏱ Stopped at the server's time budget per request: the results cover the "
+                         "samples drawn." if result.finished == "budget" else "") if n]
     after = f" after <i>{escape(figures.short(result.prompt, 80))}</i>" if result.prompt else ""
     rows = [f"| {c.position} | {c.stats_ar.tv:.3f} · {c.stats_spec.tv:.3f} | {c.stats_spec.tv_noise:.3f} | "
             f"{p(c.stats_ar.chi2_p)} · {p(c.stats_spec.chi2_p)} | {c.stats_ar.ks_p:.3f} · {c.stats_spec.ks_p:.3f} |"
@@ -190,6 +194,7 @@ def distribution_summary(result: DistributionResult) -> str:
                "speculative decoding is REJECTED as a sampler of the target: a bug")
     return "\n".join([
         f"**{spec_v.samples} speculative and {ar_v.samples} target-alone continuations{state}**{after}",
+        *notes,
         "",
         "| token | total variation (target alone · speculative) | by chance | χ² p | PIT p |",
         "|---|---|---|---|---|",

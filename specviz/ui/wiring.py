@@ -21,6 +21,7 @@ from specviz.ui.render import header_html
 from specviz.ui.views import as_tuple, main_view, race_blank
 
 MODEL = "model"  # the concurrency group of everything that runs the pair
+REPLAY = "replay"  # replays and rendered pages: no model, one at a time beside the model's queue
 
 
 @dataclass
@@ -86,19 +87,25 @@ class Wiring:
         return events
 
     def replays(self, replay: dict, show_rejected) -> list:
+        """Replays wait in their own queue of one (REPLAY), so however many visitors replay at once, one
+        replay at most takes CPU from a race being timed; that race notes it (RaceState.shared_cpu)."""
+        beside, opt = self.session.beside, self.options
+
         def on_replay(file, name, pace, show):
             yield (gr.Tabs(selected="decode"), *as_tuple(main_view(None)))
-            yield from stream(h.replay_rounds(file, name, pace, show), with_tabs)
+            with beside.job():
+                yield from stream(h.replay_rounds(file, name, pace, show, opt), with_tabs)
 
         def on_replay_race(file, name, pace):
             yield (gr.Tabs(selected="race"), *as_tuple(race_blank()))
-            yield from stream(h.replay_race(file, name, pace), with_tabs)
+            with beside.job():
+                yield from stream(h.replay_race(file, name, pace, opt), with_tabs)
 
         source = [replay["upload"], replay["shipped"], replay["speed"]]
         return [replay["rounds"].click(on_replay, [*source, show_rejected], [self.tabs, *self.main_out],
-                                       api_visibility="private", concurrency_limit=4),
+                                       api_visibility="private", concurrency_id=REPLAY, concurrency_limit=1),
                 replay["race"].click(on_replay_race, source, [self.tabs, *self.race_out], api_visibility="private",
-                                     concurrency_limit=4)]
+                                     concurrency_id=REPLAY, concurrency_limit=1)]
 
     def distribution(self, dist: dict, settings: list):
         def on_distribution(text, samples, temperature, *values):

@@ -1,0 +1,78 @@
+"""Will a pair fit? Its weights' memory, estimated from the models' configs before any weight is read.
+
+A server that starts loading a pair too big for the machine gets killed by the OS, for every visitor.
+The estimate is parameters x bytes per parameter in the dtype it will run in, for both models, with
+the parameters counted on the meta device (the real architecture, no memory, no weights read). KV caches
+and activations come on top; at specviz's limits they are small beside the weights.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from specviz.models.embedded import DRAFT, TARGET, converted_dir, is_converted
+from specviz.models.loading import locate
+from specviz.models.pair import EMBEDDED, TINY, ModelLoadError, PairSpec, resolve_device, resolve_dtype
+
+GB = 1e9
+
+
+def parameter_count(source: str | None, role: str) -> int | None:
+    """Parameters of the model `source` names, from its config alone; None when no config can be read
+    without loading (a hub id not in the cache, a tiny pair, model code the server would not run)."""
+    from accelerate import init_empty_weights
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    if source in (None, TINY):
+        return None
+    if source == EMBEDDED:
+        model = DRAFT if role == "draft" else TARGET
+        if not is_converted(model):
+            return None
+        folder, kw = str(converted_dir(model)), {}
+    else:
+        try:
+            folder, kw = locate(source)
+        except ModelLoadError:
+            return None  # the load says what is wrong with the name, in its own words
+    try:
+        config = AutoConfig.from_pretrained(folder, trust_remote_code=False, **kw)
+        with init_empty_weights():
+            model = AutoModelForCausalLM.from_config(config)
+    except Exception:  # noqa: BLE001 - no estimate; whatever is wrong, loading reports it properly
+        return None
+    return sum(p.numel() for p in model.parameters())  # tied embeddings counted once
+
+
+def weights_bytes(spec: PairSpec) -> tuple[int, torch.dtype] | None:
+    """Both models' weights in the dtype they will run in, or None when either cannot be estimated."""
+    counts = [parameter_count(spec.target, "target")]
+    if spec.draft is not None:
+        counts.append(parameter_count(spec.draft, "draft"))
+    if None in counts:
+        return None
+    dtype = resolve_dtype(spec.dtype, resolve_device(spec.device))
+    return sum(counts) * dtype.itemsize, dtype
+
+
+def available_bytes(device: torch.device) -> int:
+    """Memory a new pair may take on `device` now (the served pair, still loaded, already counted out)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0]
+    import psutil
+
+    return psutil.virtual_memory().available
+
+
+def check_fits(spec: PairSpec, available=available_bytes, estimate=weights_bytes) -> None:
+    """Refuse, in one sentence, a pair whose weights would not fit beside what the process holds now.
+    Pairs spread over GPUs by a device map, and pairs with no estimate, are left to the load itself."""
+    if spec.device_map is not None or (found := estimate(spec)) is None:
+        return
+    need, dtype = found
+    device = resolve_device(spec.device)
+    free = available(device)
+    if need > free:
+        raise ModelLoadError(
+            f"{spec.label} needs about {need / GB:.1f} GB for its weights in {str(dtype).removeprefix('torch.')} "
+            f"and {device} has {free / GB:.1f} GB free: pick a smaller pair or a lower-precision dtype.")
