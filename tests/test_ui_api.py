@@ -16,7 +16,8 @@ from specviz.ui.handlers import Options
 
 PROMPT = "Write a Python function that returns the square of a number."
 NEW = 8  # tokens per run: the API's contract on the real pair, not its exactness (test_embedded_e2e)
-ENDPOINTS = {"/generate", "/race", "/replay", "/share_html", "/same_distribution", "/load_pair", "/info"}
+ENDPOINTS = {"/generate", "/race", "/replay", "/share_html", "/same_distribution", "/info"}  # no /load_pair: the
+# pair is fixed unless the server allows switching (tests/test_serving.py)
 
 pytestmark = pytest.mark.embedded
 
@@ -34,7 +35,7 @@ def client(embedded_pair, open_client):
 
 def test_the_named_endpoints_are_published(client):
     api = client.view_api(return_format="dict", print_info=False)
-    assert ENDPOINTS <= set(api["named_endpoints"])
+    assert ENDPOINTS <= set(api["named_endpoints"]) and "/load_pair" not in api["named_endpoints"]
     params = [p["parameter_name"] for p in api["named_endpoints"]["/generate"]["parameters"]]
     assert params[:3] == ["prompt", "k", "max_new_tokens"]
 

@@ -25,7 +25,8 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"
 
 @pytest.fixture(scope="module")
 def app_url():
-    session = Session(tiny_pair(), PairSpec("tiny", "tiny"))  # its own pair: the load test replaces it
+    # its own pair, switching allowed: the load test replaces it
+    session = Session(tiny_pair(), PairSpec("tiny", "tiny"), allow_switch=True)
     demo = build_server(session, Limits(), Options(Pace(0.05, 0.0)))
     _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
     try:
