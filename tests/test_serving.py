@@ -17,6 +17,7 @@ from transformers import Qwen2Config
 
 from specviz.api import messages
 from specviz.cli import build_parser
+from specviz.engine import DecodeConfig
 from specviz.models import ModelLoadError, PairSpec
 from specviz.models.memory import check_fits, parameter_count, weights_bytes
 from specviz.models.tiny import tiny_model, tiny_pair
@@ -262,3 +263,22 @@ def test_a_race_notes_a_job_that_shared_the_cpu():
     *_, shared = states
     assert shared.shared_cpu is True and messages.race_dict(shared)["cpu_shared"] is True
     assert "Another job" in race_view(shared).result and "Another job" not in race_view(alone).result
+
+
+def test_scoring_with_the_prompt_cache_gives_the_cache_free_distributions(monkeypatch):
+    from specviz.engine.exact import path_distributions
+    from specviz.engine.plumbing import PromptCache
+    from specviz.engine.sampling import SamplingParams
+    from specviz.runs import proof
+
+    pair, cache = tiny_pair(), PromptCache()
+    prompt, paths = list(range(5, 45)), [[1, 2, 3], [4, 5], [7, 8, 9]]
+    for sampling in (SamplingParams(1.0), SamplingParams(0.7, top_p=0.9)):
+        plain = path_distributions(pair, prompt, paths, sampling)
+        assert (path_distributions(pair, prompt, paths, sampling, cache) - plain).abs().max() < 1e-5
+    sizes = []
+    monkeypatch.setattr(proof, "path_distributions",
+                        lambda p, i, chunk, *a: sizes.append(len(chunk)) or plain[:len(chunk)])
+    monkeypatch.setattr(proof, "PROMPT_COPIES", 80)  # a 40-token prompt: two paths' cache copies per forward
+    proof.score(pair, prompt, paths, DecodeConfig(sampling=SamplingParams(1.0)), [], None, cache)
+    assert sizes == [2, 1]

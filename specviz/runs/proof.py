@@ -34,7 +34,8 @@ from specviz.engine.sampling import draw, make_generator
 from specviz.models import ModelPair
 
 ALPHA = 1e-3  # family-wise, per sampler: a correct sampler is flagged 1 time in 1000
-BATCH = 16  # paths scored per target forward
+BATCH = 16  # paths drawn between two progress reports, scored together
+PROMPT_COPIES = 4096  # prompt tokens copied into one scoring forward's cache: a long prompt's batch is split
 
 
 @spec(frozen=True)
@@ -152,11 +153,14 @@ def prove(pair: ModelPair, ids: list[int], config: DecodeConfig, settings: Proof
 
 def score(pair, ids, paths: list[list[int]], config: DecodeConfig, tallies: list[PositionTally], generator,
           prompt_cache: PromptCache | None = None) -> None:
-    probs = path_distributions(pair, ids, paths, config.sampling, prompt_cache)  # [B, L, V]
-    for t, tally in enumerate(tallies):
-        rows = [b for b, x in enumerate(paths) if len(x) > t]  # paths that reached position t (no <eos> before)
-        if rows:
-            tally.add(probs[rows, t], torch.tensor([paths[b][t] for b in rows], device=probs.device), generator)
+    """Add paths to the tallies, a few per forward when the prompt is long (each holds a copy of its cache)."""
+    step = max(1, PROMPT_COPIES // len(ids))
+    for chunk in (paths[i:i + step] for i in range(0, len(paths), step)):
+        probs = path_distributions(pair, ids, chunk, config.sampling, prompt_cache)  # [B, L, V]
+        for t, tally in enumerate(tallies):
+            rows = [b for b, x in enumerate(chunk) if len(x) > t]  # paths that reached position t (no <eos> before)
+            if rows:
+                tally.add(probs[rows, t], torch.tensor([chunk[b][t] for b in rows], device=probs.device), generator)
 
 
 def matrix(config: DecodeConfig, drafters, adaptives, ks=None) -> list[DecodeConfig]:
