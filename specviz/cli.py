@@ -92,7 +92,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
           f"the model {limits.max_seconds} s at most)", flush=True)
     if not is_loopback(args.host):
         print("specviz: bound beyond loopback: anyone who can reach this port can run the models.", flush=True)
-    launch(demo, host=args.host, port=args.port)
+    launch(demo, host=args.host, port=args.port, state_session_capacity=limits.max_sessions)
     return 0
 
 
@@ -118,7 +118,7 @@ def add_serve(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specviz.bench import command as bench, prove
+    from specviz.bench import command as bench, loadtest, prove
 
     parser = argparse.ArgumentParser(prog="specviz", description="See speculative decoding work.")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -141,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve(sub)
     bench.register(sub)
     prove.register(sub)
+    loadtest.register(sub)
     return parser
 
 

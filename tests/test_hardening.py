@@ -381,16 +381,19 @@ def test_serve_binds_loopback_by_default_and_passes_its_limits(monkeypatch):
     seen = {}
     monkeypatch.setattr(server_module, "build_server", lambda session, limits, defaults: seen.update(
         session=session, limits=limits, defaults=defaults))
-    monkeypatch.setattr(server_module, "launch", lambda demo, host, port: seen.update(host=host, port=port))
+    monkeypatch.setattr(server_module, "launch", lambda demo, host, port, state_session_capacity: seen.update(
+        host=host, port=port, sessions=state_session_capacity))
     # --k given: the default K (8) is above this --max-k
     argv = ["serve", "--draft", "tiny", "--target", "tiny", "--max-new-tokens", "16", "--max-new-tokens-limit", "32",
             "--k", "4", "--max-k", "6", "--max-prompt-tokens", "100", "--max-prompt-chars", "900", "--max-samples", "50",
-            "--max-queue", "5"]
+            "--max-queue", "5", "--max-seconds", "30", "--max-sessions", "40"]
     assert main(argv) == 0
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 7860)
     assert seen["limits"] == Limits(max_prompt_chars=900, max_prompt_tokens=100, max_new_tokens=32, max_k=6,
-                                    max_samples=50, max_queue=5)
+                                    max_samples=50, max_queue=5, max_seconds=30, max_sessions=40)
+    assert seen["sessions"] == 40  # Gradio keeps this many visitors' state, the oldest dropped beyond
     assert seen["session"].allow_any_model is True and seen["session"].pair is not None
+    assert seen["session"].allow_switch is False
     assert main(argv + ["--host", "0.0.0.0"]) == 0
     assert seen["host"] == "0.0.0.0" and seen["session"].allow_any_model is False
     # python app.py under a harness or a hosted Space: Gradio's environment variables choose the address

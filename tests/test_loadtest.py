@@ -1,0 +1,152 @@
+"""The load test: a real `specviz serve` (a subprocess on loopback, the tiny pair) under 20 users at once.
+
+The users mix runs, replays and bad inputs, and one more drops a streaming run mid-way. Every valid
+request must end with its "done" message, every bad one with one clear sentence, the server's memory
+must come back to where it was, and it must still serve afterwards. The server runs in a process of
+its own so that its memory is measured alone. Every wait is bounded: a hang fails instead of stalling.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from types import SimpleNamespace
+
+import httpx
+import pytest
+from gradio_client import Client
+
+from specviz.bench.loadtest import (
+    KINDS, LoadResult, Record, Request, call, judge, one_sentence, requests, rss_bytes, run_load,
+)
+
+USERS = 20
+REQUESTS_PER_USER = 3  # 60 requests: every kind of the mix 7 or 8 times
+START_SECONDS = 120  # the bound on the server's start (imports and the tiny pair's warm-up)
+SECONDS = 240  # the bound on the load test itself; it normally takes well under a minute
+REQUEST_SECONDS = 60  # the bound on one request, queue wait included
+# The server's RSS after the load (and a settle) may exceed its RSS before by at most this. Measured: +12 MB,
+# nearly all Gradio's per-session state (~170 KB for each new client session; it keeps up to its
+# `state_session_capacity`, 10000 sessions). Growth per request, e.g. a dropped stream's run kept alive
+# or a run's tensors kept, would show well above this over 60 requests.
+RSS_MARGIN = 64 * 2**20
+EACH = ["ok"] * 4 + ["refused"] * 4  # the outcomes of KINDS: four valid requests, then four bad ones
+# A word each refusal must contain (the server's own sentences, in specviz.runs)
+REFUSALS = {"empty_prompt": "empty", "zero_k": "k must be between", "unknown_trace": "not one of the shipped traces",
+            "greedy_distribution": "temperature above 0"}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_until_up(proc: subprocess.Popen, url: str, log) -> None:
+    start = time.monotonic()
+    while time.monotonic() - start < START_SECONDS:
+        assert proc.poll() is None, f"the server exited with {proc.returncode}:\n{log.read_text()[-3000:]}"
+        try:
+            if httpx.get(f"{url}/gradio_api/info", timeout=5).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    pytest.fail(f"the server did not answer within {START_SECONDS} s:\n{log.read_text()[-3000:]}")
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """`specviz serve` on the tiny pair in a subprocess: `served.url`, `served.pid`. Killed when done."""
+    port, log = free_port(), tmp_path_factory.mktemp("serve") / "server.log"
+    # one intra-op thread: the tiny pair gains nothing from more, and spinning OpenMP threads fight the clients
+    env = os.environ | {"GRADIO_ANALYTICS_ENABLED": "False", "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"}
+    with open(log, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "specviz.cli", "serve", "--draft", "tiny", "--target", "tiny",
+                                 "--draft-quant", "none", "--host", "127.0.0.1", "--port", str(port)],
+                                stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        url = f"http://127.0.0.1:{port}"
+        wait_until_up(proc, url, log)
+        yield SimpleNamespace(url=url, pid=proc.pid, log=log)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(10)
+
+
+def one_of_each(url: str) -> list[Record]:
+    """Every kind of request once, one after another, from a client of its own."""
+    client = Client(url, verbose=False)
+    try:
+        trace = client.predict(api_name="/info")["shipped_traces"][0]
+        return [call(client, r, poll=0.02, timeout=REQUEST_SECONDS) for r in requests(KINDS, trace)]
+    finally:
+        client.close()
+
+
+def test_twenty_users_at_once_all_served_bad_inputs_refused_no_leak(served):
+    start = time.monotonic()
+    warm = one_of_each(served.url)  # first-use allocations (the endpoints' paths, caches) must not count
+    assert [r.outcome for r in warm] == EACH, warm
+    before = rss_bytes(served.pid)
+
+    result = run_load(served.url, USERS, requests_per_user=REQUESTS_PER_USER, disconnect=1,
+                      timeout=REQUEST_SECONDS, seed=0)
+    summary = result.summary()
+    print(summary | {"rss_before_mb": before / 2**20})
+    assert summary["errors"] == []
+    records = result.records
+    assert len(records) == USERS * REQUESTS_PER_USER + 1
+    assert {r.kind for r in records} == set(KINDS) | {"disconnect"}  # every kind was in the mix
+
+    valid = [r for r in records if r.valid and r.kind != "disconnect"]
+    assert [r.outcome for r in valid] == ["ok"] * len(valid)  # each ended with its "done" message
+    assert summary["max_queue_rank"] >= 1  # 20 users, one run at a time: requests really waited their turn
+
+    bad = [r for r in records if not r.valid]
+    for r in bad:  # one error each, before any result: a sentence naming what was wrong
+        assert r.outcome == "refused" and one_sentence(r.message), r
+        assert REFUSALS[r.kind] in r.message.lower(), r
+    assert [r.outcome for r in records if r.kind == "disconnect"] == ["dropped"]
+
+    time.sleep(2)  # settle: the dropped stream's run ends, the queue's workers go idle
+    final = one_of_each(served.url)  # the server still serves (and refuses) as before, after all that
+    assert [r.outcome for r in final] == EACH, final
+    after = rss_bytes(served.pid)
+    print(f"RSS before {before / 2**20:.1f} MB, after {after / 2**20:.1f} MB")
+    assert after - before < RSS_MARGIN, f"the server grew by {(after - before) / 2**20:.0f} MB"
+    assert time.monotonic() - start < SECONDS
+
+
+def test_summary_counts_outcomes_and_takes_percentiles_of_queue_waits():
+    ok = [Record("generate", True, "ok", wait=float(w), rank=w % 3, seconds=w + 0.5) for w in range(1, 10)]
+    records = ok + [Record("empty_prompt", False, "refused", "the prompt is empty.", wait=10.0),
+                    Record("race", True, "error", "boom", wait=11.0), Record("disconnect", True, "dropped")]
+    s = LoadResult(users=3, seconds=4.5, records=records, rss_before=2**20, rss_after=3 * 2**20).summary()
+    assert s["requests"] == {"disconnect": {"dropped": 1}, "empty_prompt": {"refused": 1}, "generate": {"ok": 9},
+                             "race": {"error": 1}}
+    assert s["throughput"] == 2.0  # 9 completed valid runs in 4.5 s
+    # waits 1..11 s: inclusive percentiles interpolate between the sorted waits (p95: index 9.5 -> 10.5)
+    assert s["wait_s"] == {"p50": 6.0, "p95": 10.5, "max": 11.0}
+    assert s["max_queue_rank"] == 2
+    assert s["rss_mb"] == {"before": 1.0, "after": 3.0}
+    assert s["errors"] == ["race: boom"]
+
+
+def test_judge_wants_done_for_valid_and_one_clear_sentence_for_bad():
+    valid, bad = Request("generate", "/generate", {}), Request("empty_prompt", "/generate", {}, "empty")
+    assert judge(valid, None, [{"event": "round"}, {"event": "done"}]) == ("ok", "")
+    assert judge(valid, None, [{"event": "round"}])[0] == "error"  # cut short
+    refusal = "the prompt is empty: type something."
+    assert judge(bad, ValueError(refusal), []) == ("refused", refusal)
+    assert judge(bad, None, [{"event": "done"}])[0] == "error"  # accepted
+    assert judge(bad, ValueError("The prompt is empty. Try again."), [])[0] == "error"  # two sentences
+    assert judge(bad, ValueError("something went wrong."), [])[0] == "error"  # does not say what
+    assert judge(bad, ValueError("the prompt is empty."), [{"event": "round"}])[0] == "error"  # after a result
