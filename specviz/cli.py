@@ -118,7 +118,7 @@ def add_serve(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specviz.bench import command as bench, loadtest, prove
+    from specviz.bench import command as bench, loadtest, prove, whatif
 
     parser = argparse.ArgumentParser(prog="specviz", description="See speculative decoding work.")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -141,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve(sub)
     bench.register(sub)
     prove.register(sub)
+    whatif.register(sub)
     loadtest.register(sub)
     return parser
 

@@ -22,7 +22,7 @@ from specviz.runs.replay import shipped_traces
 from specviz.runs.session import Session
 from specviz.runs.settings import flat_values
 from specviz.ui import handlers as h
-from specviz.ui import live, render, teach
+from specviz.ui import live, render, teach, whatif
 from specviz.ui.controls import controls
 from specviz.ui.examples import EXAMPLES
 from specviz.ui.figures import drilldown_figure, empty_figure, race_figure, stats_figure
@@ -185,6 +185,7 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options = 
                     live_parts, decode, race = live_tab(), decode_tab(), race_tab()
                     dist, replay = distribution_tab(limits), replay_tab()
                     formulas_tab()
+                    what_if = whatif.whatif_tab(limits.max_k)
             with gr.Column(scale=1, min_width=290, elem_id="sv-side"):
                 pair = pair_panel(session) if session.allow_switch else None  # the operator's choice
                 settings = settings_panel(limits, defaults)
@@ -202,7 +203,9 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options = 
             runs.append(wiring.loading(pair, header))
         buttons.stop.click(None, None, None, cancels=runs)
         wiring.browsing(decode)
+        whatif.wire(what_if, record)
         presenter.click(lambda: gr.Tabs(selected="live"), None, [tabs], js=TOGGLE_PRESENTER, api_visibility="private")
+
         def on_export(rec, paths, html):
             path = h.export(rec, options, html)
             return gr.File(path, visible=True), [*paths, path]

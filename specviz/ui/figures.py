@@ -8,6 +8,7 @@ from plotly.subplots import make_subplots
 from specviz.engine.events import BONUS, CORRECTION, TARGET, Candidate, DraftedToken, EmittedToken, Round
 from specviz.ui.render import COLORS
 from specviz.analysis.stats import RunStats
+from specviz.analysis.whatif import WhatIf
 
 FONT = dict(family="Inter, system-ui, sans-serif", size=12)
 
@@ -171,3 +172,20 @@ def distribution_figure(positions: list[tuple[list[str], list[float], list[float
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title="probability", row=1, col=1)
     return _layout(fig, "Generated tokens 1-3: empirical frequencies vs the target's exact distribution", 380)
+
+def speedup_figure(w: WhatIf) -> go.Figure:
+    """Predicted speedup against K for one acceptance and draft cost, the shortcut K × a beside it, the chosen K marked."""
+    ks = list(range(1, len(w.curve) + 1))
+    fig = go.Figure()
+    fig.add_scatter(x=ks, y=[k * w.acceptance for k in ks], mode="lines", name="shortcut K × a (drafting free)",
+                    line=dict(color=COLORS["drafted"], dash="dot"), hovertemplate="K = %{x}: %{y:.2f}×<extra></extra>")
+    fig.add_scatter(x=ks, y=list(w.curve), mode="lines+markers", name="predicted E / (K·c + R)",
+                    line=dict(color=COLORS["accepted"], width=2.5), hovertemplate="K = %{x}: %{y:.2f}×<extra></extra>")
+    fig.add_scatter(x=[w.k], y=[w.speedup], mode="markers", name=f"K = {w.k}: {w.speedup:.2f}×",
+                    marker=dict(size=15, color=COLORS[CORRECTION], line=dict(width=2, color="white")))
+    fig.add_hline(y=1.0, line=dict(color=COLORS[TARGET], dash="dash", width=1))  # the target alone
+    top = max(max(w.curve), 1.0)  # the shortcut's line keeps climbing: the axis follows the prediction
+    fig.update_xaxes(title="K (tokens drafted per round)", dtick=1 if len(ks) <= 16 else None)
+    fig.update_yaxes(title="speedup over the target alone", range=[0, top * 1.25])
+    return _layout(fig, f"a = {w.acceptance:.2f}, c = {w.draft_cost:.2f}, R = {w.verify_ratio:.2f}: "
+                        f"best K = {w.best_k}", height=340)
