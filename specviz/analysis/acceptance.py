@@ -1,0 +1,103 @@
+"""Will the target accept this drafted token? A small logistic model fitted on recorded rounds.
+
+Each verified drafted token is one example: its features are what the draft knew when it proposed the
+token (how sure it was: the top probability and the entropy of the distribution it showed; where in the
+round the token stands; which drafter made it), its label whether the target accepted it. Tokens after
+a rejection were never tested and are left out. The fit is plain maximum likelihood with a small L2
+penalty (scipy's L-BFGS); calibration is reported as the Brier score and a reliability table, on rounds
+the model was not fitted on.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+from scipy.optimize import minimize
+from scipy.special import expit
+
+from specviz.engine.events import ACCEPTED, NOT_VERIFIED, DraftedToken, Round
+
+DRAFTERS = ("model", "lookup", "hybrid")
+FEATURES = ("top_prob", "entropy", "position", *(f"drafter={d}" for d in DRAFTERS[1:]))
+
+
+def shown_entropy(t: DraftedToken) -> float:
+    """Entropy (nats) of the draft's shown top-n distribution, the mass outside it counted as one more outcome."""
+    probs = [c.prob for c in t.q_top if c.prob > 0]
+    rest = max(0.0, 1.0 - sum(probs))
+    return -sum(p * math.log(p) for p in [*probs, rest] if p > 0)
+
+
+def features(t: DraftedToken, position: int, drafter: str) -> list[float]:
+    """What the draft knew when it proposed `t`, the `position`-th (0-based) token of its round."""
+    top_prob = t.q_top[0].prob if t.q_top else t.q
+    return [top_prob, shown_entropy(t), float(position), *(float(drafter == d) for d in DRAFTERS[1:])]
+
+
+def examples(rounds: Iterable[Round]) -> tuple[np.ndarray, np.ndarray]:
+    """(X [n, features], y [n]) over every drafted token the target tested."""
+    x, y = [], []
+    for r in rounds:
+        for i, t in enumerate(r.drafted):
+            if t.status != NOT_VERIFIED:
+                x.append(features(t, i, r.drafter))
+                y.append(float(t.status == ACCEPTED))
+    return np.array(x, dtype=float).reshape(-1, len(FEATURES)), np.array(y)
+
+
+@dataclass(frozen=True)
+class AcceptanceModel:
+    """P(accept) = sigmoid(bias + Σ weight_i · feature_i)."""
+
+    bias: float
+    weights: tuple[float, ...]
+
+    def predict(self, x: np.ndarray) -> np.ndarray:
+        return expit(self.bias + np.asarray(x, dtype=float) @ np.array(self.weights))
+
+    def predict_token(self, t: DraftedToken, position: int, drafter: str) -> float:
+        return float(self.predict(np.array([features(t, position, drafter)]))[0])
+
+
+def fit(x: np.ndarray, y: np.ndarray, l2: float = 1e-5) -> AcceptanceModel:
+    """Maximum likelihood. A tiny L2 penalty on the weights (not the bias) pins a feature that is constant in
+    the data (collinear with the bias) instead of letting it drift; a feature always 0 keeps weight 0."""
+    if len(y) == 0:
+        raise ValueError("no verified drafted tokens to fit on")
+
+    def loss(w):
+        z = w[0] + x @ w[1:]
+        # log(1 + e^z) - y z, the logistic log-loss, averaged; np.logaddexp keeps it finite for large |z|
+        value = np.mean(np.logaddexp(0.0, z) - y * z) + l2 * w[1:] @ w[1:]
+        grad_z = (expit(z) - y) / len(y)
+        return value, np.concatenate([[grad_z.sum()], x.T @ grad_z + 2 * l2 * w[1:]])
+
+    w = minimize(loss, np.zeros(x.shape[1] + 1), jac=True, method="L-BFGS-B").x
+    return AcceptanceModel(float(w[0]), tuple(float(v) for v in w[1:]))
+
+
+def brier(predicted: Sequence[float], outcomes: Sequence[float]) -> float:
+    """Mean squared error of the predicted probabilities (0 is perfect; always guessing the base rate b
+    scores b(1 - b))."""
+    p, y = np.asarray(predicted, dtype=float), np.asarray(outcomes, dtype=float)
+    return float(np.mean((p - y) ** 2))
+
+
+@dataclass(frozen=True)
+class ReliabilityBin:
+    low: float
+    high: float
+    n: int
+    predicted: float  # mean predicted probability in the bin
+    observed: float  # fraction accepted in the bin
+
+
+def reliability(predicted: Sequence[float], outcomes: Sequence[float], bins: int = 5) -> list[ReliabilityBin]:
+    """Predictions grouped into equal-width bins: a calibrated model's bins have predicted ≈ observed."""
+    p, y = np.asarray(predicted, dtype=float), np.asarray(outcomes, dtype=float)
+    which = np.minimum((p * bins).astype(int), bins - 1)
+    return [ReliabilityBin(b / bins, (b + 1) / bins, int(m.sum()), float(p[m].mean()), float(y[m].mean()))
+            for b in range(bins) if (m := which == b).any()]
