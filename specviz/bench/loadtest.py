@@ -234,7 +234,8 @@ def table(summary: dict) -> str:
 def cmd_loadtest(args) -> int:
     seconds = 30.0 if args.seconds is None and args.requests is None else args.seconds
     result = run_load(args.url, args.users, seconds, args.requests, disconnect=args.disconnect,
-                      max_new_tokens=args.max_new_tokens, samples=args.samples, seed=args.seed, pid=args.pid)
+                      max_new_tokens=args.max_new_tokens, samples=args.samples, seed=args.seed, pid=args.pid,
+                      timeout=args.timeout)
     summary = result.summary()
     print(table(summary))
     if args.json:
@@ -254,6 +255,8 @@ def register(sub) -> None:
     p.add_argument("--max-new-tokens", type=int, default=16, help="tokens per run (short runs: a test, not a bench)")
     p.add_argument("--samples", type=int, default=16, help="samples per side of /same_distribution")
     p.add_argument("--seed", type=int, default=0, help="shuffles the order of the request mix")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds a request may take, its queue wait included, before it counts as an error")
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the summary and every request")
     p.add_argument("--pid", type=int, default=None, help="the server's process id: its RSS before and after")
     p.set_defaults(func=cmd_loadtest)
