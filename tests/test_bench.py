@@ -20,7 +20,9 @@ from specviz.bench.hf import HF_DEFAULT, HFGenerate, HFSetting
 from specviz.bench.html import write_html
 from specviz.bench.prompts import BenchPrompt, PromptFileError, parse_prompts
 from specviz.bench.report import build_report, format_table
-from specviz.bench.runner import AR, AR_HF, Bench, Method, Plan, PromptResult, Timed, hf_assisted, measure, run_bench, split, tuned_best
+from specviz.bench.runner import (
+    AR, AR_HF, Bench, Method, Plan, PromptResult, Timed, hf_assisted, measure, run_bench, setting_name, split, tuned_best,
+)
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, EmittedToken, Round, Step
 from specviz.models import encode_prompt
@@ -144,6 +146,18 @@ def test_parse_ks_and_confidence_cuts():
         plan_for("--k", "0,2")
     with pytest.raises(Exception):
         plan_for("--k", "two")
+
+
+def test_parse_exit_layers_for_the_self_drafter():
+    plan = plan_for("--drafter", "self", "--exit-layer", "12, 4,8", "--k", "4,6", "--adaptive", "fixed")
+    assert [(c.k, c.exit_layer) for c in plan.settings()] == [(4, 4), (4, 8), (4, 12), (6, 4), (6, 8), (6, 12)]
+    assert [setting_name(c) for c in plan.settings()][:2] == ["k=4 L=4", "k=4 L=8"]
+    assert command.cost_exit_layer(plan) is None  # one draft cost would mispredict the other depths
+    assert command.cost_exit_layer(plan_for("--drafter", "self", "--exit-layer", "8")) == 8
+    model = plan_for("--drafter", "model", "--exit-layer", "4,8", "--adaptive", "fixed")
+    assert len(model.settings()) == 1 and "L=" not in setting_name(model.settings()[0])  # depth concerns 'self'
+    with pytest.raises(Exception):
+        plan_for("--drafter", "self", "--exit-layer", "4,0")
 
 
 # --- prediction model -------------------------------------------------------------------------
@@ -525,6 +539,34 @@ def test_cli_writes_json_and_html(tiny, tmp_path, capsys):
     assert "speedup over the target alone" in capsys.readouterr().out
 
 
+def test_cli_benches_self_speculation_on_a_target_only_pair(tiny, tmp_path, capsys):
+    from specviz import cli
+    from specviz.models.tiny import tiny_model
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "x", "prompt": "the a of", "kind": "code"}\n'
+                       '{"id": "y", "prompt": "she said that", "kind": "code"}\n')
+    out = tmp_path / "r.json"
+    deeper = replace(tiny, draft=None, target=tiny_model(0, tiny.vocab_size, layers=4))
+
+    def bench(pair, *flags):
+        with mock.patch("specviz.models.load_spec", lambda spec, **kw: pair):
+            return cli.main(["bench", "--prompts", str(prompts), "--draft", "none", "--drafter", "self", "--k", "2",
+                             "--adaptive", "fixed", "--max-new-tokens", "6", "--json", str(out), "--no-progress", *flags])
+
+    assert bench(deeper, "--exit-layer", "2") == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["settings"] == ["k=2 L=2"] and report["config"]["drafter"] == "self"
+    assert report["summary"]["identical_fraction"] == 1.0  # greedy: the target's own tokens
+    assert report["costs"]["draft_step_ms"] > 0  # the early exit's step, measured
+    assert bench(deeper, "--exit-layer", "1,3") == 0
+    report = json.loads(out.read_text())
+    assert report["config"]["settings"] == ["k=2 L=1", "k=2 L=3"] and report["costs"] is None
+    capsys.readouterr()
+    assert bench(deeper, "--exit-layer", "2,4") == 2  # the target has 4 layers: 4 would be the target itself
+    assert "exit layer must be between 1 and 3" in capsys.readouterr().err
+
+
 def test_cli_rejects_a_bad_prompt_file_and_a_grid_without_prompts_to_tune_on(tmp_path, capsys):
     from specviz import cli
 
@@ -663,3 +705,16 @@ def test_a_disturbed_repetition_is_measured_again(stalls, attempts, kept):
     out = measure(BenchPrompt("a", "p"), [1], [method], replace(PLAN, max_stall=0.05, retries=2),
                   on_retry=lambda: retried.append(1))
     assert out.attempts == attempts and out.max_stall == kept and len(retried) == attempts - 1
+
+
+def test_the_acceptance_predictor_is_judged_on_prompts_it_was_not_fitted_on():
+    from specviz.analysis.acceptance import examples
+
+    results = synthetic_results()
+    report = build_report(bench_of(results), COST, device="cpu", dtype="float32")
+    a = report["acceptance_model"]
+    spec = f"spec {setting_name(CONFIG)}"
+    fitted, tested = (len(examples([e for rep in r.reps for e in rep[spec].events])[1]) for r in results)
+    assert (a["fitted_on_tokens"], a["tested_on_tokens"]) == (fitted, tested)  # no grid: every other prompt
+    assert sum(b["n"] for b in a["reliability"]) == tested and 0 <= a["brier"] <= 1
+    assert "acceptance predictor: Brier" in format_table(report)

@@ -1,13 +1,17 @@
 """The real embedded pair (Qwen2.5-Coder 0.5B -> 1.5B, float32): verified weights, greedy speculative
-output token-identical to the target alone (specviz's AR loop and transformers' generate()), and a trace
-that survives a save/load roundtrip.
+output token-identical to the target alone (specviz's AR loop and transformers' generate()), with the
+draft model and with the target's own first layers (self-speculation), and a trace that survives a
+save/load roundtrip.
 
 Loads the pair once per session (about 10 GB of RAM); run under `flock /tmp/specviz-real.lock`.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
+import torch
 from helpers import check_rounds, spec_tokens
 
 from specviz.runs import trace
@@ -16,6 +20,7 @@ from specviz.engine.events import BONUS, CORRECTION
 from specviz.analysis.divergence import first_divergence
 from specviz.models import embedded, encode_prompt
 from specviz.models.draft import DraftQuant, with_cheaper_draft
+from specviz.models.memory import pair_bytes
 
 pytestmark = pytest.mark.embedded
 
@@ -96,3 +101,40 @@ def test_a_real_trace_roundtrips(embedded_pair, ar_runs, tmp_path):
     assert t.meta.target == embedded.TARGET.name and t.meta.dtype == "float32"
     assert spec_tokens(t.rounds) == [s.token.id for s in ar_runs[PROMPTS[2]][1][:12]]
     assert trace.load(trace.save(t, tmp_path / "trace.json")) == t
+
+
+@torch.inference_mode()
+def greedy_agreement(target, ids: list[int], generated: list[int], layers: list[int]) -> dict[int, list[bool]]:
+    """Per exit layer, whether its early exit's argmax is the target's token at each generated position:
+    with greedy decoding this is exactly whether the 'self' drafter's token there would be accepted."""
+    out = target(torch.tensor([ids + generated]), output_hidden_states=True)
+    rows = slice(len(ids) - 1, len(ids) + len(generated) - 1)  # the positions that predict the generated tokens
+    head, norm = target.lm_head, target.model.norm
+    return {n: (head(norm(out.hidden_states[n][0, rows])).argmax(-1) == torch.tensor(generated)).tolist()
+            for n in layers}
+
+
+def test_self_speculation_equals_the_target_alone_with_no_draft_model(embedded_pair, ar_runs):
+    target_only = replace(embedded_pair, draft=None)
+    layers = len(target_only.target.model.layers)
+    config = DecodeConfig(k=4, max_new_tokens=MAX_NEW, sampling=SamplingParams(0.0), adaptive="fixed",
+                          drafter="self", exit_layer=layers // 2)
+    drafted = accepted = 0
+    depths = [1, 4, 8, 12, 14, 16, 20, 24, layers - 1]
+    agree = {n: [] for n in depths}
+    for prompt in PROMPTS:
+        ids, steps = ar_runs[prompt]
+        rounds = list(speculative_generate(target_only, ids, config))
+        assert spec_tokens(rounds) == [s.token.id for s in steps], (prompt, first_divergence(rounds, steps))
+        check_rounds(target_only, rounds, config)
+        drafted += sum(r.k for r in rounds)
+        accepted += sum(r.n_accepted for r in rounds)
+        for n, hits in greedy_agreement(target_only.target, ids, [s.token.id for s in steps], depths).items():
+            agree[n] += hits
+    memory = pair_bytes(embedded_pair)
+    print(f"self, exit layer {config.exit_layer} of {layers}: acceptance {accepted / drafted:.2f} "
+          f"({accepted}/{drafted}); "
+          f"greedy agreement by exit layer {({n: round(sum(a) / len(a), 2) for n, a in agree.items()})}; "
+          f"memory {memory}")
+    assert memory["target"] == pytest.approx(4 * sum(p.numel() for p in target_only.target.parameters()), rel=1e-3)
+    assert sum(agree[layers - 1]) > sum(agree[1])  # depth helps: a broken read-out would not show it

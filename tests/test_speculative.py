@@ -234,10 +234,11 @@ def test_the_sync_counter_sees_item_and_zero_d_indexing():
     assert counter.count == 3  # tolist reads the host copy directly: no per-element dispatch
 
 
-@pytest.mark.parametrize("drafter", ["model", "lookup", "hybrid"])
+@pytest.mark.parametrize("drafter", ["model", "lookup", "hybrid", "self"])
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED])
 def test_a_round_never_syncs_outside_its_one_transfer(tiny, drafter, sampling):
-    config = DecodeConfig(k=4, max_new_tokens=24, sampling=sampling, drafter=drafter, adaptive="fixed")
+    config = DecodeConfig(k=4, max_new_tokens=24, sampling=sampling, drafter=drafter, adaptive="fixed",
+                          exit_layer=1)  # 'self': the first of the tiny target's two layers
     rounds, counts = syncs_per_event(speculative_generate(tiny, encode(tiny, "the a of"), config))
     assert len(rounds) > 1 and counts == [0] * len(rounds)
     steps, counts = syncs_per_event(autoregressive_generate(tiny, encode(tiny, "the a of"), config))

@@ -20,7 +20,7 @@ from scipy.special import expit
 
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED, DraftedToken, Round
 
-DRAFTERS = ("model", "lookup", "hybrid")
+DRAFTERS = ("model", "lookup", "hybrid", "self")
 FEATURES = ("top_prob", "entropy", "position", *(f"drafter={d}" for d in DRAFTERS[1:]))
 
 
@@ -101,3 +101,20 @@ def reliability(predicted: Sequence[float], outcomes: Sequence[float], bins: int
     which = np.minimum((p * bins).astype(int), bins - 1)
     return [ReliabilityBin(b / bins, (b + 1) / bins, int(m.sum()), float(p[m].mean()), float(y[m].mean()))
             for b in range(bins) if (m := which == b).any()]
+
+
+def calibration(fit_rounds: Sequence[Round], test_rounds: Sequence[Round], bins: int = 5) -> dict | None:
+    """Fit on some rounds, judge on others (never the same): the Brier score beside the base rate's, and
+    the reliability table. None when either side has no verified drafted token."""
+    x, y = examples(fit_rounds)
+    xt, yt = examples(test_rounds)
+    if len(y) == 0 or len(yt) == 0:
+        return None
+    model = fit(x, y)
+    predicted = model.predict(xt)
+    base = float(y.mean())  # the rate seen when fitting: what a model without features would predict
+    return {"fitted_on_tokens": len(y), "tested_on_tokens": len(yt), "brier": round(brier(predicted, yt), 4),
+            "brier_base_rate": round(brier(np.full(len(yt), base), yt), 4),
+            "model": {"bias": round(model.bias, 4), **{f: round(w, 4) for f, w in zip(FEATURES, model.weights)}},
+            "reliability": [{"bin": f"{b.low:.1f}-{b.high:.1f}", "n": b.n, "predicted": round(b.predicted, 3),
+                             "observed": round(b.observed, 3)} for b in reliability(predicted, yt, bins)]}

@@ -1,11 +1,12 @@
 """`specviz bench`: measure speculative decoding against the target alone and transformers.
 
     specviz bench [--prompts FILE.jsonl] [--k 4 | --k 4,6,8] [--confidence 0.3,0.4] [--reps N] [--compare-hf]
-                  [--json OUT] [--html OUT]
+                  [--draft none --drafter self --exit-layer 16,20,24] [--json OUT] [--html OUT]
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -16,12 +17,15 @@ from pathlib import Path
 
 from specviz.bench.runner import Plan
 from specviz.engine import DecodeConfig
+from specviz.engine.drafters import drafter_problem
+from specviz.engine.early_exit import EarlyExit
 from specviz.models import PairSpec
 from specviz.runs.limits import CLI_LIMITS
 from specviz.runs.options import add_options, several_values, values_of
 from specviz.runs.settings import validate
 
 log = logging.getLogger(__name__)
+GRID = ("k", "confidence", "exit_layer")  # the settings a bench may list several of: their product is tuned
 
 
 def register(sub) -> None:
@@ -44,20 +48,29 @@ def register(sub) -> None:
     p.add_argument("--retries", type=int, default=2, help="at most this many re-measurements per prompt")
     p.add_argument("--no-progress", action="store_true")
     add_options(p.add_argument_group("models"), PairSpec)
-    add_options(p.add_argument_group("decoding"), DecodeConfig, CLI_LIMITS, several=("k", "confidence"))
+    add_options(p.add_argument_group("decoding"), DecodeConfig, CLI_LIMITS, several=GRID)
     p.set_defaults(func=cmd_bench)
 
 
 def plan_of(args) -> Plan:
-    """The decoding flags as a plan: every K and confidence cut listed validated, as any single run's settings are."""
+    """The decoding flags as a plan: every K, confidence cut and exit layer listed validated, as any single run's
+    settings are."""
     values = values_of(args, DecodeConfig)
-    configs = [validate(DecodeConfig, {**values, "k": k, "confidence": c}, CLI_LIMITS)
-               for k in several_values(values["k"]) for c in several_values(values["confidence"])]
+    grid = itertools.product(*(several_values(values[name]) for name in GRID))
+    configs = [validate(DecodeConfig, {**values, **dict(zip(GRID, point))}, CLI_LIMITS) for point in grid]
     if args.reps < 1:
         raise SystemExit("specviz bench: --reps must be at least 1.")
     return Plan(configs[0], ks=tuple(sorted({c.k for c in configs})),
-                confidences=tuple(sorted({c.confidence for c in configs})), reps=args.reps,
+                confidences=tuple(sorted({c.confidence for c in configs})),
+                exit_layers=tuple(sorted({c.exit_layer for c in configs})), reps=args.reps,
                 max_stall=args.max_stall, retries=args.retries)
+
+
+def cost_exit_layer(plan: Plan) -> int | None:
+    """The exit layer whose draft step the cost model measures for the 'self' drafter: the plan's one layer;
+    None for a sweep, where one draft cost would mispredict every other layer."""
+    layers = {c.exit_layer for c in plan.settings()}
+    return layers.pop() if len(layers) == 1 else None
 
 
 def machine() -> dict:
@@ -103,21 +116,28 @@ def cmd_bench(args) -> int:
     if info["cpu_count"] and info["torch_threads"] != info["cpu_count"]:
         log.warning("torch uses %s threads on %s cores", info["torch_threads"], info["cpu_count"])
     pair = load_spec(replace(spec, draft_quant="none"))  # the draft as loaded; the cheaper one is chosen below
-    if pair.draft is None and plan.config.drafter != "lookup":
-        print("specviz bench: this drafter needs a draft model (or use --drafter lookup).", file=sys.stderr)
+    problem = next(filter(None, (drafter_problem(c.drafter, pair.draft, pair.target, c.exit_layer)
+                                 for c in plan.settings())), None)
+    if problem:
+        print(f"specviz bench: {problem}", file=sys.stderr)
         return 2
     quant = DraftQuant.named(spec.draft_quant, args.draft_group)
     spec_pair = with_cheaper_draft(pair, quant, lean=args.draft_step == "lean")
     hf = HFGenerate(pair.target, pair.eos_token_ids, pair.tokenizer.pad_token_id, pair.device,
                     plan.config.sampling, plan.config.seed)  # the same warps and seed as specviz's runs
     assistants = {}
-    if args.compare_hf and plan.config.drafter != "lookup":  # lookup: transformers' own prompt lookup instead
+    # lookup: transformers' own prompt lookup instead; self: not wired yet (generate(assistant_early_exit=L))
+    if args.compare_hf and plan.config.drafter not in ("lookup", "self"):
         # "same": specviz's cheaper draft through the Hugging Face forward generate() needs; "loaded": as a user
         # would hand it over
         same = cheaper_draft(pair, quant, lean=False) if isinstance(spec_pair.draft, LeanDraft) else spec_pair.draft
         assistants = {"same": same, **({"loaded": pair.draft} if same is not pair.draft else {})}
-    cost, cost_stall = measure_costs(spec_pair, encode_prompt(pair.tokenizer, prompts[0].prompt), max(plan.ks) + 1,
-                                     max_stall=args.max_stall, retries=args.retries)
+    cost_pair = spec_pair
+    if plan.config.drafter == "self":  # the draft step is the target's early exit (no cost model for a sweep)
+        layer = cost_exit_layer(plan)
+        cost_pair = replace(spec_pair, draft=EarlyExit(pair.target, layer)) if layer else None
+    cost, cost_stall = measure_costs(cost_pair, encode_prompt(pair.tokenizer, prompts[0].prompt), max(plan.ks) + 1,
+                                     max_stall=args.max_stall, retries=args.retries) if cost_pair else (None, None)
     bench = run_bench(spec_pair, prompts, plan, hf, assistants, progress=not args.no_progress)
     meta = {"machine": info, "draft": pair.draft_name, "target": pair.target_name,
             "draft_quant": {"bits": quant.bits, "group_size": quant.group_size,

@@ -16,6 +16,7 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from specviz.analysis.divergence import first_divergence
+from specviz.analysis.acceptance import calibration
 from specviz.analysis.predict import CostModel, best_k, predicted_speedup, predicted_speedup_for_rounds
 from specviz.analysis.stats import SpecStats, ratio, spec_stats
 from specviz.bench.runner import AR, AR_HF, Bench, PromptResult, setting_name
@@ -74,10 +75,14 @@ def predicted_for(rounds, stats: SpecStats, cost: CostModel | None) -> float | N
     return predicted_speedup_for_rounds([r.k for r in rounds], stats.tokens, cost)
 
 
+def rounds_of(results: Sequence[PromptResult], method: str) -> list:
+    return [e for x in runs_of(results, method) for e in x.events]
+
+
 def setting_record(results: Sequence[PromptResult], method: str, cost: CostModel | None) -> dict:
     """One speculative setting pooled over prompts: its rate, acceptance and where its time goes."""
     runs = runs_of(results, method)
-    rounds = [e for x in runs for e in x.events]
+    rounds = rounds_of(results, method)
     stats = spec_stats(rounds, sum(x.seconds for x in runs))  # the rounds pooled, as `pooled_spec`
     return {
         "spec_tokens_per_s": _round(stats.tokens_per_s), "acceptance_rate": _round(stats.acceptance_rate),
@@ -197,6 +202,9 @@ def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: st
         "acceptance_by_kind": {kind: _round(pooled_spec(rs, spec).acceptance_rate)
                                for kind, rs in by_kind(results).items()},
         "costs": cost_record(cost, cost_stall),
+        # fitted on the tuning prompts' rounds (or every other reported prompt, without a grid), judged on the rest
+        "acceptance_model": calibration(*([rounds_of(bench.tuning, spec), rounds_of(results, spec)] if bench.tuning
+                                          else [rounds_of(results[::2], spec), rounds_of(results[1::2], spec)])),
         "predicted_by_k": {str(k): v for k, v in curve.items()},
         "config": {"settings": list(settings), "max_new_tokens": chosen.max_new_tokens,
                    "sampling": asdict(chosen.sampling), "seed": chosen.seed, "drafter": chosen.drafter,
@@ -264,4 +272,9 @@ def format_table(report: dict) -> str:
     if c:
         lines.append(f"  costs: target step {c['target_step_ms']} ms, draft step {c['draft_step_ms']} ms "
                      f"(c = {c['c']}), verify/T1 for n=1..: {c['verify_ratio']}")
+    if a := report.get("acceptance_model"):
+        table = ", ".join(f"{b['bin']}: {b['observed']:.2f} of {b['n']}" for b in a["reliability"])
+        lines.append(f"  acceptance predictor: Brier {a['brier']} (base rate alone {a['brier_base_rate']}) on "
+                     f"{a['tested_on_tokens']} drafted tokens of prompts it was not fitted on; observed by "
+                     f"predicted bin: {table}")
     return "\n".join(lines)

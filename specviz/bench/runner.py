@@ -13,8 +13,8 @@ neither a warm cache nor a burst of noise favours a fixed slot, and ratios compa
 prompt and repetition. A repetition disturbed by another process (CPU stall, `noise.py`) is measured
 again, up to a limit, and the calmest kept.
 
-Several settings (K x confidence cut) are tried on a tuning split of the prompts; the best is then
-reported on the other prompts only: choosing on the measurements one reports would flatter them.
+Several settings (K x confidence cut x exit layer) are tried on a tuning split of the prompts; the best
+is then reported on the other prompts only: choosing on the measurements one reports would flatter them.
 """
 
 from __future__ import annotations
@@ -69,14 +69,16 @@ class PromptResult:
 
 
 def setting_name(config: DecodeConfig) -> str:
-    return f"k={config.k}" + (f" c={config.stop_below:g}" if config.stop_below else "")
+    return (f"k={config.k}" + (f" c={config.stop_below:g}" if config.stop_below else "")
+            + (f" L={config.exit_layer}" if config.drafter == "self" else ""))
 
 
 @dataclass(frozen=True)
 class Plan:
-    config: DecodeConfig  # the decoding settings; k and confidence are replaced by each of the grid's
+    config: DecodeConfig  # the decoding settings; k, confidence and exit layer are replaced by each of the grid's
     ks: tuple[int, ...]
     confidences: tuple[float, ...] = ()  # tried in "confidence" mode (default: config.confidence)
+    exit_layers: tuple[int, ...] = ()  # tried with the 'self' drafter (default: config.exit_layer)
     reps: int = 1
     max_stall: float = 0.05  # re-measure a repetition when a call saw more CPU stall than this fraction
     retries: int = 2
@@ -84,7 +86,8 @@ class Plan:
     def settings(self) -> list[DecodeConfig]:
         cut_matters = self.config.adaptive == "confidence" and self.config.drafter != "lookup"  # lookup has no q
         cuts = self.confidences if cut_matters and self.confidences else (self.config.confidence,)
-        return [replace(self.config, k=k, confidence=c) for k in self.ks for c in cuts]
+        layers = self.exit_layers if self.config.drafter == "self" and self.exit_layers else (self.config.exit_layer,)
+        return [replace(self.config, k=k, confidence=c, exit_layer=n) for k in self.ks for c in cuts for n in layers]
 
 
 def split(prompts: list[BenchPrompt]) -> tuple[list[BenchPrompt], list[BenchPrompt]]:

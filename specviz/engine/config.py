@@ -32,7 +32,12 @@ class DecodeConfig:
                              json_schema_extra={"must": "a whole number between 0 and 4294967295"})
     drafter: DrafterName = Field("model", title="drafter",
                              description="model: the draft model · lookup: copy from the context · hybrid: lookup, "
-                                         "else the model")
+                                         "else the model · self: the target's own first layers (no draft model)")
+    exit_layer: int = Field(24, ge=1, title="exit layer",
+                            description="'self' drafter: draft with the target's first L layers, then its final "
+                                        "norm and head; fewer layers draft cheaper and are accepted less "
+                                        "(the embedded target has 28)",
+                            json_schema_extra={"must": "a whole number of at least 1, below the target's layer count"})
     adaptive: Adaptive = Field("confidence", title="adaptive K",
                                description="fixed: always K · confidence: stop drafting when the draft is unsure · "
                                            "acceptance: grow K after a clean sweep, shrink it after a rejection")

@@ -1,8 +1,9 @@
 """Drafters propose K tokens and the exact distribution q each was sampled from.
 
-Any drafter works with the rule as long as q is truthful: a small model's warped softmax, or a
-point mass for a deterministic guess such as prompt lookup (then a drafted x is accepted with
-probability p(x), and the correction is p with x removed, renormalised).
+Any drafter works with the rule as long as q is truthful: a small model's warped softmax (the
+target's own first layers are such a model: `early_exit.py`), or a point mass for a deterministic
+guess such as prompt lookup (then a drafted x is accepted with probability p(x), and the correction
+is p with x removed, renormalised).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Literal, Protocol, get_args
 import torch
 from transformers import DynamicCache
 
+from specviz.engine.early_exit import EarlyExit, early_exit_problem
 from specviz.engine.plumbing import PromptCache, fit_ids, model_vocab, pad_vocab, prefilled, rollback
 from specviz.engine.sampling import SamplingParams, draw, logits_to_probs
 
@@ -101,6 +103,16 @@ class ModelDrafter:
         rollback(self.cache, keep)
 
 
+class SelfDrafter(ModelDrafter):
+    """Self-speculation: the target's first `exit_layer` layers draft for it, with their own KV cache."""
+
+    name = "self"
+
+    def __init__(self, target, exit_layer: int, sampling: SamplingParams, generator, vocab_size: int,
+                 stop_below: float = 0.0, prompt_cache: PromptCache | None = None):
+        super().__init__(EarlyExit(target, exit_layer), sampling, generator, vocab_size, stop_below, prompt_cache)
+
+
 LOOKUP_MAX_NGRAM = 3  # the longest suffix matched against the context
 
 
@@ -152,17 +164,30 @@ class HybridDrafter:
         self.model.rollback(keep)
 
 
-DrafterName = Literal["model", "lookup", "hybrid"]
+DrafterName = Literal["model", "lookup", "hybrid", "self"]
 DRAFTERS = get_args(DrafterName)
+NEEDS_DRAFT_MODEL = ("model", "hybrid")
+
+
+def drafter_problem(name: str, draft_model, target, exit_layer: int) -> str | None:
+    """Why drafter `name` cannot run on this pair, in one sentence; None when it can. A run checks this
+    before any model runs (the message is the user's); `make_drafter` raises it."""
+    if name not in DRAFTERS:
+        return f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}."
+    if name in NEEDS_DRAFT_MODEL and draft_model is None:
+        return f"this pair has no draft model, which the {name!r} drafter needs: use the 'lookup' or 'self' drafter."
+    return early_exit_problem(target, exit_layer) if name == "self" else None
 
 
 def make_drafter(name: str, draft_model, sampling: SamplingParams, generator, vocab_size: int,
-                 device, stop_below: float = 0.0, prompt_cache: PromptCache | None = None) -> Drafter:
-    if name not in DRAFTERS:
-        raise ValueError(f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}")
+                 device, stop_below: float = 0.0, prompt_cache: PromptCache | None = None, *,
+                 target=None, exit_layer: int = 0) -> Drafter:
+    """`target` and `exit_layer`: the 'self' drafter's model and depth (the other drafters ignore them)."""
+    if problem := drafter_problem(name, draft_model, target, exit_layer):
+        raise ValueError(problem)
     if name == "lookup":
         return PromptLookupDrafter(vocab_size, device)
-    if draft_model is None:
-        raise ValueError(f"the {name!r} drafter needs a draft model, and this pair has none")
+    if name == "self":
+        return SelfDrafter(target, exit_layer, sampling, generator, vocab_size, stop_below, prompt_cache)
     model = ModelDrafter(draft_model, sampling, generator, vocab_size, stop_below, prompt_cache)
     return model if name == "model" else HybridDrafter(PromptLookupDrafter(vocab_size, device), model)

@@ -55,7 +55,9 @@ class PromptCache:
         self.saved: dict[tuple, DynamicCache] = {}
 
     def copy(self, model, ids: torch.Tensor) -> DynamicCache:
-        key = (id(model), tuple(ids[0].tolist()))
+        # keyed by the model itself, not its id: an id is reused once its object is gone, and equal views
+        # of one model (the self drafter's early exit at one depth) must share an entry
+        key = (model, tuple(ids[0].tolist()))
         if key not in self.saved:
             self.saved[key] = prefilled(model, ids)
         return copy.deepcopy(self.saved[key])

@@ -36,7 +36,7 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
     gen = make_generator(device, config.seed)
     if drafter is None:
         drafter = make_drafter(config.drafter, pair.draft, config.sampling, gen, vocab, device, config.stop_below,
-                               prompt_cache)
+                               prompt_cache, target=pair.target, exit_layer=config.exit_layer)
     pieces = Pieces(pair.tokenizer)
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     history, generated = list(prompt_ids), []

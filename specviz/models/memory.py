@@ -1,4 +1,9 @@
-"""Will a pair fit? Its weights' memory, estimated from the models' configs before any weight is read.
+"""Memory: what a loaded pair holds, and whether a pair will fit before it loads.
+
+`model_bytes` counts what a loaded model's tensors occupy; the app shows it per model, so what
+self-speculation saves (no draft model at all) reads as a number.
+
+Will a pair fit? Its weights' memory, estimated from the models' configs before any weight is read.
 
 A server that starts loading a pair too big for the machine gets killed by the OS, for every visitor.
 The estimate is parameters x bytes per parameter in the dtype it will run in, for both models, with
@@ -8,13 +13,33 @@ and activations come on top; at specviz's limits they are small beside the weigh
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 
 from specviz.models.embedded import DRAFT, TARGET, converted_dir, is_converted
 from specviz.models.loading import locate
-from specviz.models.pair import EMBEDDED, TINY, ModelLoadError, PairSpec, resolve_device, resolve_dtype
+from specviz.models.pair import EMBEDDED, TINY, ModelLoadError, ModelPair, PairSpec, resolve_device, resolve_dtype
 
 GB = 1e9
+
+
+def model_bytes(model: torch.nn.Module) -> int:
+    """The memory a loaded model's weights and buffers hold: each storage counted once, so tied
+    embeddings (one tensor, two names) and views of one buffer count once, and a cheaper draft's
+    packed weights count beside the dense ones it keeps for reading prompts."""
+    storages = {}
+    for t in itertools.chain(model.parameters(), model.buffers()):
+        if t.device.type != "meta":  # no memory behind it
+            storage = t.untyped_storage()
+            storages[(t.device, storage.data_ptr())] = storage.nbytes()
+    return sum(storages.values())
+
+
+def pair_bytes(pair: ModelPair | None) -> dict[str, int]:
+    """Each loaded model's memory by role ("draft", "target"); a pair without draft has no "draft"."""
+    models = {} if pair is None else {"draft": pair.draft, "target": pair.target}
+    return {role: model_bytes(m) for role, m in models.items() if m is not None}
 
 
 def parameter_count(source: str | None, role: str) -> int | None:

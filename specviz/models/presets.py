@@ -14,6 +14,6 @@ PRESETS: dict[str, tuple[str | None, str]] = {
                                                      "Qwen/Qwen2.5-Coder-7B-Instruct"),
     "Llama 3.2 1B → Llama 3.1 8B Instruct (hub, GPU)": ("meta-llama/Llama-3.2-1B-Instruct",
                                                          "meta-llama/Llama-3.1-8B-Instruct"),
-    "Target only, prompt-lookup drafter (offline)": (None, EMBEDDED),
+    "Target only: prompt lookup or self-speculation drafters (offline)": (None, EMBEDDED),
     "Tiny random pair (instant; to try the UI, not the models)": (TINY, TINY),
 }

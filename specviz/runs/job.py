@@ -9,6 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from specviz.engine import DecodeConfig
+from specviz.engine.drafters import drafter_problem
 from specviz.models import ModelPair, encode_prompt
 from specviz.runs.errors import InputError
 from specviz.runs.limits import Limits, check_prompt_tokens, clean_prompt
@@ -31,8 +32,8 @@ def prepare(session: Session, limits: Limits, prompt, settings: dict | DecodeCon
     prompt = clean_prompt(prompt, limits)
     config = settings if isinstance(settings, DecodeConfig) else validate(DecodeConfig, settings, limits)
     pair = session.require()
-    if pair.draft is None and config.drafter != "lookup":
-        raise InputError(f"this pair has no draft model: use the 'lookup' drafter (got {config.drafter!r}).")
+    if problem := drafter_problem(config.drafter, pair.draft, pair.target, config.exit_layer):
+        raise InputError(problem)
     ids = encode_prompt(pair.tokenizer, prompt)
     check_prompt_tokens(len(ids), config.max_new_tokens, limits, session.context_length())
     return Job(pair, prompt, ids, config, RunMeta.of(pair, prompt, ids, config))

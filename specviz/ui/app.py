@@ -15,6 +15,7 @@ import gradio as gr
 from specviz.analysis.stats import RunStats
 from specviz.engine import DecodeConfig
 from specviz.models import PairSpec
+from specviz.models.memory import pair_bytes
 from specviz.models.presets import PRESETS
 from specviz.runs.distribution import DistributionSettings
 from specviz.runs.limits import Limits
@@ -33,7 +34,7 @@ APP_CSS = render.CSS + live.CSS + """
 .sv-header { display: flex; align-items: baseline; gap: 6px 16px; flex-wrap: wrap; padding: 0 4px; }
 .sv-header h1 { margin: 0; font-size: 22px; }
 .sv-tagline { font-size: 15px; }
-#sv-pair { color: var(--body-text-color-subdued); font-size: 13px; }
+#sv-pair, #sv-memory { color: var(--body-text-color-subdued); font-size: 13px; }
 #sv-caption { min-height: 150px; }
 .sv-presenter .sv-tagline, .sv-presenter #sv-side, .sv-presenter #sv-examples, .sv-presenter #sv-rounds-run,
 .sv-presenter #sv-step, .sv-presenter #sv-tabs > .tab-wrapper { display: none !important; }
@@ -174,7 +175,7 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options = 
     # delete_cache: Gradio's copies of exported files go after an hour too, checked hourly
     with gr.Blocks(title="specviz: speculative decoding, visible", analytics_enabled=False, fill_width=True,
                    delete_cache=(3600, 3600)) as demo:
-        header = gr.HTML(render.header_html(session.name))
+        header = gr.HTML(render.header_html(session.name, pair_bytes(session.pair)))
         # what a visitor's session holds is let go when it ends: the paused run's caches, the exported files
         record, stepper = gr.State(None), gr.State(None, delete_callback=h.reset_step)
         exports = gr.State([], delete_callback=h.remove_files)

@@ -204,7 +204,22 @@ def legend_html() -> str:
             "(one target forward) · hover a token for p, q, min(1, p/q), u</span></div>")
 
 
-def header_html(pair: str) -> str:
-    """The page's header line, naming the pair being served (updated after a load)."""
+def size_text(n: int) -> str:
+    """Bytes in decimal units, three significant figures: 346 kB, 1.23 GB."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{n} B"
+
+
+def memory_text(memory: dict[str, int]) -> str:
+    """Each loaded model's weights in memory: what self-speculation saves is the draft's share."""
+    return "weights in memory: " + ", ".join(f"{role} {size_text(n)}" for role, n in memory.items())
+
+
+def header_html(pair: str, memory: dict[str, int] | None = None) -> str:
+    """The page's header line, naming the pair being served and, given `memory` (bytes by role, as
+    `models.memory.pair_bytes` returns), what its models hold (updated after a load)."""
+    shown = f'<span id="sv-memory">{escape(memory_text(memory))}</span>' if memory else ""
     return (f'<div class="sv-header"><h1>specviz</h1><span class="sv-tagline">speculative decoding, visible</span>'
-            f'<span id="sv-pair">serving {escape(pair)}</span></div>')
+            f'<span id="sv-pair">serving {escape(pair)}</span>{shown}</div>')

@@ -129,7 +129,8 @@ def settings(meta: RunMeta) -> list[tuple[str, object]]:
     c, s = meta.config, meta.config.sampling
     rows = [("K (drafted per round)", c.k), ("adaptive K", c.adaptive)]
     rows += [("confidence cut", c.confidence)] if c.adaptive == "confidence" else []
-    rows += [("drafter", c.drafter), ("temperature", f"{s.temperature:g}" + (" (greedy)" if s.greedy else "")),
+    rows += [("drafter", c.drafter)] + ([("exit layer", c.exit_layer)] if c.drafter == "self" else [])
+    rows += [("temperature", f"{s.temperature:g}" + (" (greedy)" if s.greedy else "")),
              ("top-k", s.top_k or "off"), ("top-p", f"{s.top_p:g}" if s.top_p < 1 else "off"),
              ("seed", "fresh each run" if c.seed is None else c.seed), ("max new tokens", c.max_new_tokens),
              ("prompt tokens", meta.prompt_tokens), ("dtype", meta.dtype), ("device", meta.device)]

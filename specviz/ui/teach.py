@@ -80,9 +80,10 @@ def _plural(n: int, word: str) -> str:
 
 
 def _draft_line(r: Round) -> str:
-    if r.k == 0:  # the model drafter stops only when one token is left; lookup when nothing matches
-        why = {"model": "one token left, which the target makes by itself",
-               "lookup": "no match in the context"}.get(r.drafter, "no match in the context, or one token left")
+    if r.k == 0:  # the model drafters stop only when one token is left; lookup when nothing matches
+        last = "one token left, which the target makes by itself"
+        why = {"model": last, "self": last, "lookup": "no match in the context"}.get(
+            r.drafter, "no match in the context, or one token left")
         return f"- **Draft:** nothing proposed this round ({why})."
     per = f", {ms(r.draft_time / r.k)} per token" if r.k > 1 else ""
     drafted = " ".join(tok(t.text) for t in r.drafted)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import gradio as gr
 
+from specviz.models.memory import pair_bytes
 from specviz.models.presets import PRESETS
 from specviz.runs.limits import Limits
 from specviz.runs.session import Session
@@ -124,7 +125,8 @@ class Wiring:
                              [pair["draft"], pair["target"]], api_visibility="private")
         return pair["load"].click(on_load, [pair["draft"], pair["target"], pair["dtype"]], [pair["log"]],
                                   api_visibility="private", concurrency_id=MODEL).then(
-            lambda: header_html(self.session.name), None, [header], api_visibility="private")
+            lambda: header_html(self.session.name, pair_bytes(self.session.pair)), None, [header],
+            api_visibility="private")
 
     def browsing(self, decode: dict) -> None:
         gr.on([decode["rounds"].input, decode["show_rejected"].input],
