@@ -718,3 +718,17 @@ def test_the_acceptance_predictor_is_judged_on_prompts_it_was_not_fitted_on():
     assert (a["fitted_on_tokens"], a["tested_on_tokens"]) == (fitted, tested)  # no grid: every other prompt
     assert sum(b["n"] for b in a["reliability"]) == tested and 0 <= a["brier"] <= 1
     assert "acceptance predictor: Brier" in format_table(report)
+
+
+def test_cli_benches_prompt_lookup_on_a_target_only_pair(tiny, tmp_path):
+    """No draft model: no draft step to time, so no cost model (it used to time the missing draft and crash)."""
+    from specviz import cli
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "x", "prompt": "the a of the a of", "kind": "code"}\n')
+    out = tmp_path / "r.json"
+    with mock.patch("specviz.models.load_spec", lambda spec, **kw: replace(tiny, draft=None)):
+        assert cli.main(["bench", "--prompts", str(prompts), "--draft", "none", "--drafter", "lookup", "--k", "2",
+                         "--adaptive", "fixed", "--max-new-tokens", "6", "--json", str(out), "--no-progress"]) == 0
+    report = json.loads(out.read_text())
+    assert report["costs"] is None and report["summary"]["identical_fraction"] == 1.0

@@ -136,6 +136,8 @@ def cmd_bench(args) -> int:
     if plan.config.drafter == "self":  # the draft step is the target's early exit (no cost model for a sweep)
         layer = cost_exit_layer(plan)
         cost_pair = replace(spec_pair, draft=EarlyExit(pair.target, layer)) if layer else None
+    elif spec_pair.draft is None:  # prompt lookup alone: no draft step to time, so no cost model
+        cost_pair = None
     cost, cost_stall = measure_costs(cost_pair, encode_prompt(pair.tokenizer, prompts[0].prompt), max(plan.ks) + 1,
                                      max_stall=args.max_stall, retries=args.retries) if cost_pair else (None, None)
     bench = run_bench(spec_pair, prompts, plan, hf, assistants, progress=not args.no_progress)

@@ -122,18 +122,20 @@ def drop_stream(url: str, client: Client, max_new_tokens: int, timeout: float) -
     """A streaming /generate over Gradio's REST API whose connection is closed after the first round."""
     params = client.view_api(return_format="dict", print_info=False)["named_endpoints"]["/generate"]["parameters"]
     data = positional(params, {"prompt": PROMPT, "max_new_tokens": max_new_tokens})
-    start, lines = time.monotonic(), []
+    start, events, name = time.monotonic(), [], None
     with httpx.Client(timeout=timeout) as http:
         event = http.post(f"{url}/gradio_api/call/generate", json={"data": data}).raise_for_status().json()
         with http.stream("GET", f"{url}/gradio_api/call/generate/{event['event_id']}") as stream:
             for line in stream.iter_lines():  # server-sent events: "event: <name>", then "data: ..."
-                lines += [line] if line and "heartbeat" not in line else []
-                if len(lines) == 2:
+                if line.startswith("event: "):
+                    name = line.removeprefix("event: ")
+                elif line.startswith("data: ") and name != "heartbeat":  # heartbeats come while it waits
+                    events.append(name)
                     break  # leaving the block closes the connection mid-stream
     seconds = time.monotonic() - start
-    if lines[:1] == ["event: generating"]:
+    if events == ["generating"]:
         return Record("disconnect", True, "dropped", seconds=seconds)
-    return Record("disconnect", True, "error", f"no round to drop the stream after: {lines}"[:300], seconds=seconds)
+    return Record("disconnect", True, "error", f"no round to drop the stream after: {events}"[:300], seconds=seconds)
 
 
 @dataclass
