@@ -33,11 +33,6 @@ class DecodeConfig:
     drafter: DrafterName = Field("model", title="drafter",
                              description="model: the draft model · lookup: copy from the context · hybrid: lookup, "
                                          "else the model · self: the target's own first layers (no draft model)")
-    exit_layer: int = Field(24, ge=1, title="exit layer",
-                            description="'self' drafter: draft with the target's first L layers, then its final "
-                                        "norm and head; fewer layers draft cheaper and are accepted less "
-                                        "(the embedded target has 28)",
-                            json_schema_extra={"must": "a whole number of at least 1, below the target's layer count"})
     adaptive: Adaptive = Field("confidence", title="adaptive K",
                                description="fixed: always K · confidence: stop drafting when the draft is unsure · "
                                            "acceptance: grow K after a clean sweep, shrink it after a rejection")
@@ -46,6 +41,12 @@ class DecodeConfig:
                                           "drops below this", json_schema_extra={"step": 0.05})
     top_n: int = Field(10, ge=1, le=50, title="candidates shown",
                        description="top candidates recorded per position for the drill-down")
+    # last: the API's positional parameters follow the field order, and scripts written before it keep working
+    exit_layer: int = Field(24, ge=1, title="exit layer",
+                            description="'self' drafter: draft with the target's first L layers, then its final "
+                                        "norm and head; fewer layers draft cheaper and are accepted less "
+                                        "(the embedded target has 28)",
+                            json_schema_extra={"must": "a whole number of at least 1, below the target's layer count"})
 
     @property
     def stop_below(self) -> float:
