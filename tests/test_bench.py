@@ -19,7 +19,8 @@ from specviz.bench import command
 from specviz.bench.hf import HF_DEFAULT, HFGenerate, HFSetting
 from specviz.bench.html import write_html
 from specviz.bench.prompts import BenchPrompt, PromptFileError, parse_prompts
-from specviz.bench.report import build_report, format_table
+from specviz.bench.report import build_report
+from specviz.bench.table import format_table
 from specviz.bench.runner import (
     AR, AR_HF, Bench, Method, Plan, PromptResult, Timed, hf_assisted, measure, run_bench, setting_name, split, tuned_best,
 )

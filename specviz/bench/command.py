@@ -95,7 +95,8 @@ def cmd_bench(args) -> int:
     from specviz.bench.hf import HFGenerate
     from specviz.bench.html import write_html
     from specviz.bench.prompts import PromptFileError, load_prompts
-    from specviz.bench.report import build_report, format_table
+    from specviz.bench.report import build_report
+    from specviz.bench.table import format_table
     from specviz.bench.runner import run_bench
     from specviz.models import encode_prompt, load_spec
     from specviz.models.draft import DraftQuant, cheaper_draft, with_cheaper_draft

@@ -1,4 +1,4 @@
-"""Turn a benchmark into the JSON report and a readable table.
+"""Turn a benchmark into the JSON report (`table.py` prints it).
 
 Every rate is a ratio of totals (tokens summed over prompts and repetitions / seconds summed), never a
 mean of per-prompt ratios, so long and short prompts weigh what they cost. Every speedup carries a
@@ -211,70 +211,3 @@ def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: st
                    "adaptive": chosen.adaptive},
         "meta": meta or {},
     }
-
-
-def _fmt(x, spec: str = ".2f", none: str = "-") -> str:
-    if x is None:
-        return none
-    if isinstance(x, bool):
-        return "yes" if x else "NO"
-    return format(x, spec)
-
-
-def _ci(ci) -> str:
-    return f"[{ci[0]:.2f}, {ci[1]:.2f}]" if ci else "[no interval: under 3 prompts]"
-
-
-def format_table(report: dict) -> str:
-    """The reported runs side by side, then every method, the tuning grid and the summary."""
-    s, c = report["summary"], report["costs"]
-    header = ("prompt", "kind", "rep", "AR tok/s", "HF AR tok/s", "spec tok/s", "HF same tok/s", "speedup",
-              "prefill s AR/spec", "decode x", "pred", "accept", "tok/round", "identical")
-    rows = [(r["id"], r["kind"], str(r["rep"]), _fmt(r["ar_tokens_per_s"]), _fmt(r["ar_hf_tokens_per_s"]),
-             _fmt(r["spec_tokens_per_s"]), _fmt(r["hf_tokens_per_s"].get(s["hf_same_draft_setting"])),
-             _fmt(r["speedup"]) + "x", f"{_fmt(r['prefill_s']['ar'])}/{_fmt(r['prefill_s']['spec'])}",
-             _fmt(r["decode_speedup"]) + "x", _fmt(r["predicted_speedup"]), _fmt(r["acceptance_rate"]),
-             _fmt(r["mean_accepted_tokens"]),
-             _fmt(r["identical_to_ar"]) if r["first_divergence"] is None
-             else f"NO@{r['first_divergence']['position']} gap {_fmt(r['first_divergence']['target_top2_gap'], '.3f')}")
-            for r in report["runs"]]
-    widths = [max(len(str(x)) for x in col) for col in zip(header, *rows)]
-    lines = ["  ".join(str(x).ljust(w) for x, w in zip(row, widths)) for row in [header, *rows]]
-    lines.insert(1, "  ".join("-" * w for w in widths))
-    lines += ["", f"methods on the {len(s['reported_on'])} reported prompts (ratios of totals over {s['baseline']}, "
-                  f"95% bootstrap CI over those prompts):"]
-    for name, m in report["methods"].items():
-        lines.append(f"  {name:<24} {_fmt(m['tokens_per_s'])} tok/s  {_fmt(m['speedup'])}x  "
-                     f"{_ci(m['speedup_ci95']) if m['speedup_ci95'] else ''}  "
-                     f"identical to AR {_fmt(m['identical_fraction'])}")
-    tuned = f"tuned on {', '.join(s['tuned_on'])}" if s["tuned_on"] else "one setting: no tuning"
-    lines += ["", f"settings ({tuned}):"]
-    for name, t in report["settings"].items():
-        mark = "  <- chosen" if name == s["setting"] else ""
-        lines.append(f"  {name:<12} {_fmt(t['spec_tokens_per_s'])} tok/s, acceptance {_fmt(t['acceptance_rate'])}, "
-                     f"{_fmt(t['mean_accepted_tokens'])} tok/round, round ms {t['round_ms']}{mark}")
-    lines += ["", f"summary ({s['setting']}, reported on {len(s['reported_on'])} prompt(s) x {s['reps']} rep(s), "
-                  f"{s['device']}, {s['dtype']}):",
-              f"  speedup over the target alone {_fmt(s['speedup'])}x {_ci(s['speedup_ci95'])} "
-              f"(baseline: {s['baseline']}; AR {_fmt(s['ar_tokens_per_s'])} tok/s, "
-              f"transformers {_fmt(s['ar_hf_tokens_per_s'])} tok/s; decode alone over the AR lane "
-              f"{_fmt(s['decode_speedup'])}x)",
-              f"  by kind {s['speedup_by_kind']}",
-              "  vs HF: " + ("   ".join(f"{label} draft ({s[f'hf_{label}_draft_setting']}) {_fmt(s[key])}x "
-                                         f"{_ci(s[key + '_ci95'])}"
-                                         for label, key in (("same", "vs_hf"), ("other", "vs_hf_other_draft"))
-                                         if s[f"hf_{label}_draft_setting"]) or "not run (--compare-hf)"),
-              f"  acceptance {_fmt(s['acceptance_rate'])}   identical to AR {_fmt(s['identical_fraction'])}",
-              f"  predicted {_fmt(s['predicted_speedup'])}x   efficiency {_fmt(s['efficiency'])}   "
-              f"event overhead {_fmt(s['event_overhead'], '.3f')}   best K predicted {s['best_k_predicted']}",
-              f"  CPU contention: worst call kept stalled {_fmt(s['max_cpu_stall'], '.1%')} of its time; "
-              f"{s['remeasured']} repetition(s) measured again"]
-    if c:
-        lines.append(f"  costs: target step {c['target_step_ms']} ms, draft step {c['draft_step_ms']} ms "
-                     f"(c = {c['c']}), verify/T1 for n=1..: {c['verify_ratio']}")
-    if a := report.get("acceptance_model"):
-        table = ", ".join(f"{b['bin']}: {b['observed']:.2f} of {b['n']}" for b in a["reliability"])
-        lines.append(f"  acceptance predictor: Brier {a['brier']} (base rate alone {a['brier_base_rate']}) on "
-                     f"{a['tested_on_tokens']} drafted tokens of prompts it was not fitted on; observed by "
-                     f"predicted bin: {table}")
-    return "\n".join(lines)
