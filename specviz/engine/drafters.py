@@ -76,19 +76,31 @@ class ModelDrafter:
     def prefill(self, ids: torch.Tensor) -> None:
         self.cache = prefilled(self.model, self.fit(ids), self.prompt_cache)
 
+    # three seams where a draft with another vocabulary (`MappedDrafter`) differs: what it reads of the
+    # committed tokens, how its scores become the target's, and how it reads back a token it drafted
+    def context(self, ids: torch.Tensor) -> torch.Tensor:
+        """The committed tokens the cache has not seen yet."""
+        return self.fit(ids[:, self.cache.get_seq_length():])
+
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        return pad_vocab(logits, self.vocab_size)
+
+    def read_back(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(1, 1)
+
     @torch.inference_mode()
     def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft:
         tokens, qs, all_logits = [], [], []
         greedy = self.sampling.greedy
-        feed = self.fit(ids[:, self.cache.get_seq_length():])
+        feed = self.context(ids)
         for i in range(k):
             out = self.model(feed, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
-            logits = pad_vocab(out.logits[0, -1].float(), self.vocab_size)
+            logits = self.scores(out.logits[0, -1].float())
             q = None if greedy else logits_to_probs(logits, self.sampling)  # greedy: built once, below
             x = draw(logits, q, greedy, self.generator)
             qs.append(q)
             tokens.append(x), all_logits.append(logits)
-            feed = x.view(1, 1)
+            feed = self.read_back(x)
             if self.stop_below and i < k - 1 and top_prob(logits) < self.stop_below:  # the last needs no check
                 break
         if not tokens:
@@ -101,6 +113,70 @@ class ModelDrafter:
 
     def rollback(self, keep: int) -> None:
         rollback(self.cache, keep)
+
+
+class VocabMapping(Protocol):
+    """The draft's tokens in the target's vocabulary, for a draft of another family (built at load time:
+    `specviz.models.families.VocabMap`)."""
+
+    draft_of: torch.Tensor  # [target vocab]: each target id's draft id, -1 where the draft has none
+
+    def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor: ...  # -inf where the draft has none
+
+    def translate(self, ids: list[int]) -> list[int]: ...  # target ids -> draft ids for the same text
+
+    def draftable(self, target_id: int) -> bool: ...
+
+
+class MappedDrafter(ModelDrafter):
+    """A draft model with a vocabulary of its own (another family): see `vocab.py`.
+
+    Its cache holds its own tokens, so the positions differ from the target's: `mapped` is the committed
+    text in the draft's ids (the cache holds a prefix of it), `covered` the target tokens it stands for.
+    Drafted tokens are shared ones, one draft id each, so the accepted drafts are cut back one for one.
+    """
+
+    name = "model"
+
+    def __init__(self, model, vocab_map: VocabMapping, sampling: SamplingParams, generator, vocab_size: int,
+                 stop_below: float = 0.0, prompt_cache: PromptCache | None = None):
+        super().__init__(model, sampling, generator, vocab_size, stop_below, prompt_cache)
+        self.vocab_map = vocab_map
+        self.mapped, self.covered, self.drafted = [], 0, []
+
+    def translate(self, ids: torch.Tensor) -> list[int]:
+        new = ids[0, self.covered:].tolist()
+        self.covered = ids.shape[1]
+        return self.vocab_map.translate(new) if new else []
+
+    @torch.inference_mode()
+    def prefill(self, ids: torch.Tensor) -> None:
+        self.mapped, self.covered, self.drafted = [], 0, []
+        self.mapped = self.translate(ids)
+        self.cache = prefilled(self.model, torch.tensor([self.mapped], device=ids.device), self.prompt_cache)
+
+    def context(self, ids: torch.Tensor) -> torch.Tensor:
+        self.mapped += self.translate(ids)
+        self.drafted = []
+        return torch.tensor([self.mapped[self.cache.get_seq_length():]], device=ids.device)
+
+    def scores(self, logits: torch.Tensor) -> torch.Tensor:
+        return self.vocab_map.target_logits(logits)
+
+    def read_back(self, x: torch.Tensor) -> torch.Tensor:
+        d = self.vocab_map.draft_of[x]  # stays on the device: no sync per drafted token
+        self.drafted.append(d)
+        return d.view(1, 1)
+
+    def rollback(self, keep: int) -> None:
+        # the accepted drafts join `mapped` as the ids they were drafted as; the rest (the correction or
+        # bonus, or a lookup round's tokens) are translated when the next round starts
+        take = self.drafted[:max(0, keep - self.covered)]
+        if take:
+            self.mapped += torch.stack(take).tolist()
+            self.covered += len(take)
+        self.drafted = []
+        rollback(self.cache, len(self.mapped))
 
 
 class SelfDrafter(ModelDrafter):
@@ -181,13 +257,17 @@ def drafter_problem(name: str, draft_model, target, exit_layer: int) -> str | No
 
 def make_drafter(name: str, draft_model, sampling: SamplingParams, generator, vocab_size: int,
                  device, stop_below: float = 0.0, prompt_cache: PromptCache | None = None, *,
-                 target=None, exit_layer: int = 0) -> Drafter:
-    """`target` and `exit_layer`: the 'self' drafter's model and depth (the other drafters ignore them)."""
+                 target=None, exit_layer: int = 0, vocab_map: VocabMapping | None = None) -> Drafter:
+    """`target` and `exit_layer`: the 'self' drafter's model and depth; `vocab_map`: the draft model's
+    tokens in the target's vocabulary when it has another tokenizer (the other drafters ignore them)."""
     if problem := drafter_problem(name, draft_model, target, exit_layer):
         raise ValueError(problem)
     if name == "lookup":
         return PromptLookupDrafter(vocab_size, device)
     if name == "self":
         return SelfDrafter(target, exit_layer, sampling, generator, vocab_size, stop_below, prompt_cache)
-    model = ModelDrafter(draft_model, sampling, generator, vocab_size, stop_below, prompt_cache)
+    if vocab_map is None:
+        model = ModelDrafter(draft_model, sampling, generator, vocab_size, stop_below, prompt_cache)
+    else:
+        model = MappedDrafter(draft_model, vocab_map, sampling, generator, vocab_size, stop_below, prompt_cache)
     return model if name == "model" else HybridDrafter(PromptLookupDrafter(vocab_size, device), model)

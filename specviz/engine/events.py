@@ -52,6 +52,7 @@ class EmittedToken:
     p_soft: float
     target_top2_gap: float
     p_top: list[Candidate] = field(default_factory=list)
+    draftable: bool = True  # False: the draft (of another family) has no such token; only the target could say it
 
 
 @dataclass

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 from specviz.engine.config import DecodeConfig, next_k
-from specviz.engine.drafters import Drafter, make_drafter
+from specviz.engine.drafters import NEEDS_DRAFT_MODEL, Drafter, make_drafter
 from specviz.engine.events import (
     ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, Finish, Round, end_of_run, until_eos,
 )
@@ -36,7 +36,10 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
     gen = make_generator(device, config.seed)
     if drafter is None:
         drafter = make_drafter(config.drafter, pair.draft, config.sampling, gen, vocab, device, config.stop_below,
-                               prompt_cache, target=pair.target, exit_layer=config.exit_layer)
+                               prompt_cache, target=pair.target, exit_layer=config.exit_layer,
+                               vocab_map=pair.vocab_map)
+    # a draft model of another family proposes only the tokens it shares with the target: mark the others
+    mapping = pair.vocab_map if drafter.name in NEEDS_DRAFT_MODEL else None
     pieces = Pieces(pair.tokenizer)
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     history, generated = list(prompt_ids), []
@@ -78,6 +81,8 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
         ids = torch.cat([ids, torch.tensor([new], dtype=torch.long, device=device)], dim=1)
         event = _round_event(host, n, new, draft.k, pieces, index=index, drafter=drafter.name, position=position,
                              text=pieces.text(generated), draft_time=t1 - t0, verify_time=t2 - t1, finished=finished)
+        if mapping is not None and event.emitted is not None:
+            event.emitted.draftable = mapping.draftable(event.emitted.id)
         event.overhead_time = clock(device) - t2  # building the event is part of the overhead
         event.prefill_time, prefill_time = prefill_time, 0.0
         yield event

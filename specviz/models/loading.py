@@ -16,16 +16,16 @@ from urllib.parse import urlparse
 import torch
 
 from specviz.models.embedded import (
-    DRAFT,
-    TARGET,
     EmbeddedModel,
     EmbeddedModelError,
     assemble,
     converted_dir,
+    embedded_model,
     is_converted,
 )
+from specviz.models.families import same_tokenizer, vocab_map
 from specviz.models.pair import (
-    DTYPES, EMBEDDED, OUT_OF_MEMORY, TINY, ModelLoadError, ModelPair, PairSpec, release_memory, resolve_device,
+    DTYPES, EMBEDDED, OUT_OF_MEMORY, TINY, ModelLoadError, ModelPair, PairSpec, model_vocab, release_memory, resolve_device,
     resolve_dtype,
 )
 from specviz.models.tiny import tiny_pair
@@ -152,31 +152,15 @@ def prepare_embedded(model: EmbeddedModel, status: Status = log.info, progress: 
 
 def load_model(source: str, role: str, dtype: torch.dtype, *, trust_remote_code=False, device_map=None,
                status: Status = log.info, progress: bool = True):
-    if source == EMBEDDED:
+    if (embedded := embedded_model(source, role)) is not None:
         try:
-            folder = prepare_embedded(DRAFT if role == "draft" else TARGET, status, progress)
+            folder = prepare_embedded(embedded, status, progress)
         except EmbeddedModelError as e:
             raise ModelLoadError(str(e)) from e
-        status(f"Loading the embedded {role}…")
+        status(f"Loading the embedded {role} ({embedded.name})…")
         return _from_pretrained(str(folder), dtype, trust_remote_code=False)
     status(f"Loading {role} {source}…")
     return _from_pretrained(source, dtype, trust_remote_code, device_map=device_map)
-
-
-def check_tokenizers(draft_tok, target_tok, draft_name: str, target_name: str) -> None:
-    """Speculative decoding compares token ids, so both models must mean the same thing by each id."""
-    dv, tv = draft_tok.get_vocab(), target_tok.get_vocab()
-    if len(dv) != len(tv):
-        raise ModelLoadError(
-            f"draft {draft_name} and target {target_name} use different tokenizers "
-            f"({len(dv)} vs {len(tv)} tokens); pick a draft from the target's model family."
-        )
-    differing = [t for t in list(dv)[:: max(1, len(dv) // 2000)] if tv.get(t) != dv[t]]
-    if differing:
-        raise ModelLoadError(
-            f"draft {draft_name} and target {target_name} map tokens to different ids "
-            f"(e.g. {differing[0]!r}); pick a draft from the target's model family."
-        )
 
 
 def eos_ids(model, tokenizer) -> frozenset[int]:
@@ -230,7 +214,6 @@ def load_pair(draft: str | None = EMBEDDED, target: str = EMBEDDED, *, device: s
         if draft is not None:
             d_model, d_tok = load_model(draft, "draft", dt, trust_remote_code=trust_remote_code,
                                         status=status, progress=progress)
-            check_tokenizers(d_tok, t_tok, draft, target)
             d_model.to(dev).eval()
         if device_map is None:
             t_model.to(dev)
@@ -246,18 +229,22 @@ def load_pair(draft: str | None = EMBEDDED, target: str = EMBEDDED, *, device: s
     for model, source, role in ((t_model, target, "target"), (d_model, draft, "draft")):
         if model is not None:
             check_croppable(model, _display(source, role), dev)
+    mapping = None
+    if d_model is not None and not same_tokenizer(d_tok, t_tok):  # another family: map its vocabulary
+        status("The draft has a tokenizer of its own: mapping its vocabulary into the target's…")
+        mapping = vocab_map(d_tok, t_tok, model_vocab(d_model), model_vocab(t_model), _display(draft, "draft"),
+                            _display(target, "target"), dev)
     status("Models ready.")
     return ModelPair(draft=d_model, target=t_model, tokenizer=t_tok, device=dev, dtype=dt,
                      draft_name=_display(draft, "draft"), target_name=_display(target, "target"),
-                     eos_token_ids=eos_ids(t_model, t_tok))
+                     eos_token_ids=eos_ids(t_model, t_tok), vocab_map=mapping)
 
 
 def _display(source: str | None, role: str) -> str:
     if source is None:
         return "none"
-    if source == EMBEDDED:
-        return (DRAFT if role == "draft" else TARGET).name
-    return source
+    embedded = embedded_model(source, role)
+    return source if embedded is None else embedded.name
 
 
 def load_spec(spec: PairSpec, *, loader: Callable[..., ModelPair] = load_pair, status: Status = log.info,

@@ -17,9 +17,9 @@ import itertools
 
 import torch
 
-from specviz.models.embedded import DRAFT, TARGET, converted_dir, is_converted
+from specviz.models.embedded import converted_dir, embedded_model, is_converted
 from specviz.models.loading import locate
-from specviz.models.pair import EMBEDDED, TINY, ModelLoadError, ModelPair, PairSpec, resolve_device, resolve_dtype
+from specviz.models.pair import TINY, ModelLoadError, ModelPair, PairSpec, resolve_device, resolve_dtype
 
 GB = 1e9
 
@@ -50,11 +50,10 @@ def parameter_count(source: str | None, role: str) -> int | None:
 
     if source in (None, TINY):
         return None
-    if source == EMBEDDED:
-        model = DRAFT if role == "draft" else TARGET
-        if not is_converted(model):
+    if (embedded := embedded_model(source, role)) is not None:
+        if not is_converted(embedded):
             return None
-        folder, kw = str(converted_dir(model)), {}
+        folder, kw = str(converted_dir(embedded)), {}
     else:
         try:
             folder, kw = locate(source)

@@ -14,6 +14,7 @@ from pydantic.dataclasses import dataclass
 
 EMBEDDED = "embedded"
 TINY = "tiny"  # the in-process random pair (specviz.models.tiny): no files, for quick looks and tests
+SMOLLM2 = "smollm2"  # the embedded draft of another family (SmolLM2-135M-Instruct), for any target
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 DraftQuantName = Literal["int4", "int8", "none"]
 
@@ -24,7 +25,8 @@ class PairSpec:
     options and the app's model-pair controls are generated from these fields."""
 
     draft: str | None = Field(EMBEDDED, title="draft",
-                              description="'embedded', 'tiny', a hub id, a model folder or a .gguf file")
+                              description="'embedded', 'smollm2' (another family, embedded), 'tiny', a hub id, "
+                                          "a model folder or a .gguf file")
     target: str = Field(EMBEDDED, title="target", description="same choices as the draft")
     device: str = Field("auto", title="device", description="auto (cuda if available), cpu, cuda, cuda:1 ...")
     dtype: Dtype = Field("auto", title="dtype",
@@ -67,7 +69,7 @@ def release_memory(error: BaseException | None = None) -> None:
 
 @dataclasses.dataclass
 class ModelPair:
-    """A draft and a target that share one tokenizer, on one device, in one dtype."""
+    """A draft and a target on one device, in one dtype, sharing one tokenizer or mapped by `vocab_map`."""
 
     draft: torch.nn.Module | None
     target: torch.nn.Module
@@ -77,11 +79,14 @@ class ModelPair:
     draft_name: str = "draft"
     target_name: str = "target"
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
+    vocab_map: object | None = None  # a `families.VocabMap` when the draft has a tokenizer of its own
 
     @property
     def vocab_size(self) -> int:
-        """Draft and target may pad their embedding tables differently; we work in the larger."""
-        return max(model_vocab(m) for m in (self.target, self.draft) if m is not None)
+        """Draft and target of one family may pad their embedding tables differently: we work in the larger.
+        A draft of another family has its tokens mapped into the target's vocabulary: we work in that."""
+        models = (self.target,) if self.vocab_map is not None else (self.target, self.draft)
+        return max(model_vocab(m) for m in models if m is not None)
 
     def release(self) -> None:
         """Drop the weights now, so loading another pair does not hold two in memory."""

@@ -99,7 +99,7 @@ def samplers(pair: ModelPair, settings: ProofSettings, calibrate: bool = True) -
         out.append(Sampler("target alone", True, target_path))
     if settings.controls:
         if pair.draft is not None and calibrate:
-            draft_as_target = replace(pair, target=pair.draft)
+            draft_as_target = replace(pair, target=pair.draft, vocab_map=None)  # (ids of its own vocabulary)
             out.append(Sampler("draft alone (control)", False,
                                lambda _, *a: target_path(draft_as_target, *a)))
         out.append(Sampler("always accept (control)", False,

@@ -52,6 +52,7 @@ CSS = """
 .sv-bonus { background: rgba(147, 51, 234, 0.16); box-shadow: inset 0 -2px 0 #9333ea; }
 .sv-drafted { background: rgba(217, 119, 6, 0.14); box-shadow: inset 0 -2px 0 #d97706; }
 .sv-target { }
+.sv-undraftable { outline: 1.5px dotted currentColor; outline-offset: 1px; }
 .sv-ws { color: var(--body-text-color-subdued); opacity: 0.75; }
 .sv-hide-rejected .sv-rejected, .sv-hide-rejected .sv-not_verified { display: none; }
 .sv-diverge { outline: 2px solid #f59e0b; outline-offset: 1px; background: rgba(245, 158, 11, 0.25); }
@@ -111,12 +112,20 @@ def emitted_tip(t: EmittedToken) -> str:
     where = {CORRECTION: "sampled from the residual max(0, p − q)",
              BONUS: "sampled from the target's next distribution (all drafts accepted)",
              TARGET: "sampled by the target alone"}[t.kind]
-    return "\n".join([f"{t.kind}: {t.text!r}", where, f"probability = {t.p:.4f}",
-                      f"p (softmax, T=1) = {t.p_soft:.4f}", f"target top-2 logit gap = {t.target_top2_gap:.3f}"])
+    lines = [f"{t.kind}: {t.text!r}", where, f"probability = {t.p:.4f}", f"p (softmax, T=1) = {t.p_soft:.4f}",
+             f"target top-2 logit gap = {t.target_top2_gap:.3f}"]
+    if not t.draftable:
+        lines.append("not in the draft's vocabulary (another family): no draft could have proposed it")
+    return "\n".join(lines)
 
 
 def token_span(text: str, cls: str, tip: str, extra: str = "") -> str:
     return f'<span class="sv-tok sv-{cls}{extra}" title="{escape(tip)}">{visible(text)}</span>'
+
+
+def emitted_span(t: EmittedToken, extra: str = "") -> str:
+    """A token the target chose; dotted when the draft's vocabulary lacks it."""
+    return token_span(t.text, t.kind, emitted_tip(t), extra + ("" if t.draftable else " sv-undraftable"))
 
 
 def round_html(r: Round, greedy: bool, stage: str = "done", last: bool = False) -> str:
@@ -127,7 +136,7 @@ def round_html(r: Round, greedy: bool, stage: str = "done", last: bool = False) 
         tip = f"drafted: {t.text!r}\nq = {t.q:.4f}" if stage == "draft" else drafted_tip(t, greedy)
         parts.append(token_span(t.text, cls, tip))
     if r.emitted is not None and stage != "draft":
-        parts.append(token_span(r.emitted.text, r.emitted.kind, emitted_tip(r.emitted)))
+        parts.append(emitted_span(r.emitted))
     title = f"round {r.index + 1}: drafted {r.k}, accepted {r.n_accepted}"
     if r.emitted is not None:
         title += f", then a {r.emitted.kind}"
@@ -174,14 +183,13 @@ def spec_lane_html(rounds: list[Round], greedy: bool, diverge_at: int | None = N
     """The speculative lane: only what was committed, coloured by where each token came from."""
     if not rounds:
         return '<div class="sv-text"><span class="sv-empty">waiting…</span></div>'
-    spans, i = [], 0
+    spans = []
     for r in rounds:
-        committed = [(t.text, ACCEPTED, drafted_tip(t, greedy)) for t in r.drafted[:r.n_accepted]]
+        for t in r.drafted[:r.n_accepted]:
+            spans.append(token_span(t.text, ACCEPTED, drafted_tip(t, greedy),
+                                    " sv-diverge" if len(spans) == diverge_at else ""))
         if r.emitted is not None:
-            committed.append((r.emitted.text, r.emitted.kind, emitted_tip(r.emitted)))
-        for text, cls, tip in committed:
-            spans.append(token_span(text, cls, tip, " sv-diverge" if i == diverge_at else ""))
-            i += 1
+            spans.append(emitted_span(r.emitted, " sv-diverge" if len(spans) == diverge_at else ""))
     return f'<div class="sv-text">{"".join(spans)}</div>'
 
 
