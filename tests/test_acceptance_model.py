@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
 import pytest
 
-from specviz.analysis.acceptance import (
-    FEATURES, AcceptanceModel, brier, examples, features, fit, reliability, shown_entropy,
-)
+from specviz.analysis.acceptance import brier, examples, features, fit, predict_all, predict_token, reliability
+from specviz.engine.acceptance import FEATURES, AcceptanceModel, entropy_of_top
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED, REJECTED, Candidate, DraftedToken, Round
 
 # confident drafts pass; later positions a bit less; the drafter (one-hot after "model") plays no part
@@ -35,7 +35,7 @@ def synthetic_rounds(n: int, model: AcceptanceModel, seed: int = 0, k: int = 4) 
             if rejected:
                 drafted.append(token(top, NOT_VERIFIED, rest))
                 continue
-            p = model.predict_token(token(top, ACCEPTED, rest), i, "model")
+            p = predict_token(model, token(top, ACCEPTED, rest), i, "model")
             rejected = rng.uniform() >= p
             drafted.append(token(top, REJECTED if rejected else ACCEPTED, rest))
         accepted = sum(t.status == ACCEPTED for t in drafted)
@@ -45,11 +45,12 @@ def synthetic_rounds(n: int, model: AcceptanceModel, seed: int = 0, k: int = 4) 
 
 def test_features_are_what_the_draft_showed():
     t = token(0.7, ACCEPTED)
-    assert features(t, 2, "lookup") == [0.7, pytest.approx(shown_entropy(t)), 2.0, 1.0, 0.0, 0.0]
+    entropy = -(0.7 * math.log(0.7) + 3 * 0.1 * math.log(0.1))
+    assert features(t, 2, "lookup") == [0.7, pytest.approx(entropy), 2.0, 1.0, 0.0, 0.0]
     assert features(t, 0, "self")[3:] == [0.0, 0.0, 1.0]
-    assert shown_entropy(t) == pytest.approx(-(0.7 * math.log(0.7) + 3 * 0.1 * math.log(0.1)))
     lone = DraftedToken(1, "a", 1.0, 1.0, 1.0, 0.0, ACCEPTED, 1.0, 1.0, 1.0, q_top=[Candidate(1, "a", 0.6)])
-    assert shown_entropy(lone) == pytest.approx(-(0.6 * math.log(0.6) + 0.4 * math.log(0.4)))  # the rest: one lump
+    assert features(lone, 0, "model")[1] == pytest.approx(-(0.6 * math.log(0.6) + 0.4 * math.log(0.4)))  # one lump
+    assert entropy_of_top([0.5, 0.5]) == pytest.approx(math.log(2)) and entropy_of_top([1.0]) == 0.0
     assert len(features(t, 0, "model")) == len(FEATURES)
 
 
@@ -70,8 +71,8 @@ def test_the_fit_recovers_a_known_model_and_is_calibrated_on_rounds_it_did_not_s
     assert model.weights[2] == pytest.approx(TRUE.weights[2], abs=0.2)  # position
     assert set(model.weights[3:]) == {0.0}  # drafters never seen: no weight
     xt, yt = examples(synthetic_rounds(1000, TRUE, seed=2))
-    predicted = model.predict(xt)
-    assert brier(predicted, yt) == pytest.approx(brier(TRUE.predict(xt), yt), abs=0.005)  # as good as the truth
+    predicted = predict_all(model, xt)
+    assert brier(predicted, yt) == pytest.approx(brier(predict_all(TRUE, xt), yt), abs=0.005)  # as good as the truth
     base = yt.mean()
     assert brier(predicted, yt) < base * (1 - base) - 0.03  # and clearly better than guessing the base rate
     for b in reliability(predicted, yt):  # each bin's observed rate within 4 binomial standard errors
@@ -82,7 +83,7 @@ def test_features_without_signal_give_the_base_rate():
     rng = np.random.default_rng(3)
     x = rng.uniform(size=(4000, len(FEATURES)))
     y = (rng.uniform(size=4000) < 0.3).astype(float)
-    predicted = fit(x, y).predict(x)
+    predicted = predict_all(fit(x, y), x)
     assert predicted.mean() == pytest.approx(y.mean(), abs=1e-4)  # the bias's score equation: an exact property
     assert predicted.std() < 0.03  # noise features earn (almost) no weight
 
@@ -95,3 +96,9 @@ def test_brier_and_reliability_by_hand():
     assert bins[1].predicted == pytest.approx(0.95) and bins[1].observed == pytest.approx(2 / 3)
     with pytest.raises(ValueError, match="no verified"):
         fit(np.zeros((0, len(FEATURES))), np.zeros(0))
+
+
+def test_one_prediction_is_the_batched_one_and_survives_json():
+    x = examples(synthetic_rounds(20, TRUE))[0]
+    assert [TRUE.predict(row) for row in x] == pytest.approx(list(predict_all(TRUE, x)), abs=1e-12)
+    assert AcceptanceModel.from_dict(json.loads(json.dumps(TRUE.to_dict()))) == TRUE

@@ -733,3 +733,37 @@ def test_cli_benches_prompt_lookup_on_a_target_only_pair(tiny, tmp_path):
                          "--adaptive", "fixed", "--max-new-tokens", "6", "--json", str(out), "--no-progress"]) == 0
     report = json.loads(out.read_text())
     assert report["costs"] is None and report["summary"]["identical_fraction"] == 1.0
+
+
+def test_cli_compares_the_predicted_cut_with_the_confidence_cut_and_saves_the_predictor(tiny, tmp_path, capsys):
+    """`--also-adaptive predicted` measures the predicted-acceptance cut beside the chosen confidence cut, at the
+    same K and cut, on the same prompts; `--save-predictor` writes a model the engine loads."""
+    from specviz import cli
+    from specviz.engine.acceptance import AcceptanceModel
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "x", "prompt": "the a of", "kind": "code"}\n'
+                       '{"id": "y", "prompt": "she said that", "kind": "code"}\n')
+    out, saved = tmp_path / "r.json", tmp_path / "model.json"
+    with mock.patch("specviz.models.load_spec", lambda spec, **kw: tiny):
+        rc = cli.main(["bench", "--prompts", str(prompts), "--k", "4", "--adaptive", "confidence", "--confidence",
+                       "0.3", "--max-new-tokens", "12", "--also-adaptive", "predicted", "--save-predictor", str(saved),
+                       "--json", str(out), "--no-progress"])
+    assert rc == 0
+    methods = json.loads(out.read_text())["methods"]
+    assert {"spec k=4 c=0.3", "spec k=4 a=0.3"} <= set(methods)
+    assert all(0 <= methods[m]["acceptance_rate"] <= 1 for m in ("spec k=4 c=0.3", "spec k=4 a=0.3"))
+    assert methods["ar"]["acceptance_rate"] is None
+    fitted = json.loads(saved.read_text())
+    assert fitted["tokens"] > 10 and "tiny-draft" in fitted["fitted_on"]
+    assert len(AcceptanceModel.from_dict(fitted).weights) == 6
+    assert "spec k=4 a=0.3" in capsys.readouterr().out
+    with pytest.raises(SystemExit, match="unknown mode 'psychic'; choose from fixed, confidence"):
+        cli.main(["bench", "--prompts", str(prompts), "--also-adaptive", "psychic"])
+
+
+def test_setting_names_say_which_cut():
+    assert setting_name(DecodeConfig(k=8, adaptive="confidence", confidence=0.4)) == "k=8 c=0.4"
+    assert setting_name(DecodeConfig(k=8, adaptive="predicted", confidence=0.5)) == "k=8 a=0.5"
+    assert setting_name(DecodeConfig(k=8, adaptive="fixed")) == "k=8"
+    assert setting_name(DecodeConfig(k=8, adaptive="acceptance")) == "k=8 grow"

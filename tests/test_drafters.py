@@ -3,6 +3,7 @@ early stopping, the hybrid's choice, adaptive K, and a target-only pair with a m
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 
 import pytest
@@ -10,7 +11,10 @@ import torch
 
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.engine.config import next_k
-from specviz.engine.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter, make_drafter
+from specviz.engine.acceptance import AcceptanceModel, FEATURES, shipped_model
+from specviz.engine.drafters import (
+    HybridDrafter, ModelDrafter, PromptLookupDrafter, confidence_cut, make_drafter, predicted_cut,
+)
 from specviz.engine.sampling import logits_to_probs, make_generator
 
 CPU = torch.device("cpu")
@@ -72,11 +76,17 @@ def test_model_drafter_continues_from_its_cache_after_rollback(tiny):
     assert again == fresh.propose(torch.tensor([context]), context, 3).tokens.tolist()
 
 
-def test_model_drafter_stops_below_the_confidence_threshold(tiny):
+@pytest.mark.parametrize("cut", [confidence_cut, lambda c: predicted_cut(AcceptanceModel(c, (0.0,) * 6), 0.5,
+                                                                          "model", 10)],
+                         ids=["confidence", "predicted"])
+def test_model_drafter_stops_below_the_cut(tiny, cut):
+    """A cut no token clears stops after the first token; one every token clears never stops. (For the
+    predicted mode the model's bias alone sets the prediction: sigmoid(-20) < 0.5 < sigmoid(20).)"""
     ids = tiny.tokenizer("the a of")["input_ids"]
-    never = ModelDrafter(tiny.draft, SamplingParams(0.0), make_generator(CPU, 0), tiny.vocab_size, stop_below=1.01)
+    stop_now, go_on = (1.01, 1e-9) if cut is confidence_cut else (-20.0, 20.0)
+    never = ModelDrafter(tiny.draft, SamplingParams(0.0), make_generator(CPU, 0), tiny.vocab_size, cut(stop_now))
     assert never.propose(torch.tensor([ids]), ids, 6).k == 1  # the token that fell below is still proposed
-    always = ModelDrafter(tiny.draft, SamplingParams(0.0), make_generator(CPU, 0), tiny.vocab_size, stop_below=1e-9)
+    always = ModelDrafter(tiny.draft, SamplingParams(0.0), make_generator(CPU, 0), tiny.vocab_size, cut(go_on))
     assert always.propose(torch.tensor([ids]), ids, 6).k == 6
 
 
@@ -124,3 +134,41 @@ def test_target_only_pair_with_prompt_lookup(tiny):
 ])
 def test_next_k(adaptive, k, drafted, accepted, expected):
     assert next_k(DecodeConfig(k=8, adaptive=adaptive), k, drafted, accepted) == expected
+
+
+@pytest.mark.parametrize("sampling", [SamplingParams(0.0), SamplingParams(1.0)], ids=["greedy", "T=1"])
+def test_predicted_mode_stops_where_the_events_prediction_falls_below_the_cut(tiny, sampling):
+    """The stop rule (on the device, while drafting) and the events (on the host, afterwards) compute the same
+    prediction: in every round the tokens before the last clear the cut, and a round cut short ends on a token
+    that does not. Greedy output stays the target's own: a cut only decides how many tokens to draft."""
+    model = AcceptanceModel(-2.0, (5.0, -0.5, -0.2, *[0.0] * (len(FEATURES) - 3)))
+    config = DecodeConfig(k=6, max_new_tokens=40, sampling=sampling, adaptive="predicted", confidence=0.6)
+    short = 0
+    for prompt in ("the a of", "she said that"):
+        ids = tiny.tokenizer(prompt)["input_ids"]
+        rounds = list(speculative_generate(tiny, ids, config, acceptance_model=model))
+        position = 0
+        for r in rounds:
+            assert all(t.predicted >= 0.6 - 1e-6 for t in r.drafted[:-1]), [t.predicted for t in r.drafted]
+            if r.k < min(6, 40 - position - 1):
+                short += 1
+                assert r.drafted[-1].predicted < 0.6 + 1e-6
+            position += r.tokens_emitted
+        if sampling.greedy:
+            ar = [s.token.id for s in autoregressive_generate(tiny, ids, config)]
+            assert [t for r in rounds for t in r.new_token_ids] == ar
+    assert short > 0  # the cut did stop some rounds early
+
+
+def test_every_drafted_token_carries_the_shipped_prediction(tiny):
+    ids = tiny.tokenizer("the a of")["input_ids"]
+    rounds = list(speculative_generate(tiny, ids, DecodeConfig(k=4, max_new_tokens=12, adaptive="fixed")))
+    shipped = shipped_model()
+    assert len(shipped.weights) == len(FEATURES)
+    for r in rounds:
+        for i, t in enumerate(r.drafted):
+            top = [c.prob for c in t.q_top]
+            assert t.predicted == pytest.approx(
+                1 / (1 + math.exp(-(shipped.bias + shipped.weights[0] * top[0] + shipped.weights[2] * i
+                                    + shipped.weights[1] * -sum(p * math.log(p) for p in
+                                                                [*top, max(0.0, 1 - sum(top))] if p > 0)))))

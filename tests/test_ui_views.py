@@ -126,6 +126,25 @@ def test_hover_title_carries_p_q_threshold_and_u():
     assert "min(1, p/q) = 0.2000" in title and "u = 0.7000" in title
     greedy_title = parse(render.rounds_html([corrected_round()], greedy=True))[1][1]
     assert "argmax" in greedy_title and "softmax" in greedy_title
+    assert "predicted" not in title  # a trace recorded before predictions has none to show
+
+
+def test_hover_shows_the_predicted_acceptance_beside_the_outcome():
+    r = corrected_round()
+    r.drafted[0].predicted, r.drafted[1].predicted = 0.91, 0.35
+    spans = parse(render.rounds_html([r], greedy=False))
+    assert "predicted acceptance = 0.91 (fitted model, from q alone); really: accepted" in spans[0][1]
+    assert "predicted acceptance = 0.35 (fitted model, from q alone); really: rejected" in spans[1][1]
+
+
+def test_a_token_the_draft_could_not_propose_is_dotted_and_says_why():
+    r = corrected_round()
+    r.emitted.draftable = False
+    html = render.rounds_html([r], greedy=False) + render.spec_lane_html([r], greedy=False)
+    marked = [(cls, title) for cls, title, _ in parse(html) if "sv-undraftable" in cls]
+    assert len(marked) == 2 and all("not in the draft's vocabulary" in title for _, title in marked)
+    assert "sv-undraftable" not in render.rounds_html([corrected_round()], greedy=False)
+    assert ".sv-undraftable" in render.CSS
 
 
 def test_token_text_is_escaped_and_whitespace_visible():

@@ -1,8 +1,8 @@
 """Will the target accept this drafted token? A small logistic model fitted on recorded rounds.
 
 Each verified drafted token is one example: its features are what the draft knew when it proposed the
-token (how sure it was: the top probability and the entropy of the distribution it showed; where in the
-round the token stands; which drafter made it), its label whether the target accepted it. Tokens after
+token (`specviz.engine.acceptance`: how sure it was, where in the round the token stands, which drafter
+made it), its label whether the target accepted it. Tokens after
 a rejection were never tested and are left out. The fit is plain maximum likelihood with a small L2
 penalty (scipy's L-BFGS); calibration is reported as the Brier score and a reliability table, on rounds
 the model was not fitted on.
@@ -10,7 +10,6 @@ the model was not fitted on.
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -18,24 +17,8 @@ import numpy as np
 from scipy.optimize import minimize
 from scipy.special import expit
 
+from specviz.engine.acceptance import FEATURES, AcceptanceModel, token_features as features
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED, DraftedToken, Round
-
-DRAFTERS = ("model", "lookup", "hybrid", "self")
-FEATURES = ("top_prob", "entropy", "position", *(f"drafter={d}" for d in DRAFTERS[1:]))
-
-
-def shown_entropy(t: DraftedToken) -> float:
-    """Entropy (nats) of the draft's shown top-n distribution, the mass outside it counted as one more outcome."""
-    probs = [c.prob for c in t.q_top if c.prob > 0]
-    rest = max(0.0, 1.0 - sum(probs))
-    return -sum(p * math.log(p) for p in [*probs, rest] if p > 0)
-
-
-def features(t: DraftedToken, position: int, drafter: str) -> list[float]:
-    """What the draft knew when it proposed `t`, the `position`-th (0-based) token of its round."""
-    top_prob = t.q_top[0].prob if t.q_top else t.q
-    return [top_prob, shown_entropy(t), float(position), *(float(drafter == d) for d in DRAFTERS[1:])]
-
 
 def examples(rounds: Iterable[Round]) -> tuple[np.ndarray, np.ndarray]:
     """(X [n, features], y [n]) over every drafted token the target tested."""
@@ -48,18 +31,13 @@ def examples(rounds: Iterable[Round]) -> tuple[np.ndarray, np.ndarray]:
     return np.array(x, dtype=float).reshape(-1, len(FEATURES)), np.array(y)
 
 
-@dataclass(frozen=True)
-class AcceptanceModel:
-    """P(accept) = sigmoid(bias + Σ weight_i · feature_i)."""
+def predict_all(model: AcceptanceModel, x: np.ndarray) -> np.ndarray:
+    """The model's prediction for every row of X at once."""
+    return expit(model.bias + np.asarray(x, dtype=float) @ np.array(model.weights))
 
-    bias: float
-    weights: tuple[float, ...]
 
-    def predict(self, x: np.ndarray) -> np.ndarray:
-        return expit(self.bias + np.asarray(x, dtype=float) @ np.array(self.weights))
-
-    def predict_token(self, t: DraftedToken, position: int, drafter: str) -> float:
-        return float(self.predict(np.array([features(t, position, drafter)]))[0])
+def predict_token(model: AcceptanceModel, t: DraftedToken, position: int, drafter: str) -> float:
+    return model.predict(features(t, position, drafter))
 
 
 def fit(x: np.ndarray, y: np.ndarray, l2: float = 1e-5) -> AcceptanceModel:
@@ -111,7 +89,7 @@ def calibration(fit_rounds: Sequence[Round], test_rounds: Sequence[Round], bins:
     if len(y) == 0 or len(yt) == 0:
         return None
     model = fit(x, y)
-    predicted = model.predict(xt)
+    predicted = predict_all(model, xt)
     base = float(y.mean())  # the rate seen when fitting: what a model without features would predict
     return {"fitted_on_tokens": len(y), "tested_on_tokens": len(yt), "brier": round(brier(predicted, yt), 4),
             "brier_base_rate": round(brier(np.full(len(yt), base), yt), 4),

@@ -1,7 +1,8 @@
 """`specviz bench`: measure speculative decoding against the target alone and transformers.
 
     specviz bench [--prompts FILE.jsonl] [--k 4 | --k 4,6,8] [--confidence 0.3,0.4] [--reps N] [--compare-hf]
-                  [--draft none --drafter self --exit-layer 16,20,24] [--json OUT] [--html OUT]
+                  [--draft none --drafter self --exit-layer 16,20,24] [--draft smollm2]
+                  [--also-adaptive predicted] [--save-predictor OUT.json] [--json OUT] [--html OUT]
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import platform
 import sys
 from dataclasses import replace
 from pathlib import Path
+from typing import get_args
 
 from specviz.bench.runner import Plan
 from specviz.engine import DecodeConfig
+from specviz.engine.config import Adaptive
 from specviz.engine.drafters import drafter_problem
 from specviz.engine.early_exit import EarlyExit
 from specviz.models import PairSpec
@@ -46,6 +49,12 @@ def register(sub) -> None:
                    help="measure a prompt again when another process kept the CPU busy for more than this "
                         "fraction of a call (Linux pressure stall information)")
     p.add_argument("--retries", type=int, default=2, help="at most this many re-measurements per prompt")
+    p.add_argument("--also-adaptive", default="", metavar="MODES",
+                   help="other adaptive modes to measure beside the chosen setting, at its K and cut "
+                        "(comma-separated, e.g. predicted,confidence)")
+    p.add_argument("--save-predictor", default=None, metavar="OUT.json",
+                   help="fit the acceptance predictor on every round of this bench's speculative runs and write "
+                        "it (specviz/data/acceptance_model.json is the one the app and the 'predicted' mode use)")
     p.add_argument("--no-progress", action="store_true")
     add_options(p.add_argument_group("models"), PairSpec)
     add_options(p.add_argument_group("decoding"), DecodeConfig, CLI_LIMITS, several=GRID)
@@ -60,9 +69,13 @@ def plan_of(args) -> Plan:
     configs = [validate(DecodeConfig, {**values, **dict(zip(GRID, point))}, CLI_LIMITS) for point in grid]
     if args.reps < 1:
         raise SystemExit("specviz bench: --reps must be at least 1.")
+    also = tuple(a for a in args.also_adaptive.split(",") if a)
+    if unknown := [a for a in also if a not in get_args(Adaptive)]:
+        raise SystemExit(f"specviz bench: --also-adaptive: unknown mode {unknown[0]!r}; choose from "
+                         f"{', '.join(get_args(Adaptive))}.")
     return Plan(configs[0], ks=tuple(sorted({c.k for c in configs})),
                 confidences=tuple(sorted({c.confidence for c in configs})),
-                exit_layers=tuple(sorted({c.exit_layer for c in configs})), reps=args.reps,
+                exit_layers=tuple(sorted({c.exit_layer for c in configs})), also_adaptive=also, reps=args.reps,
                 max_stall=args.max_stall, retries=args.retries)
 
 
@@ -128,7 +141,8 @@ def cmd_bench(args) -> int:
                     plan.config.sampling, plan.config.seed)  # the same warps and seed as specviz's runs
     assistants = {}
     # lookup: transformers' own prompt lookup instead; self: not wired yet (generate(assistant_early_exit=L))
-    if args.compare_hf and plan.config.drafter not in ("lookup", "self"):
+    # (nor a draft of another family: transformers would need both tokenizers, universal assisted generation)
+    if args.compare_hf and plan.config.drafter not in ("lookup", "self") and pair.vocab_map is None:
         # "same": specviz's cheaper draft through the Hugging Face forward generate() needs; "loaded": as a user
         # would hand it over
         same = cheaper_draft(pair, quant, lean=False) if isinstance(spec_pair.draft, LeanDraft) else spec_pair.draft
@@ -156,4 +170,20 @@ def cmd_bench(args) -> int:
     if args.html:
         write_html(report, args.html)
         print(f"wrote {args.html}")
+    if args.save_predictor:
+        save_predictor(bench, meta, args.save_predictor)
     return 0
+
+
+def save_predictor(bench, meta: dict, path: str) -> None:
+    """The acceptance predictor fitted on every round of the bench's speculative runs, with where it came from."""
+    from specviz.analysis.acceptance import examples, fit
+
+    rounds = [e for r in [*bench.tuning, *bench.reported] for rep in r.reps for name, run in rep.items()
+              if name.startswith("spec ") for e in run.events]
+    x, y = examples(rounds)
+    fitted = {"fitted_on": f"`specviz bench` rounds: {meta['draft']} -> {meta['target']}, "
+                           f"{len(bench.tuning) + len(bench.reported)} prompts, {bench.chosen.sampling}",
+              "tokens": len(y), **fit(x, y).to_dict()}
+    Path(path).write_text(json.dumps(fitted, indent=1) + "\n")
+    print(f"wrote {path}: the acceptance predictor fitted on {len(y)} verified drafted tokens")

@@ -155,7 +155,9 @@ def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: st
                      "speedup_ci95": speedup_ci95(results, m, base) if m != base else None,
                      "identical_fraction": _round(sum(rep[m].tokens == rep[AR].tokens for r in results
                                                       for rep in r.reps) / sum(len(r.reps) for r in results))
-                     if greedy else None}
+                     if greedy else None,
+                     "acceptance_rate": _round(pooled_spec(results, m).acceptance_rate) if m.startswith("spec ")
+                     else None}
                  for m in methods}
     record = setting_record(results, spec, cost)
     speedup = ratio(rate(results, spec), base_tps)
@@ -181,7 +183,7 @@ def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: st
         "event_overhead": record["event_overhead"], "device": device, "dtype": dtype,
         # extras beyond the keys
         "setting": setting_name(chosen), "k": chosen.k, "adaptive": chosen.adaptive,
-        "confidence": chosen.stop_below or None,
+        "confidence": chosen.cut or None,
         "baseline": BASELINE_NAMES[base], "ar_tokens_per_s": _round(rate(results, AR)),
         "ar_hf_tokens_per_s": _round(rate(results, AR_HF)) if AR_HF in methods else None,
         "spec_tokens_per_s": _round(rate(results, spec)),

@@ -15,6 +15,7 @@ again, up to a limit, and the calmest kept.
 
 Several settings (K x confidence cut x exit layer) are tried on a tuning split of the prompts; the best
 is then reported on the other prompts only: choosing on the measurements one reports would flatter them.
+Other adaptive modes may run beside it there at the same K and cut (`Plan.also_adaptive`), for comparison.
 """
 
 from __future__ import annotations
@@ -69,7 +70,10 @@ class PromptResult:
 
 
 def setting_name(config: DecodeConfig) -> str:
-    return (f"k={config.k}" + (f" c={config.stop_below:g}" if config.stop_below else "")
+    """k=8 c=0.4 (confidence cut), k=8 a=0.4 (predicted-acceptance cut), k=8 L=24 (exit layer) ..."""
+    cut = {"confidence": " c=", "predicted": " a="}.get(config.adaptive, "")
+    return (f"k={config.k}" + (f"{cut}{config.cut:g}" if config.cut else "")
+            + (" grow" if config.adaptive == "acceptance" else "")
             + (f" L={config.exit_layer}" if config.drafter == "self" else ""))
 
 
@@ -79,12 +83,14 @@ class Plan:
     ks: tuple[int, ...]
     confidences: tuple[float, ...] = ()  # tried in "confidence" mode (default: config.confidence)
     exit_layers: tuple[int, ...] = ()  # tried with the 'self' drafter (default: config.exit_layer)
+    # other adaptive modes measured beside the chosen setting, at its K and cut, on the reported prompts
+    also_adaptive: tuple[str, ...] = ()
     reps: int = 1
     max_stall: float = 0.05  # re-measure a repetition when a call saw more CPU stall than this fraction
     retries: int = 2
 
     def settings(self) -> list[DecodeConfig]:
-        cut_matters = self.config.adaptive == "confidence" and self.config.drafter != "lookup"  # lookup has no q
+        cut_matters = self.config.cut and self.config.drafter != "lookup"  # lookup has no q
         cuts = self.confidences if cut_matters and self.confidences else (self.config.confidence,)
         layers = self.exit_layers if self.config.drafter == "self" and self.exit_layers else (self.config.exit_layer,)
         return [replace(self.config, k=k, confidence=c, exit_layer=n) for k in self.ks for c in cuts for n in layers]
@@ -190,8 +196,9 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assi
     tuning_methods = [spec_method(pair, c) for c in settings]
 
     def reported_methods(chosen):
+        others = [spec_method(pair, replace(chosen, adaptive=a)) for a in plan.also_adaptive if a != chosen.adaptive]
         return [ar_method(pair, chosen), hf_method(hf, AR_HF, chosen.max_new_tokens), spec_method(pair, chosen),
-                *(hf_assisted(hf, chosen, assistants) if assistants else [])]
+                *others, *(hf_assisted(hf, chosen, assistants) if assistants else [])]
 
     def short(c):
         return replace(c, max_new_tokens=8)

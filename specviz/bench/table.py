@@ -40,7 +40,8 @@ def format_table(report: dict) -> str:
     for name, m in report["methods"].items():
         lines.append(f"  {name:<24} {_fmt(m['tokens_per_s'])} tok/s  {_fmt(m['speedup'])}x  "
                      f"{_ci(m['speedup_ci95']) if m['speedup_ci95'] else ''}  "
-                     f"identical to AR {_fmt(m['identical_fraction'])}")
+                     f"identical to AR {_fmt(m['identical_fraction'])}"
+                     + (f"  acceptance {_fmt(m['acceptance_rate'])}" if m.get("acceptance_rate") is not None else ""))
     tuned = f"tuned on {', '.join(s['tuned_on'])}" if s["tuned_on"] else "one setting: no tuning"
     lines += ["", f"settings ({tuned}):"]
     for name, t in report["settings"].items():

@@ -17,7 +17,8 @@ from pydantic.dataclasses import dataclass
 from specviz.engine.drafters import DrafterName
 from specviz.engine.sampling import SamplingParams
 
-Adaptive = Literal["fixed", "confidence", "acceptance"]
+Adaptive = Literal["fixed", "confidence", "acceptance", "predicted"]
+CUT_MODES = ("confidence", "predicted")  # the modes that stop drafting at `confidence`
 
 
 @dataclass(frozen=True)
@@ -35,10 +36,12 @@ class DecodeConfig:
                                          "else the model · self: the target's own first layers (no draft model)")
     adaptive: Adaptive = Field("confidence", title="adaptive K",
                                description="fixed: always K · confidence: stop drafting when the draft is unsure · "
-                                           "acceptance: grow K after a clean sweep, shrink it after a rejection")
+                                           "acceptance: grow K after a clean sweep, shrink it after a rejection · "
+                                           "predicted: stop when a fitted model predicts the target will reject")
     confidence: float = Field(0.4, ge=0, le=1, title="confidence cut",
                               description="'confidence' mode: stop drafting when the draft's top probability "
-                                          "drops below this", json_schema_extra={"step": 0.05})
+                                          "drops below this; 'predicted' mode: when the predicted acceptance of "
+                                          "the token just drafted does", json_schema_extra={"step": 0.05})
     top_n: int = Field(10, ge=1, le=50, title="candidates shown",
                        description="top candidates recorded per position for the drill-down")
     # last: the API's positional parameters follow the field order, and scripts written before it keep working
@@ -50,8 +53,13 @@ class DecodeConfig:
 
     @property
     def stop_below(self) -> float:
-        """The drafter's confidence cut: `confidence` in "confidence" mode, 0 (off) otherwise."""
+        """The draft's top-probability cut: `confidence` in "confidence" mode, 0 (off) otherwise."""
         return self.confidence if self.adaptive == "confidence" else 0.0
+
+    @property
+    def cut(self) -> float:
+        """The cut of either mode that stops drafting early, 0 (off) in the others."""
+        return self.confidence if self.adaptive in CUT_MODES else 0.0
 
 
 def next_k(config: DecodeConfig, k: int, drafted: int, accepted: int) -> int:

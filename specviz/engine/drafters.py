@@ -8,12 +8,14 @@ is p with x removed, renormalised).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
 import torch
 from transformers import DynamicCache
 
+from specviz.engine.acceptance import AcceptanceModel, feature_vector
 from specviz.engine.early_exit import EarlyExit, early_exit_problem
 from specviz.engine.plumbing import PromptCache, fit_ids, model_vocab, pad_vocab, prefilled, rollback
 from specviz.engine.sampling import SamplingParams, draw, logits_to_probs
@@ -51,21 +53,41 @@ def top_prob(logits: torch.Tensor) -> float:
     return (logits.max() - torch.logsumexp(logits, -1)).exp().item()
 
 
+# (draft logits [V], the q it sampled from or None when greedy, position in the round) -> stop drafting now?
+StopRule = Callable[[torch.Tensor, "torch.Tensor | None", int], bool]
+
+
+def confidence_cut(cut: float) -> StopRule:
+    """Stop once the draft's top probability (softmax of its logits) falls under `cut`."""
+    return lambda logits, q, position: top_prob(logits) < cut
+
+
+def predicted_cut(model: AcceptanceModel, cut: float, drafter: str, top_n: int) -> StopRule:
+    """Stop once the predicted acceptance of the token just drafted falls under `cut`. The features are read
+    from the distribution a round's event shows (the softmax when greedy, q when sampling), so the prediction
+    here is the one the event reports."""
+    def stop(logits: torch.Tensor, q: torch.Tensor | None, position: int) -> bool:
+        shown = torch.softmax(logits, -1) if q is None else q
+        top = shown.topk(min(top_n, shown.shape[-1])).values.tolist()  # one host sync per drafted token
+        return model.predict(feature_vector(top, position, drafter)) < cut
+    return stop
+
+
 class ModelDrafter:
     """A small causal LM with its own KV cache.
 
     The cache holds every committed token the draft has seen; `propose` first feeds, in one
     forward, whatever it is missing (the last correction/bonus, or more after a lookup round).
-    `stop_below`: stop drafting once the draft's top probability falls under it (costs one host
-    sync per drafted token but a round's last, so it is off unless asked for).
+    `stop`: ends a round's drafting early (the adaptive modes' cut; it costs one host sync per
+    drafted token but a round's last, so there is none unless asked for).
     """
 
     name = "model"
 
-    def __init__(self, model, sampling: SamplingParams, generator, vocab_size: int, stop_below: float = 0.0,
+    def __init__(self, model, sampling: SamplingParams, generator, vocab_size: int, stop: StopRule | None = None,
                  prompt_cache: PromptCache | None = None):
         self.model, self.sampling, self.generator = model, sampling, generator
-        self.vocab_size, self.stop_below, self.prompt_cache = vocab_size, stop_below, prompt_cache
+        self.vocab_size, self.stop, self.prompt_cache = vocab_size, stop, prompt_cache
         self.rows = model_vocab(model)  # < vocab_size when the target's vocabulary is larger
         self.cache = DynamicCache()
 
@@ -101,7 +123,7 @@ class ModelDrafter:
             qs.append(q)
             tokens.append(x), all_logits.append(logits)
             feed = self.read_back(x)
-            if self.stop_below and i < k - 1 and top_prob(logits) < self.stop_below:  # the last needs no check
+            if self.stop is not None and i < k - 1 and self.stop(logits, q, i):  # the last needs no check
                 break
         if not tokens:
             empty = torch.empty(0, self.vocab_size, device=ids.device)
@@ -139,8 +161,8 @@ class MappedDrafter(ModelDrafter):
     name = "model"
 
     def __init__(self, model, vocab_map: VocabMapping, sampling: SamplingParams, generator, vocab_size: int,
-                 stop_below: float = 0.0, prompt_cache: PromptCache | None = None):
-        super().__init__(model, sampling, generator, vocab_size, stop_below, prompt_cache)
+                 stop: StopRule | None = None, prompt_cache: PromptCache | None = None):
+        super().__init__(model, sampling, generator, vocab_size, stop, prompt_cache)
         self.vocab_map = vocab_map
         self.mapped, self.covered, self.drafted = [], 0, []
 
@@ -185,8 +207,8 @@ class SelfDrafter(ModelDrafter):
     name = "self"
 
     def __init__(self, target, exit_layer: int, sampling: SamplingParams, generator, vocab_size: int,
-                 stop_below: float = 0.0, prompt_cache: PromptCache | None = None):
-        super().__init__(EarlyExit(target, exit_layer), sampling, generator, vocab_size, stop_below, prompt_cache)
+                 stop: StopRule | None = None, prompt_cache: PromptCache | None = None):
+        super().__init__(EarlyExit(target, exit_layer), sampling, generator, vocab_size, stop, prompt_cache)
 
 
 LOOKUP_MAX_NGRAM = 3  # the longest suffix matched against the context
@@ -256,7 +278,7 @@ def drafter_problem(name: str, draft_model, target, exit_layer: int) -> str | No
 
 
 def make_drafter(name: str, draft_model, sampling: SamplingParams, generator, vocab_size: int,
-                 device, stop_below: float = 0.0, prompt_cache: PromptCache | None = None, *,
+                 device, stop: StopRule | None = None, prompt_cache: PromptCache | None = None, *,
                  target=None, exit_layer: int = 0, vocab_map: VocabMapping | None = None) -> Drafter:
     """`target` and `exit_layer`: the 'self' drafter's model and depth; `vocab_map`: the draft model's
     tokens in the target's vocabulary when it has another tokenizer (the other drafters ignore them)."""
@@ -265,9 +287,9 @@ def make_drafter(name: str, draft_model, sampling: SamplingParams, generator, vo
     if name == "lookup":
         return PromptLookupDrafter(vocab_size, device)
     if name == "self":
-        return SelfDrafter(target, exit_layer, sampling, generator, vocab_size, stop_below, prompt_cache)
+        return SelfDrafter(target, exit_layer, sampling, generator, vocab_size, stop, prompt_cache)
     if vocab_map is None:
-        model = ModelDrafter(draft_model, sampling, generator, vocab_size, stop_below, prompt_cache)
+        model = ModelDrafter(draft_model, sampling, generator, vocab_size, stop, prompt_cache)
     else:
-        model = MappedDrafter(draft_model, vocab_map, sampling, generator, vocab_size, stop_below, prompt_cache)
+        model = MappedDrafter(draft_model, vocab_map, sampling, generator, vocab_size, stop, prompt_cache)
     return model if name == "model" else HybridDrafter(PromptLookupDrafter(vocab_size, device), model)

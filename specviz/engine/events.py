@@ -39,6 +39,7 @@ class DraftedToken:
     q_top: list[Candidate] = field(default_factory=list)
     p_top: list[Candidate] = field(default_factory=list)
     residual_top: list[Candidate] = field(default_factory=list)  # norm(max(0, p - q)): where a correction comes from
+    predicted: float | None = None  # the acceptance model's prediction for this token (None in older traces)
 
 
 @dataclass

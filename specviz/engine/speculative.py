@@ -10,7 +10,8 @@ from collections.abc import Callable, Iterator
 
 import torch
 from specviz.engine.config import DecodeConfig, next_k
-from specviz.engine.drafters import NEEDS_DRAFT_MODEL, Drafter, make_drafter
+from specviz.engine.acceptance import AcceptanceModel, shipped_model, token_features
+from specviz.engine.drafters import NEEDS_DRAFT_MODEL, Drafter, StopRule, confidence_cut, make_drafter, predicted_cut
 from specviz.engine.events import (
     ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, Finish, Round, end_of_run, until_eos,
 )
@@ -29,15 +30,19 @@ class DrafterError(RuntimeError):
 @torch.inference_mode()
 def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
                          drafter: Drafter | None = None, prompt_cache: PromptCache | None = None,
-                         should_stop: Callable[[], Finish] = lambda: None, rule=verify) -> Iterator[Round]:
-    """`rule`: the accept/reject rule; only the proof's negative controls pass a deliberately broken one."""
+                         should_stop: Callable[[], Finish] = lambda: None, rule=verify,
+                         acceptance_model: AcceptanceModel | None = None) -> Iterator[Round]:
+    """`rule`: the accept/reject rule; only the proof's negative controls pass a deliberately broken one.
+    `acceptance_model`: predicts each drafted token's acceptance (shown in the events; the 'predicted' mode's
+    cut uses it); the fit shipped with specviz by default."""
     device, vocab = pair.device, pair.vocab_size
     target_rows = model_vocab(pair.target)
     gen = make_generator(device, config.seed)
+    predictor = acceptance_model or shipped_model()
     if drafter is None:
-        drafter = make_drafter(config.drafter, pair.draft, config.sampling, gen, vocab, device, config.stop_below,
-                               prompt_cache, target=pair.target, exit_layer=config.exit_layer,
-                               vocab_map=pair.vocab_map)
+        drafter = make_drafter(config.drafter, pair.draft, config.sampling, gen, vocab, device,
+                               drafting_stop(config, predictor), prompt_cache, target=pair.target,
+                               exit_layer=config.exit_layer, vocab_map=pair.vocab_map)
     # a draft model of another family proposes only the tokens it shares with the target: mark the others
     mapping = pair.vocab_map if drafter.name in NEEDS_DRAFT_MODEL else None
     pieces = Pieces(pair.tokenizer)
@@ -79,7 +84,8 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
         rollback(cache, keep)
         drafter.rollback(keep)
         ids = torch.cat([ids, torch.tensor([new], dtype=torch.long, device=device)], dim=1)
-        event = _round_event(host, n, new, draft.k, pieces, index=index, drafter=drafter.name, position=position,
+        event = _round_event(host, n, new, draft.k, pieces, predictor, index=index, drafter=drafter.name,
+                             position=position,
                              text=pieces.text(generated), draft_time=t1 - t0, verify_time=t2 - t1, finished=finished)
         if mapping is not None and event.emitted is not None:
             event.emitted.draftable = mapping.draftable(event.emitted.id)
@@ -107,7 +113,16 @@ def _round_stats(draft, logits, p, verdict, config) -> dict[str, torch.Tensor]:
     )
 
 
-def _round_event(h, n, new, k, pieces, **fields) -> Round:
+def drafting_stop(config: DecodeConfig, predictor: AcceptanceModel) -> StopRule | None:
+    """What ends a round's drafting before K: the adaptive mode's cut, if it has one."""
+    if config.adaptive == "confidence":
+        return confidence_cut(config.confidence)
+    if config.adaptive == "predicted":
+        return predicted_cut(predictor, config.confidence, config.drafter, config.top_n)
+    return None
+
+
+def _round_event(h, n, new, k, pieces, predictor: AcceptanceModel, **fields) -> Round:
     """The Round for host values `h`; `fields` (index, drafter, position, text, times, finished) pass through."""
     drafted = []
     kept = min(n, len(new))  # drafted tokens in the output: an end-of-sequence may cut the round short
@@ -119,12 +134,14 @@ def _round_event(h, n, new, k, pieces, **fields) -> Round:
         else:  # after a rejection, or past the end of the output
             status = NOT_VERIFIED
         tid = int(h["tokens"][i])
-        drafted.append(DraftedToken(
+        token = DraftedToken(
             id=tid, text=pieces(tid), q=h["q"][i], p=h["p"][i], accept_prob=h["accept_prob"][i], u=h["u"][i],
             status=status, q_soft=h["q_soft"][i], p_soft=h["p_soft"][i], target_top2_gap=h["gap"][i],
             q_top=candidates(h, "q", i, pieces), p_top=candidates(h, "p", i, pieces),
             residual_top=candidates(h, "r", i, pieces),
-        ))
+        )
+        token.predicted = predictor.predict(token_features(token, i, fields["drafter"]))
+        drafted.append(token)
     # the correction/bonus, when it made it into the output
     emitted = emitted_token(h, n, new[n], CORRECTION if n < k else BONUS, h["next_p"], h["next_p_soft"],
                             pieces) if len(new) > n else None

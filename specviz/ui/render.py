@@ -105,6 +105,9 @@ def drafted_tip(t: DraftedToken, greedy: bool) -> str:
     if t.status == NOT_VERIFIED:
         lines.append("(not tested: an earlier draft was rejected)")
     lines.append(f"target top-2 logit gap = {t.target_top2_gap:.3f}")
+    if t.predicted is not None:
+        outcome = {ACCEPTED: "accepted", REJECTED: "rejected"}.get(t.status, "not tested")
+        lines.append(f"predicted acceptance = {t.predicted:.2f} (fitted model, from q alone); really: {outcome}")
     return "\n".join(lines)
 
 
