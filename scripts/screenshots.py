@@ -2,6 +2,7 @@
 
     flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py            # embedded pair, bf16
     .venv/bin/python scripts/screenshots.py --pair tiny --out /tmp/shots           # a quick layout check
+    flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py --other-family   # other_family.png only
 
 Writes live.png (the first screen at 1366x768), live_long_prompt.png, presenter.png, race.png, main_running.png,
 main_finished.png, drilldown.png, step.png, distribution.png, formulas.png and replay.png into --out (default
@@ -90,13 +91,15 @@ def main() -> None:
     ap.add_argument("--out", default=str(ASSETS / "screenshots"))
     ap.add_argument("--samples", type=int, default=40)  # each sample reads the prompt again
     ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--other-family", action="store_true",
+                    help="only other_family.png: the Live view with SmolLM2 drafting for the embedded target")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
 
-    session = Session(spec=PairSpec(args.pair, args.pair, dtype=args.dtype, device="cpu",
-                                     draft_quant=args.draft_quant))
-    session.load(args.pair, args.pair, args.dtype, status=print)
+    draft, target = ("smollm2", "embedded") if args.other_family else (args.pair, args.pair)
+    session = Session(spec=PairSpec(draft, target, dtype=args.dtype, device="cpu", draft_quant=args.draft_quant))
+    session.load(draft, target, args.dtype, status=print)
     demo = build_server(session, Limits(), Options(Pace(stage_delay=0.0)))  # the served pace
     _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
     long = 600_000
@@ -106,6 +109,13 @@ def main() -> None:
         page.goto(url)
         page.wait_for_selector("#sv-run")
         set_slider(page, "sv-set-max_new_tokens", args.max_new_tokens)
+        if args.other_family:  # corrections the draft could not have proposed are dotted
+            live_run(page, CODE, long)
+            page.screenshot(path=str(out / "other_family.png"))
+            print("wrote", out / "other_family.png", flush=True)
+            browser.close()
+            demo.close()
+            return
 
         live_run(page, STORY, long)  # the Live view: a story, then the code prompt on screen
         live_run(page, CODE, long)

@@ -45,7 +45,7 @@ def cmd_trace(args) -> int:
 
 
 def cmd_prepare(args) -> int:
-    from specviz.models.embedded import EMBEDDED_MODELS, is_converted
+    from specviz.models.embedded import EMBEDDED_MODELS, EmbeddedModelError, is_converted
 
     if args.requirements:  # setup.sh installs only these: a converted model's chunks are never read again
         for requirement in (r for m in EMBEDDED_MODELS if not is_converted(m) for r in m.requirements()):
@@ -54,7 +54,11 @@ def cmd_prepare(args) -> int:
     from specviz.models.loading import prepare_embedded
 
     for model in EMBEDDED_MODELS:
-        print(f"{model.folder}: {prepare_embedded(model, status=print)}")
+        try:
+            print(f"{model.folder}: {prepare_embedded(model, status=print)}")
+        except EmbeddedModelError as e:  # a package missing or damaged: what to run is in the message
+            print(f"specviz prepare: {e}", file=sys.stderr)
+            return 2
     return 0
 
 

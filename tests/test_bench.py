@@ -747,11 +747,12 @@ def test_cli_compares_the_predicted_cut_with_the_confidence_cut_and_saves_the_pr
     out, saved = tmp_path / "r.json", tmp_path / "model.json"
     with mock.patch("specviz.models.load_spec", lambda spec, **kw: tiny):
         rc = cli.main(["bench", "--prompts", str(prompts), "--k", "4", "--adaptive", "confidence", "--confidence",
-                       "0.3", "--max-new-tokens", "12", "--also-adaptive", "predicted", "--save-predictor", str(saved),
+                       "0.3", "--max-new-tokens", "12", "--also-adaptive", "predicted,fixed,predicted:0.3", "--save-predictor",
+                       str(saved),
                        "--json", str(out), "--no-progress"])
     assert rc == 0
     methods = json.loads(out.read_text())["methods"]
-    assert {"spec k=4 c=0.3", "spec k=4 a=0.3"} <= set(methods)
+    assert {"spec k=4 c=0.3", "spec k=4 a=0.3", "spec k=4"} == {m for m in methods if m.startswith("spec ")}
     assert all(0 <= methods[m]["acceptance_rate"] <= 1 for m in ("spec k=4 c=0.3", "spec k=4 a=0.3"))
     assert methods["ar"]["acceptance_rate"] is None
     fitted = json.loads(saved.read_text())
@@ -760,6 +761,10 @@ def test_cli_compares_the_predicted_cut_with_the_confidence_cut_and_saves_the_pr
     assert "spec k=4 a=0.3" in capsys.readouterr().out
     with pytest.raises(SystemExit, match="unknown mode 'psychic'; choose from fixed, confidence"):
         cli.main(["bench", "--prompts", str(prompts), "--also-adaptive", "psychic"])
+    with pytest.raises(SystemExit, match="the cut in 'confidence:high' must be a number between 0 and 1"):
+        cli.main(["bench", "--prompts", str(prompts), "--also-adaptive", "confidence:high"])
+    with pytest.raises(SystemExit, match="'fixed' has no cut"):
+        cli.main(["bench", "--prompts", str(prompts), "--also-adaptive", "fixed:0.5"])
 
 
 def test_setting_names_say_which_cut():

@@ -123,7 +123,7 @@ def test_self_speculation_equals_the_target_alone_with_no_draft_model(embedded_p
     drafted = accepted = 0
     depths = [1, 4, 8, 12, 14, 16, 20, 24, layers - 1]
     agree = {n: [] for n in depths}
-    for prompt in PROMPTS[:2]:  # each drafted token costs 27/28 of a target step: two prompts keep it short
+    for prompt in PROMPTS[:1]:  # each drafted token costs 27/28 of a target step: one prompt keeps it short
         ids, steps = ar_runs[prompt]
         rounds = list(speculative_generate(target_only, ids, config))
         assert spec_tokens(rounds) == [s.token.id for s in steps], (prompt, first_divergence(rounds, steps))
@@ -162,7 +162,7 @@ def test_a_draft_of_another_family_keeps_the_target_output(smollm2_pair, ar_runs
     config = DecodeConfig(k=4, max_new_tokens=MAX_NEW, sampling=SamplingParams(0.0), adaptive="fixed")
     drafted = accepted = 0
     marked = []
-    for prompt in PROMPTS[:2]:
+    for prompt in PROMPTS[:1]:
         ids, steps = ar_runs[prompt]
         rounds = list(speculative_generate(smollm2_pair, ids, config))
         assert spec_tokens(rounds) == [s.token.id for s in steps], (prompt, first_divergence(rounds, steps))

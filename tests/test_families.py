@@ -33,7 +33,7 @@ SAMPLINGS = [SamplingParams(0.0), SamplingParams(1.0), SamplingParams(0.7, top_k
 PROMPTS = ["the a of", "she said that", "one", "it was the", "we"]
 
 
-def translate(ids: list[int]) -> list[int]:
+def translate(ids: list[int], before: list[int] = ()) -> list[int]:
     """Target ids -> draft ids: a shared word is its draft id, a word the draft lacks two tokens of its own."""
     out = []
     for t in ids:
@@ -77,7 +77,7 @@ def test_shared_tokens_are_the_strings_each_vocabulary_has_exactly_once():
 def test_the_mapped_q_sums_to_one_over_the_shared_tokens(sampling):
     draft = ["a", "b", "c", "x", "dup", "dup", "d-only"]
     target = ["c", "a", "y", "dup", "b", "z", "x", "x"]
-    mapping = VocabMap.build(draft, target, translate=lambda ids: ids)
+    mapping = VocabMap.build(draft, target, translate=lambda ids, before: ids)
     assert mapping.draft_of.tolist() == [2, 0, -1, -1, 1, -1, -1, -1] and mapping.shared == {0, 1, 4}
     logits = torch.randn(3, len(draft), generator=torch.Generator().manual_seed(0))
     q = logits_to_probs(mapping.target_logits(logits), sampling)
@@ -103,7 +103,9 @@ def test_the_mapping_from_two_real_tokenizers():
     assert mapping.size == SHARED and mapping.draft_of.shape == (len(WORDS) + 5,)
     assert all(DRAFT_WORDS[int(mapping.draft_of[t])] == WORDS[t] for t in mapping.shared)
     ids = target_tok("she said that the")["input_ids"]
-    assert draft_tok.decode(mapping.translate(ids)) == "she said that the"  # the draft reads the same text
+    assert draft_tok.decode(mapping.translate(ids, [])) == "she said that the"  # the draft reads the same text
+    # a piece read after the tokens before it starts as it does in context (here: with its space)
+    assert mapping.translate(ids[2:], ids[:2]) == draft_tok(" that the", add_special_tokens=False)["input_ids"]
 
 
 def test_too_few_shared_tokens_are_refused_naming_both_models():
@@ -187,3 +189,25 @@ def test_greedy_output_of_the_cross_family_pair_is_the_target_alone(cross, draft
     assert accepted / drafted > 0.3  # the re-indexed draft agrees often: a wrong mapping would not
     assert all(draftable == (t in cross.vocab_map.shared) for t, draftable in marked)
     assert any(not draftable for _, draftable in marked)  # the target said words the draft could not propose
+
+
+# --- the commands around it ----------------------------------------------------------------------
+
+
+def test_the_bench_times_the_draft_on_its_own_tokens_and_the_proof_skips_the_draft_alone(cross, tmp_path):
+    """`specviz bench --draft smollm2` times the draft's step on the prompt in its own ids; the proof's
+    "draft alone" control is left out (a draft of another family speaks other ids), the others stay."""
+    from unittest import mock
+
+    from specviz import cli
+    from specviz.runs.proof import ProofSettings, samplers
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "x", "prompt": "the a of", "kind": "code"}\n')
+    out = tmp_path / "r.json"
+    with mock.patch("specviz.models.load_spec", lambda spec, **kw: cross):
+        assert cli.main(["bench", "--prompts", str(prompts), "--k", "3", "--max-new-tokens", "8", "--json", str(out),
+                         "--no-progress"]) == 0
+    assert out.read_text().count('"identical_fraction": 1.0') >= 2  # greedy: every method equals the target alone
+    names = [s.name for s in samplers(cross, ProofSettings())]
+    assert names == ["speculative", "target alone", "always accept (control)"]

@@ -27,7 +27,7 @@ The samplers.
   (TV < 0.05, p > 0.001).
 - another family: `speculative_generate` with a draft whose vocabulary holds 12 of the 16 ids, in other
   ids, and 2 tokens of its own (the target re-indexed, with noise: `helpers.other_family`), its q mapped into
-  the target's ids: 3,000 runs (TV < 0.05, p > 0.001) and an always-accept control of 500 runs.
+  the target's ids: 2,000 runs (TV < 0.05, p > 0.001) and an always-accept control of 500 runs.
 - self-speculation: `speculative_generate` with the 'self' drafter (the target's first layer of three
   drafts for it) on a target-only pair. `CausalLM` has no decoder layers to exit early from, so this
   pair is a 3-layer tiny Qwen2 on the same 16 ids (an HF forward costs ~7x more): 1,000 runs (TV < 0.085,
@@ -280,7 +280,7 @@ def test_negative_control_self_speculation(self_pair, monkeypatch):
 CROSS_SHARED = 12  # target ids 0..11 are draft ids 11..0; 12..15 the target's alone; draft ids 12, 13 its own
 
 
-def cross_translate(ids: list[int]) -> list[int]:
+def cross_translate(ids: list[int], before: list[int] = ()) -> list[int]:
     """A shared id is its draft id; an id the draft lacks becomes two tokens of the draft's own."""
     return [d for t in ids for d in ([CROSS_SHARED - 1 - t] if t < CROSS_SHARED else [12, 13])]
 
@@ -298,14 +298,14 @@ def cross_pair(pair) -> ModelPair:
 
 @torch.inference_mode()
 def test_a_draft_of_another_family_samples_the_target_distribution(cross_pair):
-    """3,000 runs. Not degenerate: the target gives its own ids 12..15 some mass, which only corrections can
+    """2,000 runs (~15 s; 2,000 perfect samples score TV about 0.03). Not degenerate: the target gives its own ids 12..15 some mass, which only corrections can
     emit, and the draft's first token is accepted often, but far from always."""
     p = tables(cross_pair.target, TEMPERATURE_1)[()]
     q = logits_to_probs(cross_pair.vocab_map.target_logits(
         cross_pair.draft(torch.tensor([cross_translate(PROMPT)])).logits[0, -1]), TEMPERATURE_1)
     assert float(p[CROSS_SHARED:].sum()) > 0.1 and float(q[CROSS_SHARED:].sum()) == 0
     assert 0.4 < float(torch.minimum(p, q).sum()) < 0.85
-    samples, _ = end_to_end(cross_pair, TEMPERATURE_1, 3_000)
+    samples, _ = end_to_end(cross_pair, TEMPERATURE_1, 2_000)
     stats = statistics(samples, exact_joint(tables(cross_pair.target, TEMPERATURE_1)))
     print("another family", stats)
     assert min(stats["p"]) > 1e-3, stats

@@ -142,7 +142,7 @@ def test_a_token_the_draft_could_not_propose_is_dotted_and_says_why():
     r.emitted.draftable = False
     html = render.rounds_html([r], greedy=False) + render.spec_lane_html([r], greedy=False)
     marked = [(cls, title) for cls, title, _ in parse(html) if "sv-undraftable" in cls]
-    assert len(marked) == 2 and all("not in the draft's vocabulary" in title for _, title in marked)
+    assert len(marked) == 2 and all("not in the draft model's vocabulary" in title for _, title in marked)
     assert "sv-undraftable" not in render.rounds_html([corrected_round()], greedy=False)
     assert ".sv-undraftable" in render.CSS
 

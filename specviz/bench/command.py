@@ -19,7 +19,7 @@ from typing import get_args
 
 from specviz.bench.runner import Plan
 from specviz.engine import DecodeConfig
-from specviz.engine.config import Adaptive
+from specviz.engine.config import CUT_MODES, Adaptive
 from specviz.engine.drafters import drafter_problem
 from specviz.engine.early_exit import EarlyExit
 from specviz.models import PairSpec
@@ -50,8 +50,8 @@ def register(sub) -> None:
                         "fraction of a call (Linux pressure stall information)")
     p.add_argument("--retries", type=int, default=2, help="at most this many re-measurements per prompt")
     p.add_argument("--also-adaptive", default="", metavar="MODES",
-                   help="other adaptive modes to measure beside the chosen setting, at its K and cut "
-                        "(comma-separated, e.g. predicted,confidence)")
+                   help="other adaptive modes to measure beside the chosen setting at its K, at its cut or one of "
+                        "their own (comma-separated, e.g. predicted or confidence:0.4)")
     p.add_argument("--save-predictor", default=None, metavar="OUT.json",
                    help="fit the acceptance predictor on every round of this bench's speculative runs and write "
                         "it (specviz/data/acceptance_model.json is the one the app and the 'predicted' mode use)")
@@ -69,14 +69,31 @@ def plan_of(args) -> Plan:
     configs = [validate(DecodeConfig, {**values, **dict(zip(GRID, point))}, CLI_LIMITS) for point in grid]
     if args.reps < 1:
         raise SystemExit("specviz bench: --reps must be at least 1.")
-    also = tuple(a for a in args.also_adaptive.split(",") if a)
-    if unknown := [a for a in also if a not in get_args(Adaptive)]:
-        raise SystemExit(f"specviz bench: --also-adaptive: unknown mode {unknown[0]!r}; choose from "
-                         f"{', '.join(get_args(Adaptive))}.")
+    also = tuple(also_mode(a) for a in args.also_adaptive.split(",") if a)
     return Plan(configs[0], ks=tuple(sorted({c.k for c in configs})),
                 confidences=tuple(sorted({c.confidence for c in configs})),
                 exit_layers=tuple(sorted({c.exit_layer for c in configs})), also_adaptive=also, reps=args.reps,
                 max_stall=args.max_stall, retries=args.retries)
+
+
+def also_mode(text: str) -> tuple[str, float | None]:
+    """'predicted' or 'confidence:0.4': a mode measured beside the chosen setting, at its own cut if given."""
+    mode, _, cut = text.partition(":")
+    if mode not in get_args(Adaptive):
+        raise SystemExit(f"specviz bench: --also-adaptive: unknown mode {mode!r}; choose from "
+                         f"{', '.join(get_args(Adaptive))}.")
+    if not cut:
+        return mode, None
+    if mode not in CUT_MODES:
+        raise SystemExit(f"specviz bench: --also-adaptive: {mode!r} has no cut ({text!r}); only "
+                         f"{' and '.join(CUT_MODES)} do.")
+    try:
+        value = float(cut)
+    except ValueError:
+        value = float("nan")
+    if not 0 <= value <= 1:  # (False for nan too)
+        raise SystemExit(f"specviz bench: --also-adaptive: the cut in {text!r} must be a number between 0 and 1.")
+    return mode, value
 
 
 def cost_exit_layer(plan: Plan) -> int | None:

@@ -40,7 +40,9 @@ def measure_costs_once(pair, prompt_ids: list[int], max_verify: int, reps: int =
     """T_verify(n) for n = 1..max_verify, T1 = T_verify(1), and the draft's one-token step."""
     sizes = list(range(1, max_verify + 1))
     verify = _forward_times(pair.target, prompt_ids, sizes, reps, pair.device)
-    draft = _forward_times(pair.draft, prompt_ids, [1], reps, pair.device)
+    # a draft of another family reads the prompt in its own tokens
+    draft_ids = prompt_ids if pair.vocab_map is None else pair.vocab_map.translate(prompt_ids, [])
+    draft = _forward_times(pair.draft, draft_ids, [1], reps, pair.device)
     return CostModel(target_step_s=verify[1], draft_step_s=draft[1], verify_s=tuple(verify[n] for n in sizes))
 
 

@@ -15,7 +15,7 @@ again, up to a limit, and the calmest kept.
 
 Several settings (K x confidence cut x exit layer) are tried on a tuning split of the prompts; the best
 is then reported on the other prompts only: choosing on the measurements one reports would flatter them.
-Other adaptive modes may run beside it there at the same K and cut (`Plan.also_adaptive`), for comparison.
+Other adaptive modes may run beside it there at the same K (`Plan.also_adaptive`), for comparison.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from specviz.bench.hf import HF_DEFAULT, HFGenerate, HFSetting
 from specviz.bench.noise import calmest, timed
 from specviz.bench.prompts import BenchPrompt
 from specviz.engine import DecodeConfig, autoregressive_generate, speculative_generate
+from specviz.engine.config import CUT_MODES
 from specviz.models import encode_prompt
 
 AR, AR_HF = "ar", "ar_hf"  # the target alone: specviz's lane, transformers' generate()
@@ -83,14 +84,15 @@ class Plan:
     ks: tuple[int, ...]
     confidences: tuple[float, ...] = ()  # tried in "confidence" mode (default: config.confidence)
     exit_layers: tuple[int, ...] = ()  # tried with the 'self' drafter (default: config.exit_layer)
-    # other adaptive modes measured beside the chosen setting, at its K and cut, on the reported prompts
-    also_adaptive: tuple[str, ...] = ()
+    # other adaptive modes measured beside the chosen setting on the reported prompts, at its K, and at its cut
+    # or the one given: (mode, cut or None)
+    also_adaptive: tuple[tuple[str, float | None], ...] = ()
     reps: int = 1
     max_stall: float = 0.05  # re-measure a repetition when a call saw more CPU stall than this fraction
     retries: int = 2
 
     def settings(self) -> list[DecodeConfig]:
-        cut_matters = self.config.cut and self.config.drafter != "lookup"  # lookup has no q
+        cut_matters = self.config.adaptive in CUT_MODES and self.config.drafter != "lookup"  # lookup has no q
         cuts = self.confidences if cut_matters and self.confidences else (self.config.confidence,)
         layers = self.exit_layers if self.config.drafter == "self" and self.exit_layers else (self.config.exit_layer,)
         return [replace(self.config, k=k, confidence=c, exit_layer=n) for k in self.ks for c in cuts for n in layers]
@@ -196,7 +198,10 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assi
     tuning_methods = [spec_method(pair, c) for c in settings]
 
     def reported_methods(chosen):
-        others = [spec_method(pair, replace(chosen, adaptive=a)) for a in plan.also_adaptive if a != chosen.adaptive]
+        others = {setting_name(c): c for a, cut in plan.also_adaptive
+                  if (c := replace(chosen, adaptive=a, confidence=chosen.confidence if cut is None else cut))}
+        others.pop(setting_name(chosen), None)  # (each setting once, the chosen one as itself)
+        others = [spec_method(pair, c) for c in others.values()]
         return [ar_method(pair, chosen), hf_method(hf, AR_HF, chosen.max_new_tokens), spec_method(pair, chosen),
                 *others, *(hf_assisted(hf, chosen, assistants) if assistants else [])]
 

@@ -10,6 +10,7 @@ exactness is untouched.
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Sequence
@@ -60,6 +61,7 @@ class AcceptanceModel:
         return cls(float(d["bias"]), tuple(float(d["weights"][f]) for f in FEATURES))
 
 
+@functools.cache  # read once per process: a run of the proof asks thousands of times
 def shipped_model() -> AcceptanceModel:
-    """The fit shipped with specviz (on the embedded pair's bench rounds; see the file's `fitted_on`)."""
+    """The fit shipped with specviz (`specviz bench --save-predictor`; its `fitted_on` says on what)."""
     return AcceptanceModel.from_dict(json.loads(resources.files("specviz.data").joinpath(SHIPPED).read_text()))

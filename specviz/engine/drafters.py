@@ -145,20 +145,20 @@ class VocabMapping(Protocol):
 
     def target_logits(self, draft_logits: torch.Tensor) -> torch.Tensor: ...  # -inf where the draft has none
 
-    def translate(self, ids: list[int]) -> list[int]: ...  # target ids -> draft ids for the same text
+    def translate(self, ids: list[int], before: list[int]) -> list[int]: ...  # draft ids for ids' text after before
 
     def draftable(self, target_id: int) -> bool: ...
 
 
 class MappedDrafter(ModelDrafter):
-    """A draft model with a vocabulary of its own (another family): see `vocab.py`.
+    """A draft model with a vocabulary of its own (another family): see `specviz.models.families`.
 
     Its cache holds its own tokens, so the positions differ from the target's: `mapped` is the committed
     text in the draft's ids (the cache holds a prefix of it), `covered` the target tokens it stands for.
     Drafted tokens are shared ones, one draft id each, so the accepted drafts are cut back one for one.
     """
 
-    name = "model"
+    CONTEXT = 4  # target tokens decoded before the new ones, so their text starts as it does in context
 
     def __init__(self, model, vocab_map: VocabMapping, sampling: SamplingParams, generator, vocab_size: int,
                  stop: StopRule | None = None, prompt_cache: PromptCache | None = None):
@@ -167,20 +167,27 @@ class MappedDrafter(ModelDrafter):
         self.mapped, self.covered, self.drafted = [], 0, []
 
     def translate(self, ids: torch.Tensor) -> list[int]:
+        """The draft's ids for the target tokens it has not read yet."""
+        before = ids[0, max(0, self.covered - self.CONTEXT):self.covered].tolist()
         new = ids[0, self.covered:].tolist()
         self.covered = ids.shape[1]
-        return self.vocab_map.translate(new) if new else []
+        return self.vocab_map.translate(new, before) if new else []
+
+    def tensor(self, draft_ids: list[int], device) -> torch.Tensor:
+        return torch.tensor([draft_ids], dtype=torch.long, device=device)
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
-        self.mapped, self.covered, self.drafted = [], 0, []
+        self.covered, self.drafted = 0, []
         self.mapped = self.translate(ids)
-        self.cache = prefilled(self.model, torch.tensor([self.mapped], device=ids.device), self.prompt_cache)
+        self.cache = prefilled(self.model, self.tensor(self.mapped, ids.device), self.prompt_cache)
 
     def context(self, ids: torch.Tensor) -> torch.Tensor:
         self.mapped += self.translate(ids)
         self.drafted = []
-        return torch.tensor([self.mapped[self.cache.get_seq_length():]], device=ids.device)
+        if self.cache.get_seq_length() >= len(self.mapped):  # new tokens with no text of their own: read the
+            rollback(self.cache, len(self.mapped) - 1)  # last token again, for logits to draft from
+        return self.tensor(self.mapped[self.cache.get_seq_length():], ids.device)
 
     def scores(self, logits: torch.Tensor) -> torch.Tensor:
         return self.vocab_map.target_logits(logits)

@@ -62,7 +62,7 @@ TARGET = EmbeddedModel(
     sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
 )
 # another family: a Llama-architecture draft with its own tokenizer (vocabulary 49,152; the pair above
-# shares Qwen's 151,936), mapped into the target's vocabulary by `specviz.engine.vocab`
+# shares Qwen's 151,936), mapped into the target's vocabulary by `specviz.models.families`
 SMOLLM2 = EmbeddedModel(
     role="draft",
     key="smollm2",

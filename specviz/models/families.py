@@ -40,12 +40,12 @@ class VocabMap:
     draft_ids: torch.Tensor  # [S] the shared tokens' ids in the draft's vocabulary ...
     target_ids: torch.Tensor  # [S] ... and the same tokens' ids in the target's
     draft_of: torch.Tensor  # [target vocab] the draft id of each target id, -1 where the draft has none
-    translate: Callable[[list[int]], list[int]]  # target ids -> the draft's ids for the same text
+    translate: Callable[[list[int], list[int]], list[int]]  # (target ids, the ids before them) -> the draft's ids
     shared: frozenset[int]  # the target ids the draft can propose, for host-side questions
 
     @classmethod
     def build(cls, draft: Sequence[str | None], target: Sequence[str | None],
-              translate: Callable[[list[int]], list[int]], device=None) -> VocabMap:
+              translate: Callable[[list[int], list[int]], list[int]], device=None) -> VocabMap:
         """From each vocabulary's strings by id (`draft[i]`: the string of draft id i)."""
         found = shared_tokens(draft, target)
         pairs = torch.tensor(found, dtype=torch.long, device=device).view(-1, 2)
@@ -76,17 +76,25 @@ def same_tokenizer(draft_tok, target_tok) -> bool:
 
 
 def strings(tokenizer, rows: int) -> list[str | None]:
-    """Each id's string after the tokenizer's own decoding; None for embedding rows past the tokenizer."""
+    """Each id's string after the tokenizer's own decoding, read after an anchor token: decoded alone, a
+    SentencePiece token loses its leading space (▁the and the would look alike). None for embedding rows
+    past the tokenizer."""
     n = min(rows, len(tokenizer))
-    return tokenizer.batch_decode([[i] for i in range(n)]) + [None] * (rows - n)
+    anchor = tokenizer.encode("a", add_special_tokens=False)[:1]
+    head = tokenizer.decode(anchor)
+    texts = tokenizer.batch_decode([anchor + [i] for i in range(n)])
+    return [t[len(head):] if t.startswith(head) else None for t in texts] + [None] * (rows - n)
 
 
 def vocab_map(draft_tok, target_tok, draft_rows: int, target_rows: int, draft_name: str, target_name: str,
               device=None) -> VocabMap:
     """The draft's tokens in the target's vocabulary; refused when too few are shared to be worth drafting.
-    The draft reads the committed text as its own tokenizer encodes the target's decoding of it."""
-    def translate(ids: list[int]) -> list[int]:
-        return draft_tok.encode(target_tok.decode(ids), add_special_tokens=False)
+    The draft reads the committed text as its own tokenizer encodes the target's decoding of it, each new
+    piece decoded after the tokens before it (so it starts as it does in context)."""
+    def translate(ids: list[int], before: list[int]) -> list[int]:
+        head, text = target_tok.decode(before), target_tok.decode(before + ids)
+        piece = text[len(head):] if text.startswith(head) else target_tok.decode(ids)  # (a split character)
+        return draft_tok.encode(piece, add_special_tokens=False)
 
     mapping = VocabMap.build(strings(draft_tok, draft_rows), strings(target_tok, target_rows), translate, device)
     if mapping.size < MIN_SHARED * draft_rows:

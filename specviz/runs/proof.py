@@ -98,8 +98,9 @@ def samplers(pair: ModelPair, settings: ProofSettings, calibrate: bool = True) -
     if calibrate:
         out.append(Sampler("target alone", True, target_path))
     if settings.controls:
-        if pair.draft is not None and calibrate:
-            draft_as_target = replace(pair, target=pair.draft, vocab_map=None)  # (ids of its own vocabulary)
+        # (a draft of another family speaks other ids: sampled alone, its paths mean nothing to the target)
+        if pair.draft is not None and pair.vocab_map is None and calibrate:
+            draft_as_target = replace(pair, target=pair.draft)
             out.append(Sampler("draft alone (control)", False,
                                lambda _, *a: target_path(draft_as_target, *a)))
         out.append(Sampler("always accept (control)", False,

@@ -118,7 +118,7 @@ def emitted_tip(t: EmittedToken) -> str:
     lines = [f"{t.kind}: {t.text!r}", where, f"probability = {t.p:.4f}", f"p (softmax, T=1) = {t.p_soft:.4f}",
              f"target top-2 logit gap = {t.target_top2_gap:.3f}"]
     if not t.draftable:
-        lines.append("not in the draft's vocabulary (another family): no draft could have proposed it")
+        lines.append("not in the draft model's vocabulary (another family): the draft model could not propose it")
     return "\n".join(lines)
 
 

@@ -128,7 +128,7 @@ def lanes_html(trace: Trace, state: RaceState) -> str:
 def settings(meta: RunMeta) -> list[tuple[str, object]]:
     c, s = meta.config, meta.config.sampling
     rows = [("K (drafted per round)", c.k), ("adaptive K", c.adaptive)]
-    rows += [("confidence cut", c.confidence)] if c.adaptive == "confidence" else []
+    rows += [({"confidence": "confidence cut", "predicted": "predicted-acceptance cut"}[c.adaptive], c.cut)] if c.cut else []
     rows += [("drafter", c.drafter)] + ([("exit layer", c.exit_layer)] if c.drafter == "self" else [])
     rows += [("temperature", f"{s.temperature:g}" + (" (greedy)" if s.greedy else "")),
              ("top-k", s.top_k or "off"), ("top-p", f"{s.top_p:g}" if s.top_p < 1 else "off"),
