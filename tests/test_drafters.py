@@ -12,9 +12,8 @@ import torch
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.engine.config import next_k
 from specviz.engine.acceptance import AcceptanceModel, FEATURES, shipped_model
-from specviz.engine.drafters import (
-    HybridDrafter, ModelDrafter, PromptLookupDrafter, confidence_cut, make_drafter, predicted_cut,
-)
+from specviz.engine.cuts import confidence_cut, predicted_cut
+from specviz.engine.drafters import HybridDrafter, ModelDrafter, PromptLookupDrafter, make_drafter
 from specviz.engine.sampling import logits_to_probs, make_generator
 
 CPU = torch.device("cpu")

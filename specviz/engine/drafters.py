@@ -8,14 +8,13 @@ is p with x removed, renormalised).
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
 import torch
 from transformers import DynamicCache
 
-from specviz.engine.acceptance import AcceptanceModel, feature_vector
+from specviz.engine.cuts import StopRule
 from specviz.engine.early_exit import EarlyExit, early_exit_problem
 from specviz.engine.plumbing import PromptCache, fit_ids, model_vocab, pad_vocab, prefilled, rollback
 from specviz.engine.sampling import SamplingParams, draw, logits_to_probs
@@ -46,31 +45,6 @@ def point_mass_draft(tokens: list[int], vocab_size: int, device) -> Draft:
     t = torch.tensor(tokens, dtype=torch.long, device=device)
     q = torch.zeros(len(tokens), vocab_size, device=device).scatter_(1, t[:, None], 1.0)
     return Draft(t, q, torch.log(q))
-
-
-def top_prob(logits: torch.Tensor) -> float:
-    """The top probability, max softmax = exp(max - logsumexp), without a [V] softmax: a host sync."""
-    return (logits.max() - torch.logsumexp(logits, -1)).exp().item()
-
-
-# (draft logits [V], the q it sampled from or None when greedy, position in the round) -> stop drafting now?
-StopRule = Callable[[torch.Tensor, "torch.Tensor | None", int], bool]
-
-
-def confidence_cut(cut: float) -> StopRule:
-    """Stop once the draft's top probability (softmax of its logits) falls under `cut`."""
-    return lambda logits, q, position: top_prob(logits) < cut
-
-
-def predicted_cut(model: AcceptanceModel, cut: float, drafter: str, top_n: int) -> StopRule:
-    """Stop once the predicted acceptance of the token just drafted falls under `cut`. The features are read
-    from the distribution a round's event shows (the softmax when greedy, q when sampling), so the prediction
-    here is the one the event reports."""
-    def stop(logits: torch.Tensor, q: torch.Tensor | None, position: int) -> bool:
-        shown = torch.softmax(logits, -1) if q is None else q
-        top = shown.topk(min(top_n, shown.shape[-1])).values.tolist()  # one host sync per drafted token
-        return model.predict(feature_vector(top, position, drafter)) < cut
-    return stop
 
 
 class ModelDrafter:

@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator
 import torch
 from specviz.engine.config import DecodeConfig, next_k
 from specviz.engine.acceptance import AcceptanceModel, shipped_model, token_features
-from specviz.engine.drafters import NEEDS_DRAFT_MODEL, Drafter, StopRule, confidence_cut, make_drafter, predicted_cut
+from specviz.engine.cuts import StopRule, confidence_cut, predicted_cut
+from specviz.engine.drafters import NEEDS_DRAFT_MODEL, Drafter, make_drafter
 from specviz.engine.events import (
     ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, Finish, Round, end_of_run, until_eos,
 )
