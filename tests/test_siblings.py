@@ -100,3 +100,38 @@ def test_negative_control_top_k_treated_as_sampled_from_q_is_not_exact():
     wrong = emitted(p, q, top2)
     assert 0.5 * float((wrong - p).abs().sum()) > 0.02
     torch.testing.assert_close(emitted(p, None, top2), p, rtol=0, atol=1e-12)  # as point masses: exact
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_chain_walked_as_a_tree_is_todays_rule_exactly(seed):
+    """A width-1 tree (each node one child) with the same uniforms decides exactly as `rules.verify`: the same
+    accepted prefix, and the same distribution for the correction (or the bonus)."""
+    from specviz.engine.rules import verify
+    from specviz.engine.sampling import sample
+    from specviz.engine.siblings import walk_tree
+
+    g = torch.Generator().manual_seed(seed)
+    k = 1 + seed % 5
+    p = torch.stack([dist(seed * 10 + i, zeros=i % 2) for i in range(k + 1)]).float()
+    q = torch.stack([dist(seed * 10 + 50 + i, zeros=(i + 1) % 2) for i in range(k)]).float()
+    if seed % 4 == 0:
+        q[: k // 2] = p[: k // 2]  # some positions where the draft is right, so long prefixes are accepted too
+    tokens = torch.stack([sample(q[i], g) for i in range(k)])
+    chain = verify(p, q, tokens, g)
+    walked = walk_tree(list(range(-1, k - 1)), tokens.tolist(), p, q, chain.u.tolist())
+    n = int(chain.n_accepted)
+    assert walked.path == list(range(n)) and walked.bonus == (n == k)
+    expected = torch.cat([chain.residual, p[k:]])[n]
+    torch.testing.assert_close(walked.next_dist, expected, atol=1e-6, rtol=0)
+
+
+def test_a_tree_walk_goes_down_the_accepted_sibling():
+    """Greedy point masses: the root's children 5 and 4 (4 is the argmax), then 4's children 1 and 2 (2 is)."""
+    from specviz.engine.siblings import walk_tree
+
+    p_rows = torch.zeros(6, V, dtype=torch.float64)
+    p_rows[0, 4] = p_rows[2, 2] = p_rows[4, 3] = p_rows[1, 0] = p_rows[3, 0] = p_rows[5, 0] = 1.0
+    walked = walk_tree([-1, -1, 1, 1, 3], [5, 4, 1, 2, 0], p_rows, None, [0.0] * 5)
+    assert walked.path == [1, 3] and not walked.bonus  # node 4 (token 0) is rejected: p says 3
+    assert [(t.token, t.accepted) for t in walked.tries] == [(5, False), (4, True), (1, False), (2, True), (0, False)]
+    assert int(walked.next_dist.argmax()) == 3

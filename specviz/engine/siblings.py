@@ -58,3 +58,37 @@ def try_siblings(p: torch.Tensor, q: torch.Tensor | None, candidates: list[int],
         else:
             p, q = residual(p, q), without(q, x)
     return tries, p
+
+
+@dataclass
+class TreeVerdict:
+    path: list[int]  # the accepted nodes, from a child of the root down
+    tries: list[SiblingTry]  # every candidate tried, in order
+    next_dist: torch.Tensor  # [V]: the correction's distribution (what is left of p) or the bonus's
+    bonus: bool  # the walk ended on an accepted node with no children
+
+
+def walk_tree(parents: list[int], tokens: list[int], p_rows: torch.Tensor, q_rows: torch.Tensor | None,
+              u: list[float]) -> TreeVerdict:
+    """Decide a round of tree speculation. Row 0 of `p_rows` is the target's distribution for the root's
+    children, row 1 + i the one for node i's children; `q_rows` likewise the draft's, which each node's children
+    were drawn from without replacement in node order (None: deterministic children, point masses); `u` one
+    uniform per node. From the root, try the children with `try_siblings`; go down into the accepted one; stop
+    when all are rejected (the correction) or at an accepted leaf (the bonus). A chain (each node one child) is
+    today's rule exactly: the same acceptances and the same correction or bonus distribution."""
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents):
+        children.setdefault(parent, []).append(i)
+    node, path, tries = -1, [], []
+    while True:
+        row = node + 1
+        kids = children.get(node, [])
+        if not kids:
+            return TreeVerdict(path, tries, p_rows[row], bonus=True)
+        tried, left = try_siblings(p_rows[row], None if q_rows is None else q_rows[row], [tokens[c] for c in kids],
+                                   [u[c] for c in kids])
+        tries += tried
+        if not tried[-1].accepted:
+            return TreeVerdict(path, tries, left, bonus=False)
+        node = kids[len(tried) - 1]
+        path.append(node)
