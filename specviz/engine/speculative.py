@@ -86,8 +86,8 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
         drafter.rollback(keep)
         ids = torch.cat([ids, torch.tensor([new], dtype=torch.long, device=device)], dim=1)
         event = _round_event(host, n, new, draft.k, pieces, predictor, index=index, drafter=drafter.name,
-                             position=position,
-                             text=pieces.text(generated), draft_time=t1 - t0, verify_time=t2 - t1, finished=finished)
+                             position=position, text=pieces.text(generated), draft_time=t1 - t0,
+                             verify_time=t2 - t1, finished=finished)
         if mapping is not None and event.emitted is not None:
             event.emitted.draftable = mapping.draftable(event.emitted.id)
         event.overhead_time = clock(device) - t2  # building the event is part of the overhead
