@@ -52,13 +52,14 @@ def test_a_non_editable_install_serves_the_shipped_trace_and_prompts(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-deps", "--no-build-isolation",
                     "--target", str(target), str(ROOT)], check=True, capture_output=True, cwd=tmp_path)
     code = ("import specviz, json; from specviz.runs.replay import shipped_traces, open_trace; "
-            "from specviz.bench.prompts import load_prompts; names = shipped_traces(); "
-            "print(json.dumps([specviz.__file__, names, len(open_trace(None, names[0]).rounds), "
-            "len(load_prompts())]))")
+            "from specviz.bench.prompts import load_prompts; from specviz.engine.acceptance import shipped_model; "
+            "names = shipped_traces(); print(json.dumps([specviz.__file__, names, "
+            "[len(open_trace(None, n).rounds) for n in names], len(load_prompts()), len(shipped_model().weights)]))")
     out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "PYTHONPATH": str(target)}, cwd=tmp_path,
                          capture_output=True, text=True, check=True).stdout
     import json
 
-    where, names, rounds, prompts = json.loads(out)
+    where, names, rounds, prompts, weights = json.loads(out)
     assert where.startswith(str(target))  # the installed copy, not the checkout
-    assert names == ["trace_embedded_code.json"] and rounds > 0 and prompts >= 6
+    assert names == ["trace_embedded_code.json", "trace_smollm2_code.json"] and min(rounds) > 0 and prompts >= 6
+    assert weights == 6  # the acceptance predictor's fit ships too
