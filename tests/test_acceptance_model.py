@@ -8,8 +8,9 @@ import math
 import numpy as np
 import pytest
 
-from specviz.analysis.acceptance import brier, examples, features, fit, predict_all, predict_token, reliability
+from specviz.analysis.acceptance import brier, examples, fit, predict_all, reliability
 from specviz.engine.acceptance import FEATURES, AcceptanceModel, entropy_of_top
+from specviz.engine.acceptance import token_features as features
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED, REJECTED, Candidate, DraftedToken, Round
 
 # confident drafts pass; later positions a bit less; the drafter (one-hot after "model") plays no part
@@ -35,7 +36,7 @@ def synthetic_rounds(n: int, model: AcceptanceModel, seed: int = 0, k: int = 4) 
             if rejected:
                 drafted.append(token(top, NOT_VERIFIED, rest))
                 continue
-            p = predict_token(model, token(top, ACCEPTED, rest), i, "model")
+            p = model.predict(features(token(top, ACCEPTED, rest), i, "model"))
             rejected = rng.uniform() >= p
             drafted.append(token(top, REJECTED if rejected else ACCEPTED, rest))
         accepted = sum(t.status == ACCEPTED for t in drafted)

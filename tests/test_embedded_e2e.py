@@ -68,6 +68,23 @@ def test_the_target_writes_sensible_text(ar_runs):
     assert "def " in steps[-1].text  # a coder model asked for a function starts writing one
 
 
+def identical_runs(pair, ar_runs, config, prompts=PROMPTS) -> list[list]:
+    """Each prompt's speculative rounds, asserted token-identical to the target alone and consistent."""
+    runs = []
+    for prompt in prompts:
+        ids, steps = ar_runs[prompt]
+        rounds = list(speculative_generate(pair, ids, config))
+        assert spec_tokens(rounds) == [s.token.id for s in steps], (prompt, first_divergence(rounds, steps))
+        check_rounds(pair, rounds, config)
+        runs.append(rounds)
+    return runs
+
+
+def acceptance(runs) -> tuple[int, int]:
+    """(accepted, drafted) over every round of these runs."""
+    return sum(r.n_accepted for rounds in runs for r in rounds), sum(r.k for rounds in runs for r in rounds)
+
+
 @pytest.fixture(scope="module")
 def served_pair(embedded_pair):
     """The pair as `specviz serve` runs it on a CPU: the draft's step in int4 (weights shared, not copied).
@@ -80,17 +97,11 @@ def served_pair(embedded_pair):
 def test_greedy_speculative_equals_the_target_alone(served_pair, ar_runs, hf_greedy, k):
     assert served_pair.draft_name.endswith("[int4 draft step]")
     config = DecodeConfig(k=k, max_new_tokens=MAX_NEW, sampling=SamplingParams(0.0), adaptive="fixed")
-    drafted = accepted = 0
-    kinds = set()
-    for prompt in PROMPTS:
-        ids, steps = ar_runs[prompt]
-        rounds = list(speculative_generate(served_pair, ids, config))
-        assert spec_tokens(rounds) == [s.token.id for s in steps], (prompt, first_divergence(rounds, steps))
-        assert spec_tokens(rounds) == hf_greedy[prompt]  # and transformers' generate(), the outside reference
-        check_rounds(served_pair, rounds, config)
-        drafted += sum(r.k for r in rounds)
-        accepted += sum(r.n_accepted for r in rounds)
-        kinds |= {r.emitted.kind for r in rounds[:-1]}  # the last round may be cut short by the length
+    runs = identical_runs(served_pair, ar_runs, config)
+    for prompt, rounds in zip(PROMPTS, runs):  # and transformers' generate(), the outside reference
+        assert spec_tokens(rounds) == hf_greedy[prompt], prompt
+    kinds = {r.emitted.kind for rounds in runs for r in rounds[:-1]}  # the last round may be cut by the length
+    accepted, drafted = acceptance(runs)
     print(f"K={k}: acceptance {accepted / drafted:.2f} ({accepted}/{drafted})")
     assert kinds == {CORRECTION, BONUS}  # both ways a round ends, and the cache crops after each
     assert accepted / drafted > 0.3  # one model family: the draft agrees often (a broken load would not)
@@ -120,16 +131,12 @@ def test_self_speculation_equals_the_target_alone_with_no_draft_model(embedded_p
     layers = len(target_only.target.model.layers)
     config = DecodeConfig(k=4, max_new_tokens=MAX_NEW, sampling=SamplingParams(0.0), adaptive="fixed",
                           drafter="self", exit_layer=layers - 1)  # a deep exit: few rounds, so the test stays short
-    drafted = accepted = 0
+    prompts = PROMPTS[:1]  # each drafted token costs 27/28 of a target step: one prompt keeps it short
+    accepted, drafted = acceptance(identical_runs(target_only, ar_runs, config, prompts))
     depths = [1, 4, 8, 12, 14, 16, 20, 24, layers - 1]
     agree = {n: [] for n in depths}
-    for prompt in PROMPTS[:1]:  # each drafted token costs 27/28 of a target step: one prompt keeps it short
+    for prompt in prompts:
         ids, steps = ar_runs[prompt]
-        rounds = list(speculative_generate(target_only, ids, config))
-        assert spec_tokens(rounds) == [s.token.id for s in steps], (prompt, first_divergence(rounds, steps))
-        check_rounds(target_only, rounds, config)
-        drafted += sum(r.k for r in rounds)
-        accepted += sum(r.n_accepted for r in rounds)
         for n, hits in greedy_agreement(target_only.target, ids, [s.token.id for s in steps], depths).items():
             agree[n] += hits
     memory = pair_bytes(embedded_pair)
@@ -160,16 +167,9 @@ def test_a_draft_of_another_family_keeps_the_target_output(smollm2_pair, ar_runs
     is the target's own, and the tokens the draft lacks (Qwen's merges such as '):\\n') are marked."""
     assert 35_000 < smollm2_pair.vocab_map.size < 45_000
     config = DecodeConfig(k=4, max_new_tokens=MAX_NEW, sampling=SamplingParams(0.0), adaptive="fixed")
-    drafted = accepted = 0
-    marked = []
-    for prompt in PROMPTS[:1]:
-        ids, steps = ar_runs[prompt]
-        rounds = list(speculative_generate(smollm2_pair, ids, config))
-        assert spec_tokens(rounds) == [s.token.id for s in steps], (prompt, first_divergence(rounds, steps))
-        check_rounds(smollm2_pair, rounds, config)
-        drafted += sum(r.k for r in rounds)
-        accepted += sum(r.n_accepted for r in rounds)
-        marked += [(r.emitted.id, r.emitted.draftable) for r in rounds if r.emitted]
+    runs = identical_runs(smollm2_pair, ar_runs, config, PROMPTS[:1])
+    accepted, drafted = acceptance(runs)
+    marked = [(r.emitted.id, r.emitted.draftable) for rounds in runs for r in rounds if r.emitted]
     print(f"SmolLM2 -> Qwen, K=4 greedy: acceptance {accepted / drafted:.2f} ({accepted}/{drafted})")
     assert accepted > 0  # it does propose what the target says, sometimes
     assert all(draftable == (t in smollm2_pair.vocab_map.shared) for t, draftable in marked)

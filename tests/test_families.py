@@ -171,6 +171,27 @@ def test_after_a_rollback_the_drafter_reads_on_as_if_fresh(cross):
     assert drafter.cache.get_seq_length() == len(translate(context)) + 2  # the context, two drafts read back
 
 
+@torch.inference_mode()
+def test_accepted_drafts_survive_a_lookup_round_in_between(cross):
+    """Round 1: the model drafts and two drafts are kept; round 2: prompt lookup drafts (the model only rolls
+    back) and one of its tokens is kept; round 3: the model reads on exactly as a fresh drafter would."""
+    greedy = SamplingParams(0.0)
+    ids = encode(cross, "the a of")
+    drafter = MappedDrafter(cross.draft, cross.vocab_map, greedy, make_generator(CPU, 0), len(WORDS))
+    drafter.prefill(torch.tensor([ids]))
+    first = drafter.propose(torch.tensor([ids]), ids, 4).tokens.tolist()
+    drafter.rollback(len(ids) + 2)
+    context = ids + first[:2] + [WORDS.index("years")]  # + the correction
+    drafter.rollback(len(context) + 1)  # a lookup round: its accepted token is not the model's
+    context += [WORDS.index("the"), 7]
+    resumed = drafter.propose(torch.tensor([context]), context, 3)
+    fresh = MappedDrafter(cross.draft, cross.vocab_map, greedy, make_generator(CPU, 0), len(WORDS))
+    fresh.prefill(torch.tensor([context]))
+    again = fresh.propose(torch.tensor([context]), context, 3)
+    assert resumed.tokens.tolist() == again.tokens.tolist()
+    torch.testing.assert_close(resumed.logits, again.logits, atol=1e-5, rtol=1e-4)
+
+
 @pytest.mark.parametrize("drafter", ["model", "hybrid"])
 def test_greedy_output_of_the_cross_family_pair_is_the_target_alone(cross, drafter):
     drafted = accepted = 0

@@ -149,6 +149,16 @@ def end_to_end(pair, sampling: SamplingParams, n: int, drafter: str = "model",
     return samples, point_masses
 
 
+def always_accept(monkeypatch) -> None:
+    """The negative control: the rule patched to keep every draft."""
+    monkeypatch.setattr(rules, "accepted_prefix", lambda accept_prob, u: torch.tensor(accept_prob.shape[0]))
+
+
+def end_to_end_stats(pair, n: int, drafter: str = "model") -> dict:
+    """`statistics` of n end-to-end runs at temperature 1 against the target's exact distribution."""
+    return statistics(end_to_end(pair, TEMPERATURE_1, n, drafter)[0], exact_joint(tables(pair.target, TEMPERATURE_1)))
+
+
 def pooled_chisquare(counts: np.ndarray, probs: np.ndarray) -> float:
     """Chi-square p-value of counts against probs, bins with expected count < 5 pooled into one."""
     n = counts.sum()
@@ -211,7 +221,7 @@ def test_rule_samples_the_target_distribution(setups, name):
 
 
 def test_negative_control_always_accept_is_detected(setups, monkeypatch):
-    monkeypatch.setattr(rules, "accepted_prefix", lambda accept_prob, u: torch.tensor(accept_prob.shape[0]))
+    always_accept(monkeypatch)
     p, q = setups["temperature 1"]
     stats = statistics(simulate(p, q, 20_000, seed=0), exact_joint(p))
     print("always accept", stats)
@@ -238,8 +248,8 @@ def test_speculative_generate_samples_the_target_distribution(pair, sampling, dr
 
 
 def test_negative_control_end_to_end(pair, monkeypatch):
-    monkeypatch.setattr(rules, "accepted_prefix", lambda accept_prob, u: torch.tensor(accept_prob.shape[0]))
-    stats = statistics(end_to_end(pair, TEMPERATURE_1, 1_000)[0], exact_joint(tables(pair.target, TEMPERATURE_1)))
+    always_accept(monkeypatch)
+    stats = end_to_end_stats(pair, 1_000)
     print("always accept, end to end", stats)
     assert stats["p"][0] < 1e-6 and stats["tv"][0] > 0.05, stats
 
@@ -262,17 +272,15 @@ def test_self_speculation_samples_the_target_distribution(self_pair):
     q = logits_to_probs(EarlyExit(self_pair.target, 1)(torch.tensor([PROMPT]), DynamicCache()).logits[0, -1],
                         TEMPERATURE_1)
     assert 0.5 < float(torch.minimum(p, q).sum()) < 0.8
-    samples, _ = end_to_end(self_pair, TEMPERATURE_1, 1_000, "self")
-    stats = statistics(samples, exact_joint(tables(self_pair.target, TEMPERATURE_1)))
+    stats = end_to_end_stats(self_pair, 1_000, "self")
     print("self drafter", stats)
     assert min(stats["p"]) > 1e-3, stats
     assert max(stats["tv"]) < 0.085, stats
 
 
 def test_negative_control_self_speculation(self_pair, monkeypatch):
-    monkeypatch.setattr(rules, "accepted_prefix", lambda accept_prob, u: torch.tensor(accept_prob.shape[0]))
-    stats = statistics(end_to_end(self_pair, TEMPERATURE_1, 300, "self")[0],
-                       exact_joint(tables(self_pair.target, TEMPERATURE_1)))
+    always_accept(monkeypatch)
+    stats = end_to_end_stats(self_pair, 300, "self")
     print("always accept, self drafter", stats)
     assert stats["p"][0] < 1e-6 and stats["tv"][0] > 0.15, stats
 
@@ -298,23 +306,22 @@ def cross_pair(pair) -> ModelPair:
 
 @torch.inference_mode()
 def test_a_draft_of_another_family_samples_the_target_distribution(cross_pair):
-    """2,000 runs (~15 s; 2,000 perfect samples score TV about 0.03). Not degenerate: the target gives its own ids 12..15 some mass, which only corrections can
-    emit, and the draft's first token is accepted often, but far from always."""
+    """2,000 runs (~15 s; 2,000 perfect samples score TV about 0.03). Not degenerate: the target gives its own
+    ids 12..15 some mass, which only corrections can emit, and the draft's first token is accepted often, but far
+    from always."""
     p = tables(cross_pair.target, TEMPERATURE_1)[()]
     q = logits_to_probs(cross_pair.vocab_map.target_logits(
         cross_pair.draft(torch.tensor([cross_translate(PROMPT)])).logits[0, -1]), TEMPERATURE_1)
     assert float(p[CROSS_SHARED:].sum()) > 0.1 and float(q[CROSS_SHARED:].sum()) == 0
     assert 0.4 < float(torch.minimum(p, q).sum()) < 0.85
-    samples, _ = end_to_end(cross_pair, TEMPERATURE_1, 2_000)
-    stats = statistics(samples, exact_joint(tables(cross_pair.target, TEMPERATURE_1)))
+    stats = end_to_end_stats(cross_pair, 2_000)
     print("another family", stats)
     assert min(stats["p"]) > 1e-3, stats
     assert max(stats["tv"]) < 0.05, stats
 
 
 def test_negative_control_another_family(cross_pair, monkeypatch):
-    monkeypatch.setattr(rules, "accepted_prefix", lambda accept_prob, u: torch.tensor(accept_prob.shape[0]))
-    stats = statistics(end_to_end(cross_pair, TEMPERATURE_1, 500)[0],
-                       exact_joint(tables(cross_pair.target, TEMPERATURE_1)))
+    always_accept(monkeypatch)
+    stats = end_to_end_stats(cross_pair, 500)
     print("always accept, another family", stats)
     assert stats["p"][0] < 1e-6 and stats["tv"][0] > 0.1, stats

@@ -2,8 +2,7 @@
 
 Each verified drafted token is one example: its features are what the draft knew when it proposed the
 token (`specviz.engine.acceptance`: how sure it was, where in the round the token stands, which drafter
-made it), its label whether the target accepted it. Tokens after
-a rejection were never tested and are left out. The fit is plain maximum likelihood with a small L2
+made it), its label whether the target accepted it. Tokens after a rejection were never tested and are left out. The fit is plain maximum likelihood with a small L2
 penalty (scipy's L-BFGS); calibration is reported as the Brier score and a reliability table, on rounds
 the model was not fitted on.
 """
@@ -17,8 +16,9 @@ import numpy as np
 from scipy.optimize import minimize
 from scipy.special import expit
 
-from specviz.engine.acceptance import FEATURES, AcceptanceModel, token_features as features
-from specviz.engine.events import ACCEPTED, NOT_VERIFIED, DraftedToken, Round
+from specviz.engine.acceptance import FEATURES, AcceptanceModel, token_features
+from specviz.engine.events import ACCEPTED, NOT_VERIFIED, Round
+
 
 def examples(rounds: Iterable[Round]) -> tuple[np.ndarray, np.ndarray]:
     """(X [n, features], y [n]) over every drafted token the target tested."""
@@ -26,7 +26,7 @@ def examples(rounds: Iterable[Round]) -> tuple[np.ndarray, np.ndarray]:
     for r in rounds:
         for i, t in enumerate(r.drafted):
             if t.status != NOT_VERIFIED:
-                x.append(features(t, i, r.drafter))
+                x.append(token_features(t, i, r.drafter))
                 y.append(float(t.status == ACCEPTED))
     return np.array(x, dtype=float).reshape(-1, len(FEATURES)), np.array(y)
 
@@ -34,10 +34,6 @@ def examples(rounds: Iterable[Round]) -> tuple[np.ndarray, np.ndarray]:
 def predict_all(model: AcceptanceModel, x: np.ndarray) -> np.ndarray:
     """The model's prediction for every row of X at once."""
     return expit(model.bias + np.asarray(x, dtype=float) @ np.array(model.weights))
-
-
-def predict_token(model: AcceptanceModel, t: DraftedToken, position: int, drafter: str) -> float:
-    return model.predict(features(t, position, drafter))
 
 
 def fit(x: np.ndarray, y: np.ndarray, l2: float = 1e-5) -> AcceptanceModel:

@@ -198,12 +198,13 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assi
     tuning_methods = [spec_method(pair, c) for c in settings]
 
     def reported_methods(chosen):
-        others = {setting_name(c): c for a, cut in plan.also_adaptive
-                  if (c := replace(chosen, adaptive=a, confidence=chosen.confidence if cut is None else cut))}
-        others.pop(setting_name(chosen), None)  # (each setting once, the chosen one as itself)
-        others = [spec_method(pair, c) for c in others.values()]
-        return [ar_method(pair, chosen), hf_method(hf, AR_HF, chosen.max_new_tokens), spec_method(pair, chosen),
-                *others, *(hf_assisted(hf, chosen, assistants) if assistants else [])]
+        specs = {setting_name(chosen): chosen}  # each setting once, the chosen one first
+        for mode, cut in plan.also_adaptive:
+            c = replace(chosen, adaptive=mode, confidence=chosen.confidence if cut is None else cut)
+            specs.setdefault(setting_name(c), c)
+        return [ar_method(pair, chosen), hf_method(hf, AR_HF, chosen.max_new_tokens),
+                *(spec_method(pair, c) for c in specs.values()),
+                *(hf_assisted(hf, chosen, assistants) if assistants else [])]
 
     def short(c):
         return replace(c, max_new_tokens=8)

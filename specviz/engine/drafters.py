@@ -127,9 +127,8 @@ class VocabMapping(Protocol):
 class MappedDrafter(ModelDrafter):
     """A draft model with a vocabulary of its own (another family): see `specviz.models.families`.
 
-    Its cache holds its own tokens, so the positions differ from the target's: `mapped` is the committed
-    text in the draft's ids (the cache holds a prefix of it), `covered` the target tokens it stands for.
-    Drafted tokens are shared ones, one draft id each, so the accepted drafts are cut back one for one.
+    Its cache holds its own tokens, so the positions differ from the target's. Drafted tokens are shared
+    ones, one draft id each, so the accepted drafts are cut back one for one.
     """
 
     CONTEXT = 4  # target tokens decoded before the new ones, so their text starts as it does in context
@@ -138,26 +137,35 @@ class MappedDrafter(ModelDrafter):
                  stop: StopRule | None = None, prompt_cache: PromptCache | None = None):
         super().__init__(model, sampling, generator, vocab_size, stop, prompt_cache)
         self.vocab_map = vocab_map
-        self.mapped, self.covered, self.drafted = [], 0, []
+        # mapped: the committed text in draft ids (the cache holds a prefix of it, plus `kept`); covered: the
+        # target tokens mapped and kept stand for; kept: last round's accepted drafts, still on the device;
+        # drafted: this round's drafts, read back into the cache
+        self.mapped, self.covered, self.kept, self.drafted = [], 0, [], []
 
-    def translate(self, ids: torch.Tensor) -> list[int]:
-        """The draft's ids for the target tokens it has not read yet."""
-        before = ids[0, max(0, self.covered - self.CONTEXT):self.covered].tolist()
-        new = ids[0, self.covered:].tolist()
-        self.covered = ids.shape[1]
-        return self.vocab_map.translate(new, before) if new else []
+    def read_committed(self, ids: torch.Tensor) -> None:
+        """Bring `mapped` up to date, with ONE host transfer: the accepted drafts kept last round (already in
+        the cache, as the draft ids they were drafted as) and the draft's ids for the target tokens after them
+        (the correction or bonus, or a lookup round's tokens), each piece decoded after the tokens before it."""
+        start = max(0, self.covered - self.CONTEXT)
+        row = ids[0, start:]
+        host = torch.cat([row, torch.stack(self.kept)]).tolist() if self.kept else row.tolist()
+        window, kept = host[:len(row)], host[len(row):]
+        self.mapped += kept
+        before, new = window[:self.covered - start], window[self.covered - start:]
+        self.mapped += self.vocab_map.translate(new, before) if new else []
+        self.covered, self.kept = ids.shape[1], []
 
     def tensor(self, draft_ids: list[int], device) -> torch.Tensor:
         return torch.tensor([draft_ids], dtype=torch.long, device=device)
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
-        self.covered, self.drafted = 0, []
-        self.mapped = self.translate(ids)
+        self.mapped, self.covered, self.kept, self.drafted = [], 0, [], []
+        self.read_committed(ids)
         self.cache = prefilled(self.model, self.tensor(self.mapped, ids.device), self.prompt_cache)
 
     def context(self, ids: torch.Tensor) -> torch.Tensor:
-        self.mapped += self.translate(ids)
+        self.read_committed(ids)
         self.drafted = []
         if self.cache.get_seq_length() >= len(self.mapped):  # new tokens with no text of their own: read the
             rollback(self.cache, len(self.mapped) - 1)  # last token again, for logits to draft from
@@ -172,14 +180,13 @@ class MappedDrafter(ModelDrafter):
         return d.view(1, 1)
 
     def rollback(self, keep: int) -> None:
-        # the accepted drafts join `mapped` as the ids they were drafted as; the rest (the correction or
-        # bonus, or a lookup round's tokens) are translated when the next round starts
+        # the accepted drafts stay in the cache (on the device until this drafter next reads, see
+        # `read_committed`: a lookup round in between adds none); the cache is cut back to them
         take = self.drafted[:max(0, keep - self.covered)]
-        if take:
-            self.mapped += torch.stack(take).tolist()
-            self.covered += len(take)
+        self.kept += take
+        self.covered += len(take)
         self.drafted = []
-        rollback(self.cache, len(self.mapped))
+        rollback(self.cache, len(self.mapped) + len(self.kept))
 
 
 class SelfDrafter(ModelDrafter):
