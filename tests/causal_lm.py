@@ -36,15 +36,18 @@ class CausalLM(nn.Module):
         self.eval()
 
     def forward(self, input_ids: torch.Tensor, past_key_values=None, use_cache: bool = False,
-                logits_to_keep: int = 0) -> SimpleNamespace:
+                logits_to_keep: int = 0, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None) -> SimpleNamespace:
+        """`attention_mask` (additive, 4D) and `position_ids`: a token tree's, as the tree drafter and verify pass."""
         batch, n = input_ids.shape
         past = past_key_values.get_seq_length() if past_key_values is not None else 0
-        x = self.embed(input_ids) + self.position(torch.arange(past, past + n, device=input_ids.device))
+        positions = torch.arange(past, past + n, device=input_ids.device) if position_ids is None else position_ids
+        x = self.embed(input_ids) + self.position(positions)
         q, k, v = self.qkv(F.layer_norm(x, x.shape[-1:])).view(batch, n, 3, self.heads, -1).permute(2, 0, 3, 1, 4)
         if past_key_values is not None:
             k, v = past_key_values.update(k, v, 0)
         causal = torch.ones(n, past + n, dtype=torch.bool, device=x.device).tril(past)  # new token i sees <= past+i
-        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=causal)
+        attended = F.scaled_dot_product_attention(q, k, v, attn_mask=causal if attention_mask is None else attention_mask)
         x = x + self.out(attended.transpose(1, 2).reshape(batch, n, -1))
         x = x + self.mlp(F.layer_norm(x, x.shape[-1:]))
         return SimpleNamespace(logits=self.head(x[:, -logits_to_keep:]))  # 0 keeps all, as in transformers

@@ -147,7 +147,7 @@ def cmd_bench(args) -> int:
     if info["cpu_count"] and info["torch_threads"] != info["cpu_count"]:
         log.warning("torch uses %s threads on %s cores", info["torch_threads"], info["cpu_count"])
     pair = load_spec(replace(spec, draft_quant="none"))  # the draft as loaded; the cheaper one is chosen below
-    problem = next(filter(None, (drafter_problem(c.drafter, pair.draft, pair.target, c.exit_layer)
+    problem = next(filter(None, (drafter_problem(c.drafter, pair.draft, pair.target, c.exit_layer, pair.vocab_map)
                                  for c in plan.settings())), None)
     if problem:
         print(f"specviz bench: {problem}", file=sys.stderr)

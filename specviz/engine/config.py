@@ -33,7 +33,8 @@ class DecodeConfig:
                              json_schema_extra={"must": "a whole number between 0 and 4294967295"})
     drafter: DrafterName = Field("model", title="drafter",
                              description="model: the draft model · lookup: copy from the context · hybrid: lookup, "
-                                         "else the model · self: the target's own first layers (no draft model)")
+                                         "else the model · self: the target's own first layers (no draft model) · "
+                                         "tree: the draft model's top candidates as a tree, verified in one forward")
     adaptive: Adaptive = Field("confidence", title="adaptive K",
                                description="fixed: always K · confidence: stop drafting when the draft is unsure · "
                                            "acceptance: grow K after a clean sweep, shrink it after a rejection · "
@@ -51,6 +52,9 @@ class DecodeConfig:
                                         "(the embedded target has 28; 16 measured fastest here, still slower "
                                         "than the target alone)",
                             json_schema_extra={"must": "a whole number of at least 1, below the target's layer count"})
+    tree_budget: int = Field(16, ge=1, le=64, title="tree budget",
+                             description="'tree' drafter: nodes per round, all verified in one target forward "
+                                         "(K caps the tree's depth)")
 
     @property
     def stop_below(self) -> float:

@@ -250,18 +250,20 @@ class HybridDrafter:
         self.model.rollback(keep)
 
 
-DrafterName = Literal["model", "lookup", "hybrid", "self"]
+DrafterName = Literal["model", "lookup", "hybrid", "self", "tree"]
 DRAFTERS = get_args(DrafterName)
-NEEDS_DRAFT_MODEL = ("model", "hybrid")
+NEEDS_DRAFT_MODEL = ("model", "hybrid", "tree")
 
 
-def drafter_problem(name: str, draft_model, target, exit_layer: int) -> str | None:
+def drafter_problem(name: str, draft_model, target, exit_layer: int, vocab_map=None) -> str | None:
     """Why drafter `name` cannot run on this pair, in one sentence; None when it can. A run checks this
     before any model runs (the message is the user's); `make_drafter` raises it."""
     if name not in DRAFTERS:
         return f"unknown drafter {name!r}; choose one of {', '.join(DRAFTERS)}."
     if name in NEEDS_DRAFT_MODEL and draft_model is None:
         return f"this pair has no draft model, which the {name!r} drafter needs: use the 'lookup' or 'self' drafter."
+    if name == "tree" and vocab_map is not None:
+        return "the 'tree' drafter needs a draft model with the target's tokenizer; use the 'model' drafter here."
     return early_exit_problem(target, exit_layer) if name == "self" else None
 
 
@@ -270,8 +272,10 @@ def make_drafter(name: str, draft_model, sampling: SamplingParams, generator, vo
                  target=None, exit_layer: int = 0, vocab_map: VocabMapping | None = None) -> Drafter:
     """`target` and `exit_layer`: the 'self' drafter's model and depth; `vocab_map`: the draft model's
     tokens in the target's vocabulary when it has another tokenizer (the other drafters ignore them)."""
-    if problem := drafter_problem(name, draft_model, target, exit_layer):
+    if problem := drafter_problem(name, draft_model, target, exit_layer, vocab_map):
         raise ValueError(problem)
+    if name == "tree":
+        raise ValueError("the 'tree' drafter has a round loop of its own: `specviz.engine.tree_round`.")
     if name == "lookup":
         return PromptLookupDrafter(vocab_size, device)
     if name == "self":

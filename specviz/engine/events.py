@@ -57,6 +57,22 @@ class EmittedToken:
 
 
 @dataclass
+class TreeNode:
+    """One node of a tree round's draft tree (the 'tree' drafter): a candidate token after its parent's path."""
+
+    id: int
+    text: str
+    parent: int  # index of the parent node in the round's tree, -1: a child of the root (the last committed token)
+    depth: int  # 1 for the root's children
+    rank: int  # 0 for the draft's first choice among its siblings, 1 for the next...
+    q: float  # the draft's probability of it after its parent's path (warped when sampling, softmax when greedy)
+    p: float  # the target's probability of it there (same)
+    status: str  # accepted (on the accepted path) | rejected (tried, rejected) | not_verified (never tried)
+    accept_prob: float | None = None  # tried: its chance, p(x) / (p's mass left after the siblings tried before it)
+    u: float | None = None  # tried: the uniform draw; accepted iff u < accept_prob
+
+
+@dataclass
 class Round:
     """One draft -> verify -> accept/correct round of speculative decoding."""
 
@@ -74,6 +90,9 @@ class Round:
     overhead_time: float  # building this event on the host, seconds
     finished: Finish = None
     prefill_time: float = 0.0  # the first round only: reading the prompt into both caches, seconds
+    # the 'tree' drafter: every node of the round's draft tree (`drafted` is then the path the target followed:
+    # the accepted nodes and, before a correction, the first sibling it rejected last)
+    tree: list[TreeNode] = field(default_factory=list)
 
     @property
     def tokens_emitted(self) -> int:
@@ -120,7 +139,8 @@ def round_from_dict(d: dict) -> Round:
     ]
     e = d["emitted"]
     emitted = None if e is None else EmittedToken(**{**e, "p_top": [Candidate(**c) for c in e["p_top"]]})
-    return Round(**{**d, "drafted": drafted, "emitted": emitted})
+    tree = [TreeNode(**n) for n in d.get("tree", [])]
+    return Round(**{**d, "drafted": drafted, "emitted": emitted, "tree": tree})
 
 
 def step_from_dict(d: dict) -> Step:

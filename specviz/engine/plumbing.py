@@ -80,6 +80,13 @@ def pad_vocab(logits: torch.Tensor, vocab_size: int) -> torch.Tensor:
     return torch.nn.functional.pad(logits, (0, missing), value=float("-inf"))
 
 
+def model_dtype(model) -> torch.dtype:
+    """The dtype a model computes in (an attention mask must be in it): a Hugging Face model says; a plain
+    module's first floating-point parameter tells."""
+    dtype = getattr(model, "dtype", None)
+    return dtype if dtype is not None else next(p.dtype for p in model.parameters() if p.is_floating_point())
+
+
 def model_vocab(model) -> int:
     return model.config.get_text_config().vocab_size
 

@@ -23,8 +23,8 @@ import torch
 from specviz.engine.rules import residual
 
 
-def without(dist: torch.Tensor, x: int) -> torch.Tensor:
-    """`dist` with token x removed, renormalised (all zeros when x held all the mass)."""
+def without(dist: torch.Tensor, x: int | list[int]) -> torch.Tensor:
+    """`dist` with token x (or tokens x) removed, renormalised (all zeros when x held all the mass)."""
     out = dist.clone()
     out[x] = 0.0
     mass = out.sum()
@@ -92,3 +92,25 @@ def walk_tree(parents: list[int], tokens: list[int], p_rows: torch.Tensor, q_row
             return TreeVerdict(path, tries, left, bonus=False)
         node = kids[len(tried) - 1]
         path.append(node)
+
+
+def walk_point_masses(parents: list[int], p_at: list[float], u: list[float]) -> tuple[TreeVerdict, list[int]]:
+    """`walk_tree` for deterministic children (point masses), from the target's probability of each node alone:
+    `p_at[i]` is p(x_i) in its parent's row. The point-mass rule reads nothing else of p until the correction,
+    so each row shrinks to [p at its children..., the rest of the mass] and a child's token to its rank there.
+    Returns the verdict (its `next_dist` over that short row: the caller draws the correction from the full
+    row without the children tried) and the nodes tried, in order."""
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents):
+        children.setdefault(parent, []).append(i)
+    rows = []
+    for node in range(-1, len(parents)):
+        probs = [p_at[c] for c in children.get(node, [])]
+        rows.append(torch.tensor([*probs, max(0.0, 1.0 - sum(probs))], dtype=torch.float64))
+    ranks = [children[parent].index(i) for i, parent in enumerate(parents)]
+    verdict = walk_tree(parents, ranks, rows, None, u)
+    tried = []
+    for node, chosen in zip([-1, *verdict.path], [*verdict.path, None]):
+        kids = children.get(node, [])
+        tried += kids if chosen is None else kids[:kids.index(chosen) + 1]
+    return verdict, tried

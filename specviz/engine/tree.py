@@ -31,10 +31,19 @@ def path_to(parents: list[int], node: int) -> list[int]:
     return path[::-1]
 
 
+def additive_mask(visible: torch.Tensor, past: int, dtype: torch.dtype, device=None) -> torch.Tensor:
+    """`visible` [queries, keys after the cache] as an additive attention mask [1, 1, queries, past + keys] in the
+    model's dtype: 0 where a query may look (the whole cache, and where `visible` says), the dtype's lowest value
+    elsewhere."""
+    full = torch.cat([torch.ones(visible.shape[0], past, dtype=torch.bool), visible], dim=1)
+    mask = torch.zeros(full.shape, dtype=dtype).masked_fill(~full, torch.finfo(dtype).min)
+    return mask[None, None].to(device)
+
+
 def tree_mask(parents: list[int], pending: int, past: int, dtype: torch.dtype, device=None) -> torch.Tensor:
-    """The additive attention mask [1, 1, pending + n, past + pending + n] in the model's dtype: 0 where a query
-    may look, the dtype's lowest value elsewhere. The pending tokens are causal; a node sees the cache, every
-    pending token, its ancestors and itself."""
+    """The mask for one forward over `pending` tokens and then the tree's nodes [1, 1, pending + n, past +
+    pending + n]: the pending tokens are causal; a node sees the cache, every pending token, its ancestors and
+    itself."""
     n = len(parents)
     size = pending + n
     visible = torch.zeros(size, size, dtype=torch.bool)
@@ -45,9 +54,7 @@ def tree_mask(parents: list[int], pending: int, past: int, dtype: torch.dtype, d
         if parent >= 0:
             visible[row, pending:] = visible[pending + parent, pending:]
         visible[row, row] = True
-    full = torch.cat([torch.ones(size, past, dtype=torch.bool), visible], dim=1)
-    mask = torch.zeros(size, past + size, dtype=dtype).masked_fill(~full, torch.finfo(dtype).min)
-    return mask[None, None].to(device)
+    return additive_mask(visible, past, dtype, device)
 
 
 def tree_positions(parents: list[int], pending: int, past: int, device=None) -> torch.Tensor:

@@ -32,7 +32,7 @@ def prepare(session: Session, limits: Limits, prompt, settings: dict | DecodeCon
     prompt = clean_prompt(prompt, limits)
     config = settings if isinstance(settings, DecodeConfig) else validate(DecodeConfig, settings, limits)
     pair = session.require()
-    if problem := drafter_problem(config.drafter, pair.draft, pair.target, config.exit_layer):
+    if problem := drafter_problem(config.drafter, pair.draft, pair.target, config.exit_layer, pair.vocab_map):
         raise InputError(problem)
     ids = encode_prompt(pair.tokenizer, prompt)
     check_prompt_tokens(len(ids), config.max_new_tokens, limits, session.context_length())

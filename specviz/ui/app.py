@@ -23,14 +23,14 @@ from specviz.runs.replay import shipped_traces
 from specviz.runs.session import Session
 from specviz.runs.settings import flat_values
 from specviz.ui import handlers as h
-from specviz.ui import live, render, teach, whatif
+from specviz.ui import live, render, teach, tree_view, whatif
 from specviz.ui.controls import controls
 from specviz.ui.examples import EXAMPLES
 from specviz.ui.figures import drilldown_figure, empty_figure, race_figure, stats_figure
 from specviz.ui.views import MainView, RaceView
 from specviz.ui.wiring import Buttons, Wiring
 
-APP_CSS = render.CSS + live.CSS + """
+APP_CSS = render.CSS + tree_view.CSS + live.CSS + """
 .sv-header { display: flex; align-items: baseline; gap: 6px 16px; flex-wrap: wrap; padding: 0 4px; }
 .sv-header h1 { margin: 0; font-size: 22px; }
 .sv-tagline { font-size: 15px; }

@@ -155,7 +155,15 @@ def rounds_html(rounds: list[Round], greedy: bool, *, show_rejected: bool = True
     done = done if done is not None else [round_html(r, greedy) for r in rounds[:-1]]
     body = "".join(done) + round_html(rounds[-1], greedy, stage, last=True)
     hide = "" if show_rejected else " sv-hide-rejected"
-    return f'<div class="sv-text{hide}" id="sv-tokens-body">{body}</div>'
+    tree = ""
+    # tree rounds: the newest tree's branches below the text (a run's last round may have room for one token
+    # only, and no tree); tree_view builds on this module's spans
+    latest = next((r for r in reversed(rounds) if r.tree), None)
+    if latest is not None:
+        from specviz.ui.tree_view import tree_html
+        tree = tree_html(latest, greedy, stage if latest is rounds[-1] else "done")
+    text = f'<div class="sv-text{hide}" id="sv-tokens-body">{body}</div>'
+    return f"<div>{text}{tree}</div>" if tree else text
 
 
 class RoundsHtml:

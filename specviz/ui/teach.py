@@ -122,10 +122,39 @@ def _verdict_lines(r: Round, greedy: bool) -> list[str]:
     return lines
 
 
+def _tree_draft_line(r: Round) -> str:
+    depth = max((n.depth for n in r.tree), default=0)
+    wide = sum(n.rank > 0 for n in r.tree)
+    return (f"- **Draft:** grew a tree of {_plural(len(r.tree), 'node')}, {depth} deep, in {ms(r.draft_time)}: "
+            f"the draft's most likely paths, with {_plural(wide, 'second-or-later candidate')} where it was unsure")
+
+
+def _tree_verdict_lines(r: Round, greedy: bool) -> list[str]:
+    """Each sibling try in walk order: a rejected candidate is ruled out of p before the next is tried."""
+    tried = [n for n in r.tree if n.accept_prob is not None]
+    tried.sort(key=lambda n: (n.depth, n.rank))  # the walk goes down one path, trying siblings in rank order
+    lines = []
+    for n in tried:
+        rule = "the target's argmax?" if greedy else f"u = {n.u:.2f} vs p(x) / (mass left) = {n.accept_prob:.2f}"
+        if n.status == ACCEPTED:
+            lines.append(f"- **Try** {tok(n.text)} (depth {n.depth}): {rule} → accepted, go down into it")
+        else:
+            lines.append(f"- **Try** {tok(n.text)} (depth {n.depth}): {rule} → rejected; p without it, "
+                         f"renormalised, for the next sibling")
+    e = r.emitted
+    if e is not None:
+        how = ("every candidate there was rejected: drawn from what is left of p" if e.kind == "correction"
+               else "the accepted path ended at a leaf: drawn from the target's distribution there")
+        lines.append(f"- **{e.kind.capitalize()}:** {tok(e.text)}, {how} (prob {e.p:.2f})")
+    return lines
+
+
 def step_caption(r: Round, greedy: bool, stage: str = "done") -> str:
     """What happened in one round, with its numbers: draft → verify → accept/correct.
 
     stage "draft" and "verify" stop early (step mode reveals a round in three steps)."""
+    if r.tree:
+        return _tree_caption(r, greedy, stage)
     lines = [f"**Round {r.index + 1}** ({r.drafter} drafter)", _draft_line(r)]
     if stage == "draft":
         return "\n".join(lines + ["- **Verify:** next, the target checks them all in one forward pass…"])
@@ -184,3 +213,18 @@ def race_caveats(shared_cpu: bool, finishes: tuple) -> list[str]:
         out.append("⏱ The race reached the server's time budget per request: the lanes stopped there, and the "
                    "numbers cover the tokens shown.")
     return out
+
+
+def _tree_caption(r: Round, greedy: bool, stage: str) -> str:
+    lines = [f"**Round {r.index + 1}** (tree drafter)", _tree_draft_line(r)]
+    if stage == "draft":
+        return "\n".join(lines + ["- **Verify:** next, the target scores every node in one forward pass (a tree "
+                                  "mask: each node sees only its own path)…"])
+    lines.append(f"- **Verify:** the target scored all {len(r.tree)} nodes (+1 position) in one pass: "
+                 f"{ms(r.verify_time)}")
+    if stage == "verify":
+        return "\n".join(lines + ["- **Walk:** next, from the root, each node's candidates tried in turn…"])
+    lines += _tree_verdict_lines(r, greedy)
+    done = f" · finished ({r.finished})" if r.finished else ""
+    lines.append(f"- **Net:** {_plural(r.tokens_emitted, 'token')} for one target forward{done}")
+    return "\n".join(lines)

@@ -108,18 +108,27 @@ class LeanDraft(nn.Module):
     def device(self) -> torch.device:
         return self.full.device
 
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.full.dtype
+
     def forward(self, input_ids: torch.Tensor, past_key_values=None, use_cache: bool = True,
-                logits_to_keep: int = 1, **kwargs) -> SimpleNamespace:
+                logits_to_keep: int = 1, attention_mask: torch.Tensor | None = None,
+                position_ids: torch.Tensor | None = None, **kwargs) -> SimpleNamespace:
+        """`attention_mask` and `position_ids`, when given, are a tree's (`specviz.engine.tree`): an additive 4D
+        mask over the cache and the new tokens, and each token's position."""
         t = input_ids.shape[1]
         if t > DENSE_ABOVE or past_key_values is None or kwargs:
             return self.full(input_ids, past_key_values=past_key_values, use_cache=use_cache,
-                             logits_to_keep=logits_to_keep, **kwargs)
+                             logits_to_keep=logits_to_keep, attention_mask=attention_mask,
+                             position_ids=position_ids, **kwargs)
         past = past_key_values.get_seq_length()
-        positions = torch.arange(past, past + t, device=input_ids.device)[None]
+        positions = torch.arange(past, past + t, device=input_ids.device)[None] if position_ids is None else position_ids
         h = self.embed(input_ids)
         cos, sin = (c[:, None] for c in self.rotary(h, positions))  # [1, 1, t, head_dim]
         # one new token sees everything; a few see the past and, causally, each other
-        mask = None if t == 1 else (torch.arange(past + t, device=h.device)[None] <= positions[0, :, None])
+        mask = attention_mask if attention_mask is not None else (
+            None if t == 1 else torch.arange(past + t, device=h.device)[None] <= positions[0, :, None])
         for layer in self.layers:
             h = layer(h, cos, sin, past_key_values, mask)
         h = F.rms_norm(h[:, -logits_to_keep:], (h.shape[-1],), self.norm, self.eps)

@@ -1,0 +1,144 @@
+"""Tree speculation's round loop: grow a draft tree -> the target reads every node in one forward -> walk it.
+
+The same round as `speculative.py`, with a tree where the chain was: the draft offers several candidates where
+it is unsure (`tree_drafter.py`), the target scores the whole tree in one forward (a tree mask,
+`tree.py`), and the walk from the root tries each node's children in turn with the point-mass rule
+(`siblings.py`), down into the accepted one, ending on a correction or a bonus. Both caches then keep only the
+accepted path. Per round: one draft forward per depth, one target forward, two host transfers (the walk needs
+the target's probability of every node; the event needs the token it drew after).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+
+import torch
+
+from specviz.engine.events import (
+    ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, Candidate, DraftedToken, Finish, Round, TreeNode,
+    end_of_run, until_eos,
+)
+from specviz.engine.plumbing import (
+    Pieces, PromptCache, at, clock, fit_ids, model_dtype, model_vocab, pad_vocab, prefilled, to_host,
+)
+from specviz.engine.sampling import draw, logits_to_probs, make_generator
+from specviz.engine.siblings import walk_point_masses, without
+from specviz.engine.tokens import candidates, emitted_token, target_stats, top
+from specviz.engine.tree import depths, keep_path, tree_mask, tree_positions
+from specviz.engine.tree_drafter import DraftTree, TreeDrafter
+
+# (parents, p(x) of each node, the draft's q(x) of each node, one uniform per node) -> (verdict, nodes tried);
+# only the proof's negative controls pass another rule than the point-mass walk
+TreeRule = Callable[[list[int], list[float], list[float], list[float]], tuple]
+
+
+def point_mass_rule(parents, p_at, q_at, u):
+    return walk_point_masses(parents, p_at, u)
+
+
+@torch.inference_mode()
+def tree_generate(pair, prompt_ids: list[int], config, *, prompt_cache: PromptCache | None = None,
+                  should_stop: Callable[[], Finish] = lambda: None, rule: TreeRule = point_mass_rule,
+                  drafter: TreeDrafter | None = None) -> Iterator[Round]:
+    """Rounds of tree speculation: K caps the tree's depth, `config.tree_budget` its nodes, and the confidence
+    cut (in the modes that have one) where it grows deeper, as it ends a chain. `drafter`: another
+    width than the default (tests); `rule`: only the proof's negative controls pass another."""
+    device, vocab, greedy = pair.device, pair.vocab_size, config.sampling.greedy
+    target_rows = model_vocab(pair.target)
+    gen = make_generator(device, config.seed)
+    drafter = drafter or TreeDrafter(pair.draft, config.sampling, vocab, prompt_cache=prompt_cache, cut=config.cut)
+    pieces = Pieces(pair.tokenizer)
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    generated: list[int] = []
+    t0 = clock(device)
+    cache = prefilled(pair.target, ids, prompt_cache)
+    drafter.prefill(ids)
+    prefill_time = clock(device) - t0
+    for index in range(config.max_new_tokens):
+        depth = min(config.k, config.max_new_tokens - len(generated) - 1)
+        t0 = clock(device)
+        tree = drafter.grow(ids, depth, config.tree_budget)
+        t1 = clock(device)
+        past = cache.get_seq_length()
+        pending = ids.shape[1] - past
+        nodes = torch.tensor([tree.tokens], dtype=torch.long, device=device)
+        out = pair.target(torch.cat([ids[:, past:], fit_ids(nodes, target_rows)], dim=1), past_key_values=cache,
+                          use_cache=True, logits_to_keep=tree.n + 1,
+                          attention_mask=tree_mask(tree.parents, pending, past, model_dtype(pair.target), device),
+                          position_ids=tree_positions(tree.parents, pending, past, device))
+        # row 0: after the committed tokens (the root's children), row 1 + i: after node i
+        logits = pad_vocab(out.logits[0, -(tree.n + 1):].float(), vocab)
+        p = logits_to_probs(logits, config.sampling)
+        host = to_host(**_node_stats(tree, nodes[0], logits, p, gen, config))
+        verdict, tried = rule(tree.parents, host["p_at"], tree.q, host["u"])
+        end = verdict.path[-1] + 1 if verdict.path else 0
+        next_dist = p[end]
+        if not verdict.bonus:  # what is left of p once the children tried there are ruled out
+            left = without(next_dist, [tree.tokens[i] for i in tried if tree.parents[i] == end - 1])
+            next_dist = torch.where(left.sum() > 0, left, next_dist)  # nothing left: a rejection by rounding
+        nxt = draw(next_dist, next_dist, greedy, gen)
+        t2 = clock(device)
+        last = to_host(next=nxt, next_p=at(next_dist, nxt), next_p_soft=at(torch.softmax(logits[end], -1), nxt),
+                       **top(next_dist[None], config.top_n, "r"))
+        new = until_eos([tree.tokens[i] for i in verdict.path] + [int(last["next"])], pair.eos_token_ids)
+        position = len(generated)
+        generated += new
+        finished = end_of_run(new, len(generated), pair.eos_token_ids, config.max_new_tokens, should_stop)
+        # both caches keep the committed tokens plus the accepted path; the new token is read next round
+        keep_path(cache, past + pending, verdict.path)
+        drafter.keep(tree, verdict.path)
+        ids = torch.cat([ids, torch.tensor([new], dtype=torch.long, device=device)], dim=1)
+        event = _tree_event(tree, verdict, tried, host, last, new, end, pieces, greedy, index=index,
+                            drafter=drafter.name, position=position, text=pieces.text(generated),
+                            draft_time=t1 - t0, verify_time=t2 - t1, finished=finished)
+        event.overhead_time = clock(device) - t2
+        event.prefill_time, prefill_time = prefill_time, 0.0
+        yield event
+        if finished:
+            return
+
+
+def _node_stats(tree: DraftTree, nodes: torch.Tensor, logits, p, gen, config) -> dict[str, torch.Tensor]:
+    """What the walk and the event need, on the device: p and the softmax at each node in its parent's row,
+    one uniform per node (none when greedy: the rule is then deterministic), and per row the target's top-2
+    gap and top candidates."""
+    rows = torch.tensor([parent + 1 for parent in tree.parents], dtype=torch.long, device=p.device)
+    p_soft, target = target_stats(logits, p, config.sampling.greedy, config.top_n)
+    u = torch.zeros(tree.n, device=p.device) if config.sampling.greedy else torch.rand(
+        tree.n, generator=gen, device=p.device)
+    return dict(p_at=p[rows, nodes], p_soft_at=p_soft[rows, nodes], u=u, **target)
+
+
+def _tree_event(tree: DraftTree, verdict, tried: list[int], h: dict, last: dict, new: list[int], end: int,
+                pieces, greedy: bool, **fields) -> Round:
+    """The Round: every node of the tree, and as `drafted` the path the target followed."""
+    kept = min(len(verdict.path), len(new))  # an end-of-sequence may cut the path short
+    tries = dict(zip(tried, verdict.tries))
+    accepted = set(verdict.path[:kept])
+    level = depths(tree.parents)
+    nodes = []
+    for i, parent in enumerate(tree.parents):
+        t = tries.get(i)
+        status = ACCEPTED if i in accepted else REJECTED if t is not None and not t.accepted else NOT_VERIFIED
+        nodes.append(TreeNode(
+            id=tree.tokens[i], text=pieces(tree.tokens[i]), parent=parent, depth=level[i],
+            rank=tree.parents[:i].count(parent), q=tree.q[i], p=h["p_soft_at" if greedy else "p_at"][i],
+            status=status, accept_prob=None if t is None else t.accept_prob, u=None if t is None else t.u))
+    # before a correction every child of the path's end was tried and rejected: show the first
+    corrected = len(new) > len(verdict.path) and not verdict.bonus
+    shown = verdict.path[:kept] + ([next(i for i in tried if tree.parents[i] == end - 1)] if corrected else [])
+    drafted = [_drafted(tree, i, nodes[i], h, last, pieces, rejected=i not in accepted) for i in shown]
+    emitted = emitted_token(h, end, new[-1], BONUS if verdict.bonus else CORRECTION, last["next_p"],
+                            last["next_p_soft"], pieces) if len(new) > len(verdict.path) else None
+    return Round(k=len(drafted), drafted=drafted, n_accepted=kept, emitted=emitted, new_token_ids=new,
+                 overhead_time=0.0, tree=nodes, **fields)
+
+
+def _drafted(tree: DraftTree, i: int, node: TreeNode, h: dict, last: dict, pieces, rejected: bool) -> DraftedToken:
+    """Node i as a drafted token of the path: a point mass (q = 1) for the rule, its siblings' story in the tree."""
+    row = tree.parents[i] + 1
+    return DraftedToken(
+        id=node.id, text=node.text, q=1.0, p=h["p_at"][i], accept_prob=node.accept_prob, u=node.u,
+        status=REJECTED if rejected else ACCEPTED, q_soft=tree.q_soft[i], p_soft=h["p_soft_at"][i],
+        target_top2_gap=h["gap"][row], q_top=[Candidate(t, pieces(t), q) for t, q in tree.tops[row]],
+        p_top=candidates(h, "p", row, pieces), residual_top=candidates(last, "r", 0, pieces) if rejected else [])
