@@ -456,6 +456,28 @@ def test_bench_on_the_tiny_pair(tiny):
     assert all(m["identical_fraction"] == 1.0 for m in report["methods"].values())
 
 
+def test_the_bench_tunes_the_tree_like_the_chain_and_reports_it_beside_it(tiny):
+    prompts = [BenchPrompt("one", "the a of", "code"), BenchPrompt("two", "she said that", "code"),
+               BenchPrompt("three", "of the she", "prose"), BenchPrompt("four", "a she said", "prose")]
+    plan = Plan(DecodeConfig(k=3, max_new_tokens=12), ks=(3,), tree_budgets=(4, 8))
+    hf = HFGenerate(tiny.target, tiny.eos_token_ids, None, tiny.device)
+    bench = run_bench(tiny, prompts, plan, hf, {}, progress=False)
+    assert [c.tree_budget for c in bench.trees] == [4, 8] and bench.chosen_tree in bench.trees
+    assert all(set(rep) == {"spec k=3 c=0.4", "spec tree n=4 k=3 c=0.4", "spec tree n=8 k=3 c=0.4"}
+               for r in bench.tuning for rep in r.reps)
+    tree = f"spec tree n={bench.chosen_tree.tree_budget} k=3 c=0.4"
+    assert all(set(rep) == {AR, AR_HF, "spec k=3 c=0.4", tree} for r in bench.reported for rep in r.reps)
+    report = build_report(bench, COST, device="cpu", dtype="float32")
+    t = report["tree"]
+    assert t["setting"] == tree.removeprefix("spec ") and set(t["vs_chain_by_kind"]) == {"code", "prose"}
+    assert report["methods"][tree]["identical_fraction"] == 1.0  # greedy: the tree's output is the target's
+    rounds = [x for r in bench.reported for rep in r.reps for x in rep[tree].events]
+    tried_first = sum(1 for x in rounds if any(n.depth == 1 and n.accept_prob is not None for n in x.tree))
+    assert t["by_depth"][0]["tried"] == tried_first and t["by_rank"][0]["tried"] >= tried_first
+    assert all(0 <= row["rate"] <= 1 for row in t["by_depth"] + t["by_rank"])
+    assert "accepted by sibling rank" in format_table(report)
+
+
 def test_hf_drafts_as_specviz_does_and_uses_prompt_lookup_for_the_lookup_drafter(tiny):
     hf = HFGenerate(tiny.target, tiny.eos_token_ids, None, tiny.device)
     config = DecodeConfig(k=6, adaptive="confidence", confidence=0.4)

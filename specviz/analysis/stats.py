@@ -184,3 +184,28 @@ def run_stats(rounds: Sequence[Round], steps: Sequence[Step] | None = None, *,
         if out.cost is not None:
             out.predicted_speedup = predicted_speedup_for_rounds([r.k for r in rounds], spec.tokens, out.cost)
     return out
+
+
+def tree_acceptance(rounds: Sequence[Round]) -> dict[str, list[dict]]:
+    """For tree rounds: per depth, how often the walk got there (tried a node at that depth) and accepted one;
+    per sibling rank (0: the draft's first choice), how often a candidate of that rank was tried and accepted."""
+    def grow(rows: list[dict], i: int) -> dict:
+        rows.extend({"tried": 0, "accepted": 0} for _ in range(i + 1 - len(rows)))
+        return rows[i]
+    depth: list[dict] = []
+    rank: list[dict] = []
+    for r in rounds:
+        reached = {n.depth for n in r.tree if n.accept_prob is not None}
+        kept = {n.depth for n in r.tree if n.status == ACCEPTED}
+        for d in reached:
+            row = grow(depth, d - 1)
+            row["tried"] += 1
+            row["accepted"] += d in kept
+        for n in r.tree:
+            if n.accept_prob is not None:
+                row = grow(rank, n.rank)
+                row["tried"] += 1
+                row["accepted"] += n.status == ACCEPTED
+    for row in depth + rank:
+        row["rate"] = ratio(row["accepted"], row["tried"])
+    return {"by_depth": depth, "by_rank": rank}

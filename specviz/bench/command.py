@@ -52,6 +52,10 @@ def register(sub) -> None:
     p.add_argument("--also-adaptive", default="", metavar="MODES",
                    help="other adaptive modes to measure beside the chosen setting at its K, at its cut or one of "
                         "their own (comma-separated, e.g. predicted or confidence:0.4)")
+    p.add_argument("--also-tree", default="", metavar="BUDGETS",
+                   help="also measure the tree drafter at these node budgets (comma-separated, e.g. 8,16), at each "
+                        "setting's K and cut: the best budget is chosen on the tuning prompts like the chain's "
+                        "setting, and reported beside it (per depth and sibling rank acceptance, tree vs chain)")
     p.add_argument("--save-predictor", default=None, metavar="OUT.json",
                    help="fit the acceptance predictor on every round of this bench's speculative runs and write "
                         "it (specviz/data/acceptance_model.json is the one the app and the 'predicted' mode use)")
@@ -70,7 +74,9 @@ def plan_of(args) -> Plan:
     if args.reps < 1:
         raise SystemExit("specviz bench: --reps must be at least 1.")
     also = tuple(also_mode(a) for a in args.also_adaptive.split(",") if a)
-    return Plan(configs[0], ks=tuple(sorted({c.k for c in configs})),
+    budgets = tuple(sorted({validate(DecodeConfig, {**values, "tree_budget": b}, CLI_LIMITS).tree_budget
+                            for b in several_values(args.also_tree)})) if args.also_tree else ()
+    return Plan(configs[0], ks=tuple(sorted({c.k for c in configs})), tree_budgets=budgets,
                 confidences=tuple(sorted({c.confidence for c in configs})),
                 exit_layers=tuple(sorted({c.exit_layer for c in configs})), also_adaptive=also, reps=args.reps,
                 max_stall=args.max_stall, retries=args.retries)
@@ -170,7 +176,8 @@ def cmd_bench(args) -> int:
         cost_pair = replace(spec_pair, draft=EarlyExit(pair.target, layer)) if layer else None
     elif spec_pair.draft is None:  # prompt lookup alone: no draft step to time, so no cost model
         cost_pair = None
-    cost, cost_stall = measure_costs(cost_pair, encode_prompt(pair.tokenizer, prompts[0].prompt), max(plan.ks) + 1,
+    widest = max(plan.ks + plan.tree_budgets) + 1  # the verify-cost curve up to the largest verify: K + 1 or a tree
+    cost, cost_stall = measure_costs(cost_pair, encode_prompt(pair.tokenizer, prompts[0].prompt), widest,
                                      max_stall=args.max_stall, retries=args.retries) if cost_pair else (None, None)
     bench = run_bench(spec_pair, prompts, plan, hf, assistants, progress=not args.no_progress)
     meta = {"machine": info, "draft": pair.draft_name, "target": pair.target_name,

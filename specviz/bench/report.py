@@ -18,7 +18,7 @@ from scipy import stats as scipy_stats
 from specviz.analysis.divergence import first_divergence
 from specviz.analysis.acceptance import calibration
 from specviz.analysis.predict import CostModel, best_k, predicted_speedup, predicted_speedup_for_rounds
-from specviz.analysis.stats import SpecStats, ratio, spec_stats
+from specviz.analysis.stats import SpecStats, ratio, spec_stats, tree_acceptance
 from specviz.bench.runner import AR, AR_HF, Bench, PromptResult, setting_name
 
 PREDICT_KS = range(1, 17)
@@ -164,7 +164,8 @@ def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: st
     alpha = record["per_position_acceptance"]
     curve = {k: _round(predicted_speedup(alpha, cost, k)) for k in PREDICT_KS} if cost and alpha else {}
     tuned = bench.tuning or results  # without a grid, the one setting's numbers come from the reported prompts
-    settings = {setting_name(c): setting_record(tuned, f"spec {setting_name(c)}", cost) for c in bench.settings}
+    settings = {setting_name(c): setting_record(tuned, f"spec {setting_name(c)}", cost)
+                for c in bench.settings + bench.trees}
 
     def vs(hf_method):
         return (_round(ratio(rate(results, spec), rate(results, hf_method))),
@@ -207,9 +208,31 @@ def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: st
         # fitted on the tuning prompts' rounds (or every other reported prompt, without a grid), judged on the rest
         "acceptance_model": calibration(*([rounds_of(bench.tuning, spec), rounds_of(results, spec)] if bench.tuning
                                           else [rounds_of(results[::2], spec), rounds_of(results[1::2], spec)])),
+        "tree": tree_record(bench, results, spec, base) if bench.chosen_tree else None,
         "predicted_by_k": {str(k): v for k, v in curve.items()},
         "config": {"settings": list(settings), "max_new_tokens": chosen.max_new_tokens,
                    "sampling": asdict(chosen.sampling), "seed": chosen.seed, "drafter": chosen.drafter,
                    "adaptive": chosen.adaptive},
         "meta": meta or {},
+    }
+
+
+def tree_record(bench: Bench, results: Sequence[PromptResult], chain: str, base: str) -> dict:
+    """The best tree beside the best chain on the reported prompts: speedups (over the target alone and over
+    the chain, overall and by kind), tokens per round, and acceptance per depth and per sibling rank."""
+    tree = f"spec {setting_name(bench.chosen_tree)}"
+    kinds = by_kind(results)
+    return {
+        "setting": setting_name(bench.chosen_tree), "budget": bench.chosen_tree.tree_budget,
+        "speedup": _round(ratio(rate(results, tree), rate(results, base))),
+        "speedup_ci95": speedup_ci95(results, tree, base),
+        "vs_chain": _round(ratio(rate(results, tree), rate(results, chain))),
+        "vs_chain_ci95": speedup_ci95(results, tree, chain),
+        "vs_chain_by_kind": {kind: _round(ratio(rate(rs, tree), rate(rs, chain))) for kind, rs in kinds.items()},
+        "speedup_by_kind": {kind: _round(ratio(rate(rs, tree), rate(rs, base))) for kind, rs in kinds.items()},
+        "tokens_per_round": {"tree": _round(pooled_spec(results, tree).mean_accepted_tokens),
+                             "chain": _round(pooled_spec(results, chain).mean_accepted_tokens)},
+        "nodes_per_round": _round(ratio(sum(len(r.tree) for r in rounds_of(results, tree)),
+                                        len(rounds_of(results, tree)))),
+        **tree_acceptance(rounds_of(results, tree)),
     }

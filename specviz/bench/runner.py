@@ -15,7 +15,9 @@ again, up to a limit, and the calmest kept.
 
 Several settings (K x confidence cut x exit layer) are tried on a tuning split of the prompts; the best
 is then reported on the other prompts only: choosing on the measurements one reports would flatter them.
-Other adaptive modes may run beside it there at the same K (`Plan.also_adaptive`), for comparison.
+Other adaptive modes may run beside it there at the same K (`Plan.also_adaptive`), for comparison, and the
+tree drafter (`Plan.tree_budgets`): its budgets are tuned on the same split, and the best tree is reported beside
+the best chain.
 """
 
 from __future__ import annotations
@@ -71,9 +73,10 @@ class PromptResult:
 
 
 def setting_name(config: DecodeConfig) -> str:
-    """k=8 c=0.4 (confidence cut), k=8 a=0.4 (predicted-acceptance cut), k=8 L=24 (exit layer) ..."""
+    """k=8 c=0.4 (confidence cut), k=8 a=0.4 (predicted-acceptance cut), k=8 L=24 (exit layer), tree n=16 k=8 c=0.4
+    (the tree drafter, 16 nodes) ..."""
     cut = {"confidence": " c=", "predicted": " a="}.get(config.adaptive, "")
-    return (f"k={config.k}" + (f"{cut}{config.cut:g}" if config.cut else "")
+    return ((f"tree n={config.tree_budget} " if config.drafter == "tree" else "") + f"k={config.k}" + (f"{cut}{config.cut:g}" if config.cut else "")
             + (" grow" if config.adaptive == "acceptance" else "")
             + (f" L={config.exit_layer}" if config.drafter == "self" else ""))
 
@@ -87,6 +90,9 @@ class Plan:
     # other adaptive modes measured beside the chosen setting on the reported prompts, at its K, and at its cut
     # or the one given: (mode, cut or None)
     also_adaptive: tuple[tuple[str, float | None], ...] = ()
+    # tree budgets to measure beside the chain: the tree drafter at each grid setting's K and cut, tuned on the
+    # same prompts as the chain; the best tree is reported beside the best chain
+    tree_budgets: tuple[int, ...] = ()
     reps: int = 1
     max_stall: float = 0.05  # re-measure a repetition when a call saw more CPU stall than this fraction
     retries: int = 2
@@ -96,6 +102,9 @@ class Plan:
         cuts = self.confidences if cut_matters and self.confidences else (self.config.confidence,)
         layers = self.exit_layers if self.config.drafter == "self" and self.exit_layers else (self.config.exit_layer,)
         return [replace(self.config, k=k, confidence=c, exit_layer=n) for k in self.ks for c in cuts for n in layers]
+
+    def tree_settings(self) -> list[DecodeConfig]:
+        return [replace(c, drafter="tree", tree_budget=b) for c in self.settings() for b in self.tree_budgets]
 
 
 def split(prompts: list[BenchPrompt]) -> tuple[list[BenchPrompt], list[BenchPrompt]]:
@@ -173,6 +182,8 @@ class Bench:
     chosen: DecodeConfig  # the best on the tuning split (the only one, without a grid)
     tuning: list[PromptResult]  # every setting, on the tuning prompts
     reported: list[PromptResult]  # the baselines, the chosen setting and transformers, on the other prompts
+    trees: list[DecodeConfig] = field(default_factory=list)  # the tree settings tried (`Plan.tree_budgets`)
+    chosen_tree: DecodeConfig | None = None  # the best of them on the tuning split, reported beside `chosen`
 
 
 def tuned_best(tuning: list[PromptResult], settings: list[DecodeConfig]) -> DecodeConfig:
@@ -190,15 +201,18 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assi
     `assistants`: the drafts transformers gets ({} or None: no assisted generation)."""
     from tqdm.auto import tqdm
 
-    settings = plan.settings()
-    tune, report = split(prompts) if len(settings) > 1 else ([], prompts)
-    if len(settings) > 1 and not tune:
+    settings, trees = plan.settings(), plan.tree_settings()
+    several = len(settings) > 1 or len(trees) > 1
+    tune, report = split(prompts) if several else ([], prompts)
+    if several and not tune:
         raise ValueError("choosing among several settings needs at least 2 prompts: one to tune on, one to report")
     encoded = {p.id: encode_prompt(pair.tokenizer, p.prompt) for p in prompts}
-    tuning_methods = [spec_method(pair, c) for c in settings]
+    tuning_methods = [spec_method(pair, c) for c in settings + trees]
 
-    def reported_methods(chosen):
+    def reported_methods(chosen, tree=None):
         specs = {setting_name(chosen): chosen}  # each setting once, the chosen one first
+        if tree is not None:
+            specs[setting_name(tree)] = tree
         for mode, cut in plan.also_adaptive:
             c = replace(chosen, adaptive=mode, confidence=chosen.confidence if cut is None else cut)
             specs.setdefault(setting_name(c), c)
@@ -208,9 +222,9 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assi
 
     def short(c):
         return replace(c, max_new_tokens=8)
-    for m in [*(spec_method(pair, short(c)) for c in settings), *reported_methods(short(settings[0]))]:
+    for m in [*(spec_method(pair, short(c)) for c in settings + trees), *reported_methods(short(settings[0]))]:
         m.run(encoded[prompts[0].id])  # first calls pay for allocations and kernel selection
-    per_report = len(reported_methods(plan.config))
+    per_report = len(reported_methods(plan.config, trees[0] if trees else None))
     calls = plan.reps * (len(tune) * len(tuning_methods) + len(report) * per_report)
     with tqdm(total=calls, desc="bench", unit="run", disable=not progress) as bar:
         def tick(label: str) -> None:
@@ -224,6 +238,7 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assi
         tuning = [measure(p, encoded[p.id], tuning_methods, plan, tick, lambda: grow(len(tuning_methods)))
                   for p in tune]
         chosen = tuned_best(tuning, settings) if tuning else settings[0]
-        methods = reported_methods(chosen)
+        tree = (tuned_best(tuning, trees) if tuning else trees[0]) if trees else None
+        methods = reported_methods(chosen, tree)
         reported = [measure(p, encoded[p.id], methods, plan, tick, lambda: grow(per_report)) for p in report]
-    return Bench(settings, chosen, tuning, reported)
+    return Bench(settings, chosen, tuning, reported, trees, tree)

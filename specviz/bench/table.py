@@ -64,6 +64,14 @@ def format_table(report: dict) -> str:
               f"event overhead {_fmt(s['event_overhead'], '.3f')}   best K predicted {s['best_k_predicted']}",
               f"  CPU contention: worst call kept stalled {_fmt(s['max_cpu_stall'], '.1%')} of its time; "
               f"{s['remeasured']} repetition(s) measured again"]
+    if t := report.get("tree"):
+        rates = lambda rows: ", ".join(f"{row['rate']:.2f} ({row['accepted']}/{row['tried']})" for row in rows)
+        lines += [f"  tree ({t['setting']}, tuned like the chain): {_fmt(t['speedup'])}x {_ci(t['speedup_ci95'])}; "
+                  f"over the chain {_fmt(t['vs_chain'])}x {_ci(t['vs_chain_ci95'])}, by kind {t['vs_chain_by_kind']}",
+                  f"    tokens per round: tree {_fmt(t['tokens_per_round']['tree'])} with "
+                  f"{_fmt(t['nodes_per_round'], '.1f')} nodes vs chain {_fmt(t['tokens_per_round']['chain'])}",
+                  f"    accepted at depth 1, 2, ...: {rates(t['by_depth'])}",
+                  f"    accepted by sibling rank 1, 2, ...: {rates(t['by_rank'])}"]
     if c:
         lines.append(f"  costs: target step {c['target_step_ms']} ms, draft step {c['draft_step_ms']} ms "
                      f"(c = {c['c']}), verify/T1 for n=1..: {c['verify_ratio']}")

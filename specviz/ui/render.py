@@ -10,11 +10,9 @@ from __future__ import annotations
 
 from html import escape
 
-from specviz.engine.events import (
-    ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, TARGET, DraftedToken, EmittedToken, Round, Step,
-)
-
-DRAFTED = "drafted"  # step mode, before the verdict is shown
+from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, TARGET, DraftedToken, Round, Step
+from specviz.ui.spans import DRAFTED, emitted_span, emitted_tip, token_span, visible  # noqa: F401 (shared)
+from specviz.ui.tree_view import tree_html
 
 COLORS = {  # one place for the outcome colours, shared with the figures
     ACCEPTED: "#16a34a",
@@ -76,23 +74,6 @@ CSS = """
 """
 
 
-def visible(text: str) -> str:
-    """Escape a token's text and make whitespace that would vanish visible."""
-    if text and not text.strip(" "):
-        return f'<span class="sv-ws">{"·" * len(text)}</span>'  # a token made only of spaces
-    out = []
-    for ch in text:
-        if ch == "\n":
-            out.append('<span class="sv-ws">↵</span>\n')
-        elif ch == "\t":
-            out.append('<span class="sv-ws">→</span>\t')
-        elif ch == "\r":
-            out.append('<span class="sv-ws">␍</span>')
-        else:
-            out.append(escape(ch))
-    return "".join(out)
-
-
 def drafted_tip(t: DraftedToken, greedy: bool) -> str:
     lines = [f"{t.status.replace('_', ' ')}: {t.text!r}"]
     if greedy:
@@ -109,26 +90,6 @@ def drafted_tip(t: DraftedToken, greedy: bool) -> str:
         outcome = {ACCEPTED: "accepted", REJECTED: "rejected"}.get(t.status, "not tested")
         lines.append(f"predicted acceptance = {t.predicted:.2f} (fitted model, from q alone); really: {outcome}")
     return "\n".join(lines)
-
-
-def emitted_tip(t: EmittedToken) -> str:
-    where = {CORRECTION: "sampled from the residual max(0, p − q)",
-             BONUS: "sampled from the target's next distribution (all drafts accepted)",
-             TARGET: "sampled by the target alone"}[t.kind]
-    lines = [f"{t.kind}: {t.text!r}", where, f"probability = {t.p:.4f}", f"p (softmax, T=1) = {t.p_soft:.4f}",
-             f"target top-2 logit gap = {t.target_top2_gap:.3f}"]
-    if not t.draftable:
-        lines.append("not in the draft model's vocabulary (another family): the draft model could not propose it")
-    return "\n".join(lines)
-
-
-def token_span(text: str, cls: str, tip: str, extra: str = "") -> str:
-    return f'<span class="sv-tok sv-{cls}{extra}" title="{escape(tip)}">{visible(text)}</span>'
-
-
-def emitted_span(t: EmittedToken, extra: str = "") -> str:
-    """A token the target chose; dotted when the draft's vocabulary lacks it."""
-    return token_span(t.text, t.kind, emitted_tip(t), extra + ("" if t.draftable else " sv-undraftable"))
 
 
 def round_html(r: Round, greedy: bool, stage: str = "done", last: bool = False) -> str:
@@ -157,10 +118,9 @@ def rounds_html(rounds: list[Round], greedy: bool, *, show_rejected: bool = True
     hide = "" if show_rejected else " sv-hide-rejected"
     tree = ""
     # tree rounds: the newest tree's branches below the text (a run's last round may have room for one token
-    # only, and no tree); tree_view builds on this module's spans
+    # only, and no tree)
     latest = next((r for r in reversed(rounds) if r.tree), None)
     if latest is not None:
-        from specviz.ui.tree_view import tree_html
         tree = tree_html(latest, greedy, stage if latest is rounds[-1] else "done")
     text = f'<div class="sv-text{hide}" id="sv-tokens-body">{body}</div>'
     return f"<div>{text}{tree}</div>" if tree else text

@@ -10,7 +10,7 @@ from __future__ import annotations
 from html import escape
 
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED, REJECTED, Round, TreeNode
-from specviz.ui.render import DRAFTED, emitted_span, token_span
+from specviz.ui.spans import DRAFTED, emitted_span, token_span
 
 CSS = """
 .sv-tree { margin-top: 8px; padding: 6px 10px; border: 1px solid var(--border-color-primary); border-radius: 8px;
