@@ -3,6 +3,7 @@
     flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py            # embedded pair, bf16
     .venv/bin/python scripts/screenshots.py --pair tiny --out /tmp/shots           # a quick layout check
     flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py --other-family   # other_family.png only
+    flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py --tree 16   # tree.png, tree_round.png only
 
 Writes live.png (the first screen at 1366x768), live_long_prompt.png, presenter.png, race.png, main_running.png,
 main_finished.png, drilldown.png, step.png, distribution.png, formulas.png and replay.png into --out (default
@@ -18,6 +19,7 @@ from pathlib import Path
 
 from playwright.sync_api import sync_playwright
 
+from specviz.engine import DecodeConfig
 from specviz.models import PairSpec
 from specviz.runs.limits import Limits
 from specviz.runs.pacing import Pace
@@ -93,6 +95,8 @@ def main() -> None:
     ap.add_argument("--max-new-tokens", type=int, default=64)
     ap.add_argument("--other-family", action="store_true",
                     help="only other_family.png: the Live view with SmolLM2 drafting for the embedded target")
+    ap.add_argument("--tree", type=int, default=0, metavar="BUDGET",
+                    help="only tree.png and tree_round.png: the Live view with the tree drafter at this node budget")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -100,7 +104,8 @@ def main() -> None:
     draft, target = ("smollm2", "embedded") if args.other_family else (args.pair, args.pair)
     session = Session(spec=PairSpec(draft, target, dtype=args.dtype, device="cpu", draft_quant=args.draft_quant))
     session.load(draft, target, args.dtype, status=print)
-    demo = build_server(session, Limits(), Options(Pace(stage_delay=0.0)))  # the served pace
+    defaults = DecodeConfig(drafter="tree", tree_budget=args.tree) if args.tree else DecodeConfig()
+    demo = build_server(session, Limits(), Options(Pace(stage_delay=0.0)), defaults)  # the served pace
     _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
     long = 600_000
     with sync_playwright() as p:
@@ -109,6 +114,14 @@ def main() -> None:
         page.goto(url)
         page.wait_for_selector("#sv-run")
         set_slider(page, "sv-set-max_new_tokens", args.max_new_tokens)
+        if args.tree:  # the latest tree round below the text: branches, the accepted path, struck siblings
+            live_run(page, STORY, long)
+            page.screenshot(path=str(out / "tree.png"))
+            page.locator(".sv-tree").first.screenshot(path=str(out / "tree_round.png"))
+            print("wrote", out / "tree.png", "and", out / "tree_round.png", flush=True)
+            browser.close()
+            demo.close()
+            return
         if args.other_family:  # corrections the draft could not have proposed are dotted
             live_run(page, CODE, long)
             page.screenshot(path=str(out / "other_family.png"))

@@ -178,7 +178,7 @@ def run_stats(rounds: Sequence[Round], steps: Sequence[Step] | None = None, *,
     if steps:
         out.ar = ar_stats(steps, ar_seconds)
         out.speedup = ratio(spec.tokens_per_s, out.ar.tokens_per_s) or None
-    if k > 0 and spec.tested:
+    if k > 0 and spec.tested and not any(r.tree for r in rounds):  # the chain's model: not a tree's rounds
         out.expected_tokens = expected_tokens(spec.per_position, k)
         out.cost = cost or estimated_costs(rounds, steps)
         if out.cost is not None:

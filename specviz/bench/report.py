@@ -69,8 +69,9 @@ def pooled_spec(results: Sequence[PromptResult], method: str) -> SpecStats:
 
 
 def predicted_for(rounds, stats: SpecStats, cost: CostModel | None) -> float | None:
-    """The cost model over these rounds' own K's and tokens (see `predicted_speedup_for_rounds`)."""
-    if cost is None or not stats.tested:
+    """The cost model over these rounds' own K's and tokens (see `predicted_speedup_for_rounds`); None for tree
+    rounds, which the chain's model does not describe (a round verifies its nodes, not K + 1 tokens)."""
+    if cost is None or not stats.tested or any(r.tree for r in rounds):
         return None
     return predicted_speedup_for_rounds([r.k for r in rounds], stats.tokens, cost)
 

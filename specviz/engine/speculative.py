@@ -22,7 +22,7 @@ from specviz.engine.plumbing import (
 from specviz.engine.rules import verify
 from specviz.engine.sampling import logits_to_probs, make_generator
 from specviz.engine.tokens import candidates, emitted_token, shown, target_stats, top
-from specviz.engine.tree_round import tree_generate
+from specviz.engine.tree_round import accept_first_children, point_mass_rule, tree_generate
 
 
 class DrafterError(RuntimeError):
@@ -37,8 +37,10 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
     """`rule`: the accept/reject rule; only the proof's negative controls pass a deliberately broken one.
     `acceptance_model`: predicts each drafted token's acceptance (shown in the events; the 'predicted' mode's
     cut uses it); the fit shipped with specviz by default."""
-    if config.drafter == "tree":  # a tree where the chain was: its own round loop
-        yield from tree_generate(pair, prompt_ids, config, prompt_cache=prompt_cache, should_stop=should_stop)
+    if config.drafter == "tree":  # a tree where the chain was: its own round loop (and, for a broken chain rule
+        # from the proof's controls, the tree's "always accept")
+        yield from tree_generate(pair, prompt_ids, config, prompt_cache=prompt_cache, should_stop=should_stop,
+                                 rule=point_mass_rule if rule is verify else accept_first_children)
         return
     device, vocab = pair.device, pair.vocab_size
     target_rows = model_vocab(pair.target)

@@ -36,6 +36,11 @@ def point_mass_rule(parents, p_at, q_at, u):
     return walk_point_masses(parents, p_at, u)
 
 
+def accept_first_children(parents, p_at, q_at, u):
+    """The proof's "always accept" negative control for trees: down the first children, whatever p says."""
+    return walk_point_masses(parents, [1.0] * len(parents), u)
+
+
 @torch.inference_mode()
 def tree_generate(pair, prompt_ids: list[int], config, *, prompt_cache: PromptCache | None = None,
                   should_stop: Callable[[], Finish] = lambda: None, rule: TreeRule = point_mass_rule,

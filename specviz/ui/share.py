@@ -17,7 +17,7 @@ from html import escape
 from specviz.analysis.stats import RunStats, run_stats
 from specviz.runs.race import RaceState, replay_race
 from specviz.runs.trace import RunMeta, Trace
-from specviz.ui import render
+from specviz.ui import render, tree_view
 
 MONO = 'ui-monospace, SFMono-Regular, Menlo, Consolas, "Liberation Mono", monospace'
 
@@ -129,7 +129,8 @@ def settings(meta: RunMeta) -> list[tuple[str, object]]:
     c, s = meta.config, meta.config.sampling
     rows = [("K (drafted per round)", c.k), ("adaptive K", c.adaptive)]
     rows += [({"confidence": "confidence cut", "predicted": "predicted-acceptance cut"}[c.adaptive], c.cut)] if c.cut else []
-    rows += [("drafter", c.drafter)] + ([("exit layer", c.exit_layer)] if c.drafter == "self" else [])
+    rows += [("drafter", c.drafter)] + ([("exit layer", c.exit_layer)] if c.drafter == "self" else []) + (
+        [("tree budget (nodes per round)", c.tree_budget)] if c.drafter == "tree" else [])
     rows += [("temperature", f"{s.temperature:g}" + (" (greedy)" if s.greedy else "")),
              ("top-k", s.top_k or "off"), ("top-p", f"{s.top_p:g}" if s.top_p < 1 else "off"),
              ("seed", "fresh each run" if c.seed is None else c.seed), ("max new tokens", c.max_new_tokens),
@@ -159,5 +160,5 @@ def share_html(trace: Trace, *, exported: datetime | None = None) -> str:
     title = escape(f"specviz · {meta.draft} → {meta.target}")
     return ('<!doctype html>\n<html lang="en"><head><meta charset="utf-8">'
             '<meta name="viewport" content="width=device-width, initial-scale=1">'
-            f"<title>{title}</title><style>{render.CSS}{PAGE_CSS}</style></head>"
+            f"<title>{title}</title><style>{render.CSS}{tree_view.CSS}{PAGE_CSS}</style></head>"
             f'<body><main class="sv-page">{body}</main></body></html>\n')
