@@ -115,9 +115,10 @@ def main() -> None:
         page.wait_for_selector("#sv-run")
         set_slider(page, "sv-set-max_new_tokens", args.max_new_tokens)
         if args.tree:  # the latest tree round below the text: branches, the accepted path, struck siblings
+            page.set_viewport_size({"width": 1366, "height": 1200})
             live_run(page, STORY, long)
             page.screenshot(path=str(out / "tree.png"))
-            page.locator(".sv-tree").first.screenshot(path=str(out / "tree_round.png"))
+            page.locator("#sv-live-spec .sv-tree").first.screenshot(path=str(out / "tree_round.png"))
             print("wrote", out / "tree.png", "and", out / "tree_round.png", flush=True)
             browser.close()
             demo.close()

@@ -16,7 +16,7 @@ from helpers import check_rounds, spec_tokens
 
 from specviz.runs import trace
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
-from specviz.engine.events import BONUS, CORRECTION
+from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, REJECTED
 from specviz.analysis.divergence import first_divergence
 from specviz.models import embedded, encode_prompt
 from specviz.models.draft import DraftQuant, with_cheaper_draft
@@ -75,7 +75,7 @@ def identical_runs(pair, ar_runs, config, prompts=PROMPTS) -> list[list]:
         ids, steps = ar_runs[prompt]
         rounds = list(speculative_generate(pair, ids, config))
         assert spec_tokens(rounds) == [s.token.id for s in steps], (prompt, first_divergence(rounds, steps))
-        check_rounds(pair, rounds, config)
+        check_rounds(pair, rounds, config, tree=config.drafter == "tree")
         runs.append(rounds)
     return runs
 
@@ -105,6 +105,18 @@ def test_greedy_speculative_equals_the_target_alone(served_pair, ar_runs, hf_gre
     print(f"K={k}: acceptance {accepted / drafted:.2f} ({accepted}/{drafted})")
     assert kinds == {CORRECTION, BONUS}  # both ways a round ends, and the cache crops after each
     assert accepted / drafted > 0.3  # one model family: the draft agrees often (a broken load would not)
+
+
+def test_greedy_tree_speculation_equals_the_target_alone(served_pair, ar_runs, hf_greedy):
+    """The tree drafter on the real pair as served (the int4 lean draft step reads each depth under a tree mask;
+    the target verifies the whole tree in one forward): token for token the target alone and transformers."""
+    config = DecodeConfig(k=8, max_new_tokens=MAX_NEW, sampling=SamplingParams(0.0), drafter="tree", tree_budget=15)
+    runs = identical_runs(served_pair, ar_runs, config)
+    for prompt, rounds in zip(PROMPTS, runs):
+        assert spec_tokens(rounds) == hf_greedy[prompt], prompt
+    nodes = [n for rounds in runs for r in rounds for n in r.tree]
+    assert any(n.rank > 0 for n in nodes) and any(n.depth > 2 for n in nodes)  # wide and deep: a real tree
+    assert any(n.status == REJECTED for n in nodes) and any(n.status == ACCEPTED for n in nodes)
 
 
 def test_a_real_trace_roundtrips(embedded_pair, ar_runs, tmp_path):

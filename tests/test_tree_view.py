@@ -8,15 +8,19 @@ import pytest
 
 from specviz.engine import DecodeConfig, SamplingParams, speculative_generate
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED, REJECTED
+from specviz.runs.trace import RunMeta, Trace
 from specviz.ui import render, teach
-from specviz.ui.tree_view import tree_html
+from specviz.ui.views import main_view
+from specviz.ui.tree_view import latest_tree_html, tree_html
+
+
+PROMPT = "the man said that the world"
+CONFIG = DecodeConfig(k=4, max_new_tokens=24, drafter="tree", tree_budget=10, sampling=SamplingParams(0.9), seed=1)
 
 
 @pytest.fixture(scope="module")
 def tree_rounds(tiny):
-    config = DecodeConfig(k=4, max_new_tokens=24, drafter="tree", tree_budget=10, sampling=SamplingParams(0.9),
-                          seed=1)
-    return list(speculative_generate(tiny, tiny.tokenizer.encode("the man said that the world"), config))
+    return list(speculative_generate(tiny, tiny.tokenizer.encode(PROMPT), CONFIG))
 
 
 def rich(rounds):
@@ -46,11 +50,20 @@ def test_before_the_verdict_the_tree_is_only_a_proposal(tree_rounds):
     assert html.count("sv-drafted") == len(r.tree)
 
 
-def test_the_token_view_shows_the_last_rounds_tree(tree_rounds):
-    html = render.rounds_html(tree_rounds, greedy=False)
-    assert 'id="sv-tree"' in html and html.count('class="sv-tree"') == 1
+def test_the_live_view_and_the_decode_tab_show_the_tree(tree_rounds):
     latest = next(r for r in reversed(tree_rounds) if r.tree)
-    assert f"Round {latest.index + 1}: a draft tree" in html
+    html = latest_tree_html(tree_rounds, greedy=False)
+    assert html.count('class="sv-tree"') == 1 and f"Round {latest.index + 1}: a draft tree" in html
+    assert latest_tree_html(tree_rounds[:0], greedy=False) == ""
+    assert 'class="sv-tree"' not in render.rounds_html(tree_rounds, greedy=False)  # the text stays the text
+
+
+def test_the_decode_tab_shows_the_selected_rounds_tree(tiny, tree_rounds):
+    r = rich(tree_rounds)
+    record = Trace(RunMeta.of(tiny, PROMPT, tiny.tokenizer.encode(PROMPT), CONFIG), tree_rounds)
+    view = main_view(record, selected=r.index)
+    assert f"Round {r.index + 1}: a draft tree" in view.tokens and view.tokens.count('class="sv-tree"') == 1
+    assert "**Try**" in view.caption
 
 
 def test_the_step_caption_tells_each_sibling_try_in_walk_order(tree_rounds):

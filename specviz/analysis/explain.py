@@ -40,13 +40,15 @@ def break_even_acceptance(c: float, verify: float, k: float) -> float | None:
 @dataclass(frozen=True)
 class Explanation:
     measured: float  # speculative tokens/s over the target alone's (the race's clocks)
-    predicted: float  # the bench's formula on this run's rounds and measured costs
+    predicted: float | None  # the bench's formula on this run's rounds and measured costs (None for trees)
     acceptance: float  # accepted / drafted
     tokens_per_round: float  # emitted per target forward
     k: float  # drafted per round, on average
     c: float  # draft step / target step
     verify: float  # verify forward / target step
     break_even: float | None  # acceptance needed for speedup 1 at this ĉ, v and K
+    tree_nodes: float | None = None  # tree rounds: nodes per round (then `predicted` is None: no chain model)
+    draft: float = 0.0  # drafting per round / target step
 
     @property
     def round_cost(self) -> float:
@@ -57,10 +59,16 @@ class Explanation:
 def explain(stats: RunStats) -> Explanation | None:
     """The numbers behind a race's verdict; None until both lanes ran and a round drafted something."""
     s, cost = stats.spec, stats.cost
-    if stats.speedup is None or cost is None or stats.predicted_speedup is None or not s.drafted:
+    if stats.speedup is None or cost is None or not s.drafted:
         return None
     k = s.drafted / s.rounds
     verify = ratio(s.verify_s / s.rounds, cost.target_step_s)
+    if stats.tree_nodes is not None:
+        return Explanation(measured=stats.speedup, predicted=None, acceptance=s.acceptance_rate,
+                           tokens_per_round=s.mean_accepted_tokens, k=k, c=cost.c, verify=verify, break_even=None,
+                           tree_nodes=stats.tree_nodes, draft=ratio(s.draft_s / s.rounds, cost.target_step_s))
+    if stats.predicted_speedup is None:
+        return None
     return Explanation(measured=stats.speedup, predicted=stats.predicted_speedup, acceptance=s.acceptance_rate,
                        tokens_per_round=s.mean_accepted_tokens, k=k, c=cost.c, verify=verify,
                        break_even=break_even_acceptance(cost.c, verify, k))
@@ -71,6 +79,8 @@ EVEN = 0.05  # within 5% of the target alone: "about even" (a race's clocks are 
 
 def sentence(e: Explanation) -> str:
     """One sentence: what the run measured, and when it lost, which of the numbers made it so."""
+    if e.tree_nodes is not None:
+        return _tree_sentence(e)
     facts = (f"acceptance {e.acceptance:.0%} gave {e.tokens_per_round:.1f} tokens per target forward, "
              f"and a round cost {e.k:.1f} draft steps × {e.c:.2f} + a verify of {e.verify:.2f} = "
              f"{e.round_cost:.2f} target steps, so the model predicts {e.predicted:.2f}×")
@@ -89,3 +99,14 @@ def sentence(e: Explanation) -> str:
     return (f"Slower than the model's prediction: {facts} (break-even {e.break_even:.0%} acceptance); the "
             "gap is time outside the rounds: the prompt's forward (which speculation does not speed up), "
             "building events, or a noisy machine.")
+
+
+def _tree_sentence(e: Explanation) -> str:
+    facts = (f"a draft tree of {e.tree_nodes:.1f} nodes per round gave {e.tokens_per_round:.1f} tokens per target "
+             f"forward, and a round cost {e.draft:.2f} target steps of drafting + a verify of {e.verify:.2f}")
+    if abs(e.measured - 1.0) < EVEN:
+        return f"About even: {facts}."
+    if e.measured > 1.0:
+        return f"Faster because {facts}."
+    return (f"Slower because {facts}: each node is a token the target's verify reads, and on this machine that "
+            "is not free (the bench's verify-cost curve); a smaller tree budget, or the chain, may pay better.")

@@ -92,6 +92,7 @@ class RunStats:
     predicted_speedup: float | None = None  # from α̂ and `cost`
     expected_tokens: float | None = None  # E(K) from α̂
     k: int = 0  # the K `expected_tokens` is for (the largest drafted)
+    tree_nodes: float | None = None  # tree rounds: draft-tree nodes per round (no chain prediction for them)
 
     @property
     def alpha(self) -> float:
@@ -178,7 +179,10 @@ def run_stats(rounds: Sequence[Round], steps: Sequence[Step] | None = None, *,
     if steps:
         out.ar = ar_stats(steps, ar_seconds)
         out.speedup = ratio(spec.tokens_per_s, out.ar.tokens_per_s) or None
-    if k > 0 and spec.tested and not any(r.tree for r in rounds):  # the chain's model: not a tree's rounds
+    if any(r.tree for r in rounds):  # the chain's model does not describe a tree's rounds: measured costs only
+        out.tree_nodes = ratio(sum(len(r.tree) for r in rounds), len(rounds))
+        out.cost = cost or estimated_costs(rounds, steps)
+    elif k > 0 and spec.tested:
         out.expected_tokens = expected_tokens(spec.per_position, k)
         out.cost = cost or estimated_costs(rounds, steps)
         if out.cost is not None:

@@ -15,6 +15,7 @@ import gradio as gr
 from specviz.analysis.explain import explain, sentence
 from specviz.runs.race import Lane, RaceState
 from specviz.ui import figures, render, teach
+from specviz.ui.tree_view import latest_tree_html
 
 PQ_HEIGHT = 210  # px: beside the verdict, above the lanes: the four parts fit a 1366x768 screen
 
@@ -93,7 +94,8 @@ def live_view(state: RaceState, plot: bool = True, tokens_html=render.rounds_htm
     rounds = state.spec.events
     return LiveView(
         speed=speed_html(state),
-        spec=lane_box(state.spec, tokens_html(rounds, state.greedy, empty="waiting for the first round…")),
+        spec=lane_box(state.spec, tokens_html(rounds, state.greedy, empty="waiting for the first round…"))
+        + latest_tree_html(rounds, state.greedy),  # tree rounds: below the lane, where it has room
         ar=lane_box(state.ar, render.steps_html(state.ar.events)),
         pq=figures.pq_figure(latest_drafted(rounds), state.greedy, height=PQ_HEIGHT) if plot and rounds else gr.skip(),
     )

@@ -12,7 +12,6 @@ from html import escape
 
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, TARGET, DraftedToken, Round, Step
 from specviz.ui.spans import DRAFTED, emitted_span, emitted_tip, token_span, visible  # noqa: F401 (shared)
-from specviz.ui.tree_view import tree_html
 
 COLORS = {  # one place for the outcome colours, shared with the figures
     ACCEPTED: "#16a34a",
@@ -116,14 +115,7 @@ def rounds_html(rounds: list[Round], greedy: bool, *, show_rejected: bool = True
     done = done if done is not None else [round_html(r, greedy) for r in rounds[:-1]]
     body = "".join(done) + round_html(rounds[-1], greedy, stage, last=True)
     hide = "" if show_rejected else " sv-hide-rejected"
-    tree = ""
-    # tree rounds: the newest tree's branches below the text (a run's last round may have room for one token
-    # only, and no tree)
-    latest = next((r for r in reversed(rounds) if r.tree), None)
-    if latest is not None:
-        tree = tree_html(latest, greedy, stage if latest is rounds[-1] else "done")
-    text = f'<div class="sv-text{hide}" id="sv-tokens-body">{body}</div>'
-    return f"<div>{text}{tree}</div>" if tree else text
+    return f'<div class="sv-text{hide}" id="sv-tokens-body">{body}</div>'
 
 
 class RoundsHtml:

@@ -65,3 +65,10 @@ def tree_html(r: Round, greedy: bool, stage: str = "done") -> str:
     title = (f"Round {r.index + 1}: a draft tree of {len(r.tree)} nodes, {depth} deep, verified in one forward"
              + ("" if stage == "draft" else f" · {tried} tried, {rejected} rejected, {len(path)} accepted"))
     return f'<div class="sv-tree" id="sv-tree"><h5>{escape(title)}</h5>{branch(-1)}</div>'
+
+
+def latest_tree_html(rounds: list[Round], greedy: bool) -> str:
+    """The newest tree round's branches ("" when there is none): a run's last round may have room for one token
+    only, and no tree."""
+    latest = next((r for r in reversed(rounds) if r.tree), None)
+    return "" if latest is None else tree_html(latest, greedy)

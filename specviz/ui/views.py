@@ -17,6 +17,7 @@ from specviz.runs.distribution import DistributionResult
 from specviz.runs.race import RaceState
 from specviz.runs.trace import Trace
 from specviz.ui import figures, render, teach
+from specviz.ui.tree_view import tree_html
 
 
 def as_tuple(view) -> tuple:
@@ -98,7 +99,8 @@ def main_view(record: Trace | None, *, show_rejected: bool = True, selected: int
     pos = default_position(current) if done else None
     s = run_stats(rounds, record.ar_steps if record else None)
     return MainView(
-        tokens=tokens_html(rounds, greedy, show_rejected=show_rejected, stage=stage),
+        tokens=tokens_html(rounds, greedy, show_rejected=show_rejected, stage=stage)
+        + (tree_html(current, greedy, stage) if current is not None and current.tree else ""),
         caption=teach.step_caption(current, greedy, stage) if current else "",
         pq=figures.pq_figure(current, greedy, verdict=stage != "draft"),
         rounds=gr.update(minimum=1, maximum=max(n, 2), value=i + 1, interactive=n > 1),  # min < max
