@@ -163,7 +163,7 @@ BAD_INPUT = [
     ("seed fractional", generate(seed=1.5), r"seed must be a whole number, got 1.5"),
     ("seed negative", generate(seed=-1), r"seed must be a whole number between 0 and 4294967295, got -1"),
     ("seed too large for the generator", generate(seed=2**70), r"seed must be a whole number between 0 and 4294967295"),
-    ("unknown drafter", generate(drafter="oracle"), r"drafter must be one of model, lookup, hybrid, self, got 'oracle'"),
+    ("unknown drafter", generate(drafter="oracle"), r"drafter must be one of model, lookup, hybrid, self, tree, got 'oracle'"),
     ("unknown adaptive mode", generate(adaptive="sometimes"),
      r"adaptive K must be one of fixed, confidence, acceptance"),
     ("a megabyte drafter name (not echoed back)", generate(drafter="x" * 10**6), r"drafter must be one of .*…"),

@@ -102,8 +102,8 @@ class TreeDrafter(ModelDrafter):
         for d in range(1, depth):
             # a node's children can end among the `budget` best only if it is among them now (more candidates
             # only push it down, and they score no higher than it): the draft reads only such nodes
-            cut = sorted((c.score for c in cands), reverse=True)[:budget][-1]
-            frontier = sorted((i for i in level if cands[i].score >= cut and cands[i].q >= self.cut),
+            kth = sorted((c.score for c in cands), reverse=True)[:budget][-1]
+            frontier = sorted((i for i in level if cands[i].score >= kth and cands[i].q >= self.cut),
                               key=lambda i: -cands[i].score)[:self.width]
             if not frontier:
                 break
