@@ -150,24 +150,32 @@ def test_the_mapped_drafter_reports_the_q_it_sampled_from(cross, sampling):
         assert draft.q[j, draft.tokens[j]] > 0
 
 
+def greedy_mapped(cross, ids: list[int]) -> MappedDrafter:
+    """A greedy drafter of the cross pair that has read `ids`."""
+    drafter = MappedDrafter(cross.draft, cross.vocab_map, SamplingParams(0.0), make_generator(CPU, 0), len(WORDS))
+    drafter.prefill(torch.tensor([ids]))
+    return drafter
+
+
+def reads_on_as_fresh(cross, drafter: MappedDrafter, context: list[int]) -> None:
+    """`drafter` drafts after `context` exactly as a fresh drafter that read all of it: same tokens, same q."""
+    resumed = drafter.propose(torch.tensor([context]), context, 3)
+    again = greedy_mapped(cross, context).propose(torch.tensor([context]), context, 3)
+    assert resumed.tokens.tolist() == again.tokens.tolist()
+    torch.testing.assert_close(resumed.logits, again.logits, atol=1e-5, rtol=1e-4)
+
+
 @torch.inference_mode()
 def test_after_a_rollback_the_drafter_reads_on_as_if_fresh(cross):
     """Keep one drafted token, then a word the draft lacks (two draft tokens): the next draft is what a
     drafter that read the whole context afresh proposes, with the same q."""
-    greedy = SamplingParams(0.0)
     ids = encode(cross, "the a of")
-    drafter = MappedDrafter(cross.draft, cross.vocab_map, greedy, make_generator(CPU, 0), len(WORDS))
-    drafter.prefill(torch.tensor([ids]))
+    drafter = greedy_mapped(cross, ids)
     first = drafter.propose(torch.tensor([ids]), ids, 4).tokens.tolist()
     drafter.rollback(len(ids) + 1)
     context = ids + first[:1] + [WORDS.index("years")]  # a word only the target has
     assert WORDS.index("years") not in cross.vocab_map.shared
-    resumed = drafter.propose(torch.tensor([context]), context, 3)
-    fresh = MappedDrafter(cross.draft, cross.vocab_map, greedy, make_generator(CPU, 0), len(WORDS))
-    fresh.prefill(torch.tensor([context]))
-    again = fresh.propose(torch.tensor([context]), context, 3)
-    assert resumed.tokens.tolist() == again.tokens.tolist()
-    torch.testing.assert_close(resumed.logits, again.logits, atol=1e-5, rtol=1e-4)
+    reads_on_as_fresh(cross, drafter, context)
     assert drafter.cache.get_seq_length() == len(translate(context)) + 2  # the context, two drafts read back
 
 
@@ -175,21 +183,14 @@ def test_after_a_rollback_the_drafter_reads_on_as_if_fresh(cross):
 def test_accepted_drafts_survive_a_lookup_round_in_between(cross):
     """Round 1: the model drafts and two drafts are kept; round 2: prompt lookup drafts (the model only rolls
     back) and one of its tokens is kept; round 3: the model reads on exactly as a fresh drafter would."""
-    greedy = SamplingParams(0.0)
     ids = encode(cross, "the a of")
-    drafter = MappedDrafter(cross.draft, cross.vocab_map, greedy, make_generator(CPU, 0), len(WORDS))
-    drafter.prefill(torch.tensor([ids]))
+    drafter = greedy_mapped(cross, ids)
     first = drafter.propose(torch.tensor([ids]), ids, 4).tokens.tolist()
     drafter.rollback(len(ids) + 2)
     context = ids + first[:2] + [WORDS.index("years")]  # + the correction
     drafter.rollback(len(context) + 1)  # a lookup round: its accepted token is not the model's
     context += [WORDS.index("the"), 7]
-    resumed = drafter.propose(torch.tensor([context]), context, 3)
-    fresh = MappedDrafter(cross.draft, cross.vocab_map, greedy, make_generator(CPU, 0), len(WORDS))
-    fresh.prefill(torch.tensor([context]))
-    again = fresh.propose(torch.tensor([context]), context, 3)
-    assert resumed.tokens.tolist() == again.tokens.tolist()
-    torch.testing.assert_close(resumed.logits, again.logits, atol=1e-5, rtol=1e-4)
+    reads_on_as_fresh(cross, drafter, context)
 
 
 @pytest.mark.parametrize("drafter", ["model", "hybrid"])

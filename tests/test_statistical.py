@@ -52,7 +52,7 @@ from specviz.engine import DecodeConfig, SamplingParams, speculative_generate
 from specviz.engine import rules
 from specviz.engine.early_exit import EarlyExit
 from specviz.engine.sampling import logits_to_probs, sample
-from specviz.engine.siblings import walk_tree
+from specviz.engine.siblings import children_of, tried_nodes, walk_tree
 from specviz.engine.tree_round import point_mass_rule, tree_generate
 from specviz.models.families import VocabMap
 from specviz.models.pair import ModelPair
@@ -349,20 +349,14 @@ def as_if_drawn_from_q(parents, p_at, q_at, u):
     """The known trap, as a negative control: the draft's top candidates treated as if drawn from q without
     replacement (try x with min(1, p(x)/q(x)), on rejection p <- norm(max(0, p - q)), q <- q without x) when
     they were chosen deterministically."""
-    children: dict[int, list[int]] = {}
-    for i, parent in enumerate(parents):
-        children.setdefault(parent, []).append(i)
-    rows = [[c for c in children.get(node, [])] for node in range(-1, len(parents))]
+    children = children_of(parents)
+    rows = [children.get(node, []) for node in range(-1, len(parents))]
     short = lambda at, kids: torch.tensor([*(at[c] for c in kids), max(1e-9, 1 - sum(at[c] for c in kids))],
                                           dtype=torch.float64)
     p_rows, q_rows = [short(p_at, kids) for kids in rows], [short(q_at, kids) for kids in rows]
     ranks = [children[parent].index(i) for i, parent in enumerate(parents)]
     verdict = walk_tree(parents, ranks, [r / r.sum() for r in p_rows], [r / r.sum() for r in q_rows], u)
-    tried = []
-    for node, chosen in zip([-1, *verdict.path], [*verdict.path, None]):
-        kids = children.get(node, [])
-        tried += kids if chosen is None else kids[:kids.index(chosen) + 1]
-    return verdict, tried
+    return verdict, tried_nodes(children, verdict)
 
 
 def test_tree_speculation_samples_the_target_distribution(pair):

@@ -60,6 +60,14 @@ def try_siblings(p: torch.Tensor, q: torch.Tensor | None, candidates: list[int],
     return tries, p
 
 
+def children_of(parents: list[int]) -> dict[int, list[int]]:
+    """Each node's children in node order (-1: the root's), from each node's parent."""
+    children: dict[int, list[int]] = {}
+    for i, parent in enumerate(parents):
+        children.setdefault(parent, []).append(i)
+    return children
+
+
 @dataclass
 class TreeVerdict:
     path: list[int]  # the accepted nodes, from a child of the root down
@@ -76,9 +84,7 @@ def walk_tree(parents: list[int], tokens: list[int], p_rows: torch.Tensor, q_row
     uniform per node. From the root, try the children with `try_siblings`; go down into the accepted one; stop
     when all are rejected (the correction) or at an accepted leaf (the bonus). A chain (each node one child) is
     today's rule exactly: the same acceptances and the same correction or bonus distribution."""
-    children: dict[int, list[int]] = {}
-    for i, parent in enumerate(parents):
-        children.setdefault(parent, []).append(i)
+    children = children_of(parents)
     node, path, tries = -1, [], []
     while True:
         row = node + 1
@@ -100,17 +106,21 @@ def walk_point_masses(parents: list[int], p_at: list[float], u: list[float]) -> 
     so each row shrinks to [p at its children..., the rest of the mass] and a child's token to its rank there.
     Returns the verdict (its `next_dist` over that short row: the caller draws the correction from the full
     row without the children tried) and the nodes tried, in order."""
-    children: dict[int, list[int]] = {}
-    for i, parent in enumerate(parents):
-        children.setdefault(parent, []).append(i)
+    children = children_of(parents)
     rows = []
     for node in range(-1, len(parents)):
         probs = [p_at[c] for c in children.get(node, [])]
         rows.append(torch.tensor([*probs, max(0.0, 1.0 - sum(probs))], dtype=torch.float64))
     ranks = [children[parent].index(i) for i, parent in enumerate(parents)]
     verdict = walk_tree(parents, ranks, rows, None, u)
+    return verdict, tried_nodes(children, verdict)
+
+
+def tried_nodes(children: dict[int, list[int]], verdict: TreeVerdict) -> list[int]:
+    """The nodes a walk tried, in order: at each node of the path its children up to the accepted one, at its
+    end every child (all rejected; none at a leaf)."""
     tried = []
     for node, chosen in zip([-1, *verdict.path], [*verdict.path, None]):
         kids = children.get(node, [])
         tried += kids if chosen is None else kids[:kids.index(chosen) + 1]
-    return verdict, tried
+    return tried

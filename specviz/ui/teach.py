@@ -150,19 +150,23 @@ def _tree_verdict_lines(r: Round, greedy: bool) -> list[str]:
 
 
 def step_caption(r: Round, greedy: bool, stage: str = "done") -> str:
-    """What happened in one round, with its numbers: draft → verify → accept/correct.
+    """What happened in one round, with its numbers: draft → verify → accept/correct (a tree round: the walk).
 
     stage "draft" and "verify" stop early (step mode reveals a round in three steps)."""
-    if r.tree:
-        return _tree_caption(r, greedy, stage)
-    lines = [f"**Round {r.index + 1}** ({r.drafter} drafter)", _draft_line(r)]
+    tree = bool(r.tree)
+    lines = [f"**Round {r.index + 1}** ({r.drafter} drafter)", _tree_draft_line(r) if tree else _draft_line(r)]
     if stage == "draft":
-        return "\n".join(lines + ["- **Verify:** next, the target checks them all in one forward pass…"])
-    scored = f"all {r.k} drafts (+1 position)" if r.k else "the next position"
+        upcoming = ("the target scores every node in one forward pass (a tree mask: each node sees only its own "
+                    "path)…" if tree else "the target checks them all in one forward pass…")
+        return "\n".join(lines + [f"- **Verify:** next, {upcoming}"])
+    scored = (f"all {len(r.tree)} nodes (+1 position)" if tree
+              else f"all {r.k} drafts (+1 position)" if r.k else "the next position")
     lines.append(f"- **Verify:** the target scored {scored} in one pass: {ms(r.verify_time)}")
     if stage == "verify":
-        return "\n".join(lines + ["- **Accept / correct:** next, u against min(1, p/q) for each draft, left to right…"])
-    lines += _verdict_lines(r, greedy)
+        upcoming = ("**Walk:** next, from the root, each node's candidates tried in turn…" if tree
+                    else "**Accept / correct:** next, u against min(1, p/q) for each draft, left to right…")
+        return "\n".join(lines + [f"- {upcoming}"])
+    lines += _tree_verdict_lines(r, greedy) if tree else _verdict_lines(r, greedy)
     done = f" · finished ({r.finished})" if r.finished else ""
     lines.append(f"- **Net:** {_plural(r.tokens_emitted, 'token')} for one target forward{done}")
     return "\n".join(lines)
@@ -213,18 +217,3 @@ def race_caveats(shared_cpu: bool, finishes: tuple) -> list[str]:
         out.append("⏱ The race reached the server's time budget per request: the lanes stopped there, and the "
                    "numbers cover the tokens shown.")
     return out
-
-
-def _tree_caption(r: Round, greedy: bool, stage: str) -> str:
-    lines = [f"**Round {r.index + 1}** (tree drafter)", _tree_draft_line(r)]
-    if stage == "draft":
-        return "\n".join(lines + ["- **Verify:** next, the target scores every node in one forward pass (a tree "
-                                  "mask: each node sees only its own path)…"])
-    lines.append(f"- **Verify:** the target scored all {len(r.tree)} nodes (+1 position) in one pass: "
-                 f"{ms(r.verify_time)}")
-    if stage == "verify":
-        return "\n".join(lines + ["- **Walk:** next, from the root, each node's candidates tried in turn…"])
-    lines += _tree_verdict_lines(r, greedy)
-    done = f" · finished ({r.finished})" if r.finished else ""
-    lines.append(f"- **Net:** {_plural(r.tokens_emitted, 'token')} for one target forward{done}")
-    return "\n".join(lines)

@@ -10,6 +10,7 @@ from __future__ import annotations
 from html import escape
 
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED, REJECTED, Round, TreeNode
+from specviz.engine.siblings import children_of
 from specviz.ui.spans import DRAFTED, emitted_span, token_span
 
 CSS = """
@@ -39,11 +40,9 @@ def node_tip(n: TreeNode, greedy: bool) -> str:
 
 def tree_html(r: Round, greedy: bool, stage: str = "done") -> str:
     """The round's draft tree; stage "draft" shows the proposal before the verdict (step mode)."""
-    children: dict[int, list[int]] = {}
-    for i, n in enumerate(r.tree):
-        children.setdefault(n.parent, []).append(i)
+    children = children_of([n.parent for n in r.tree])
     path = {i for i, n in enumerate(r.tree) if n.status == ACCEPTED}
-    end = max(path, default=-1, key=lambda i: r.tree[i].depth) if path else -1
+    end = max(path, default=-1)  # the deepest accepted node: parents come before their children
 
     def branch(parent: int) -> str:
         items = []
