@@ -18,8 +18,8 @@ from specviz.runs import trace
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, REJECTED
 from specviz.analysis.divergence import first_divergence
-from specviz.models import embedded, encode_prompt
-from specviz.models.draft import DraftQuant, with_cheaper_draft
+from specviz.models import PairSpec, embedded, encode_prompt
+from specviz.models.loading import with_speedups
 from specviz.models.memory import pair_bytes
 
 pytestmark = pytest.mark.embedded
@@ -87,15 +87,17 @@ def acceptance(runs) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def served_pair(embedded_pair):
-    """The pair as `specviz serve` runs it on a CPU: the draft's step in int4 (weights shared, not copied).
-    The draft as loaded runs in the trace test below and in test_ui_api's races."""
-    return with_cheaper_draft(embedded_pair, DraftQuant.named("int4"))
+    """The pair as `specviz serve` runs it on a CPU: the draft's step in int4, the target's verifies on packed
+    weights (weights shared, not copied; its decode steps and the reference runs use the dense kernel). The
+    pair as loaded runs in the trace test below and in test_ui_api's races."""
+    pair = with_speedups(embedded_pair, PairSpec())
+    assert pair.target_name.endswith("[packed verify]") and pair.draft_name.endswith("[int4 draft step]")
+    return pair
 
 
 # the short and the long round (every K is checked on the tiny pairs; each K here costs ~25 s of the suite)
 @pytest.mark.parametrize("k", [2, 8])
 def test_greedy_speculative_equals_the_target_alone(served_pair, ar_runs, hf_greedy, k):
-    assert served_pair.draft_name.endswith("[int4 draft step]")
     config = DecodeConfig(k=k, max_new_tokens=MAX_NEW, sampling=SamplingParams(0.0), adaptive="fixed")
     runs = identical_runs(served_pair, ar_runs, config)
     for prompt, rounds in zip(PROMPTS, runs):  # and transformers' generate(), the outside reference

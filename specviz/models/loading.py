@@ -249,12 +249,21 @@ def _display(source: str | None, role: str) -> str:
 
 def load_spec(spec: PairSpec, *, loader: Callable[..., ModelPair] = load_pair, status: Status = log.info,
               progress: bool = True) -> ModelPair:
-    """The pair `spec` names, with its cheaper draft step where `spec.draft_quant` asks for one (CPU)."""
-    from specviz.models.draft import DraftQuant, with_cheaper_draft  # torch kernels: only when asked for
-
+    """The pair `spec` names, with the cheaper draft step (`spec.draft_quant`) and the packed verify
+    (`spec.target_kernel`) where they apply (CPU)."""
     pair = loader(spec.draft, spec.target, device=spec.device, dtype=spec.dtype,
                   trust_remote_code=spec.trust_remote_code, device_map=spec.device_map, status=status,
                   progress=progress)
+    return with_speedups(pair, spec, status)
+
+
+def with_speedups(pair: ModelPair, spec: PairSpec, status: Status = log.info) -> ModelPair:
+    """`pair` with the CPU kernels `spec` asks for; the loaded models stay as they are (weights shared)."""
+    from specviz.models.draft import DraftQuant, with_cheaper_draft  # torch kernels: only when asked for
+    from specviz.models.packed_target import with_packed_target
+
+    if spec.target_kernel == "packed":
+        pair = with_packed_target(pair, status)
     if spec.draft_quant == "none" or pair.draft is None:
         return pair
     status(f"Packing the draft's weights as {spec.draft_quant}…")

@@ -75,7 +75,10 @@ def weights_bytes(spec: PairSpec) -> tuple[int, torch.dtype] | None:
         counts.append(parameter_count(spec.draft, "draft"))
     if None in counts:
         return None
-    dtype = resolve_dtype(spec.dtype, resolve_device(spec.device))
+    device = resolve_device(spec.device)
+    dtype = resolve_dtype(spec.dtype, device)
+    if spec.target_kernel == "packed" and device.type == "cpu" and dtype == torch.float32:
+        counts.append(counts[0])  # the packed verify keeps a second copy of the target's weights
     return sum(counts) * dtype.itemsize, dtype
 
 

@@ -17,6 +17,7 @@ TINY = "tiny"  # the in-process random pair (specviz.models.tiny): no files, for
 SMOLLM2 = "smollm2"  # the embedded draft of another family (SmolLM2-135M-Instruct), for any target
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 DraftQuantName = Literal["int4", "int8", "none"]
+TargetKernel = Literal["packed", "plain"]
 
 
 @dataclass(frozen=True)
@@ -40,7 +41,11 @@ class PairSpec:
     draft_quant: DraftQuantName = Field("int4", title="draft quantisation",
                                         description="on CPU, run the draft's one-token step with int4/int8 weights "
                                                     "(about 3x cheaper; exact all the same, since q is what that "
-                                                    "draft sampled from); the target is never changed")
+                                                    "draft sampled from); the target's weights are never changed")
+    target_kernel: TargetKernel = Field("packed", title="target kernel",
+                                        description="on CPU in float32, the target multiplies verifies of 4+ tokens "
+                                                    "on oneDNN-packed copies of its weights (9 tokens cost ~1.6x one "
+                                                    "instead of ~3x; twice the target's memory); plain = as loaded")
 
     @property
     def label(self) -> str:
