@@ -147,6 +147,10 @@ def test_parse_ks_and_confidence_cuts():
         plan_for("--k", "0,2")
     with pytest.raises(Exception):
         plan_for("--k", "two")
+    trees = plan_for("--k", "8,12", "--confidence", "0.3,0.4", "--adaptive", "confidence", "--also-tree", "15,8")
+    assert trees.tree_budgets == (8, 15) and len(trees.tree_settings()) == 8  # each budget at each grid point
+    with pytest.raises(Exception):
+        plan_for("--k", "8,12", "--also-tree", "8,0")
 
 
 def test_parse_exit_layers_for_the_self_drafter():
@@ -560,6 +564,33 @@ def test_cli_writes_json_and_html(tiny, tmp_path, capsys):
     assert {"hf same k=2", "hf same k=3"} & set(report["methods"]) and "hf loaded default" in report["methods"]
     assert page.stat().st_size > 1_000_000
     assert "speedup over the target alone" in capsys.readouterr().out
+
+
+def test_cli_measures_the_packed_verify_against_the_dense_kernel(tiny, tmp_path, capsys):
+    from specviz import cli
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text("".join(f'{{"id": "{i}", "prompt": "{text}", "kind": "{kind}"}}\n' for i, (text, kind) in
+                               enumerate([("the a of", "code"), ("she said that", "code"), ("of the she", "prose")])))
+    out = tmp_path / "r.json"
+    with mock.patch("specviz.models.load_spec", lambda spec, **kw: tiny):
+        rc = cli.main(["bench", "--prompts", str(prompts), "--k", "6", "--adaptive", "fixed", "--max-new-tokens", "12",
+                       "--also-tree", "8", "--also-plain-verify", "--json", str(out), "--no-progress"])
+    assert rc == 0
+    report = json.loads(out.read_text())
+    assert report["meta"]["target"] == "tiny-target [packed verify]"
+    for name in ("spec k=6 plain verify", "spec tree n=8 k=6 plain verify"):  # the chain and the tree, both ways
+        assert report["methods"][name]["identical_fraction"] == 1.0  # greedy: the same tokens either way
+    p = report["plain_verify"]
+    assert p["chain"]["packed_over_plain"] > 0 and len(p["chain"]["ci95"]) == 2 and set(p["chain"]["by_kind"]) == {
+        "code", "prose"}
+    assert p["tree"]["plain_tokens_per_s"] == report["methods"]["spec tree n=8 k=6 plain verify"]["tokens_per_s"]
+    assert len(p["costs"]["verify_ratio"]) == len(report["costs"]["verify_ratio"]) == 9  # both curves to the tree
+    assert "packed verify over plain" in capsys.readouterr().out
+    with mock.patch("specviz.models.load_spec", lambda spec, **kw: tiny):  # plain asked for: nothing to compare
+        assert cli.main(["bench", "--prompts", str(prompts), "--k", "2", "--max-new-tokens", "4", "--also-plain-verify",
+                         "--target-kernel", "plain", "--json", str(out), "--no-progress"]) == 0
+    assert json.loads(out.read_text())["plain_verify"] is None
 
 
 def test_cli_benches_self_speculation_on_a_target_only_pair(tiny, tmp_path, capsys):

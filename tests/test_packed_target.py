@@ -10,7 +10,7 @@ from torch import nn
 
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.models import PairSpec, load_spec
-from specviz.models.memory import weights_bytes
+from specviz.models.memory import model_bytes, weights_bytes
 from specviz.models.packed_target import PACKED_FROM, PackedLinear, packed_target, supports, with_packed_target
 from specviz.models.tiny import tiny_model, tiny_pair
 
@@ -40,6 +40,12 @@ def test_the_packed_copy_shares_the_weights_and_leaves_the_loaded_model_as_it_wa
     assert {m.dense.weight.data_ptr() for m in packed} == {m.weight.data_ptr() for m in linears}
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     torch.testing.assert_close(fast(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def test_the_packed_copy_counts_in_the_memory_the_app_shows():
+    model = tiny_model(0, 64)
+    linears = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear))
+    assert model_bytes(packed_target(model)) == model_bytes(model) + linears
 
 
 def test_it_applies_only_to_float32_on_a_cpu():

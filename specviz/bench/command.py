@@ -56,6 +56,9 @@ def register(sub) -> None:
                    help="also measure the tree drafter at these node budgets (comma-separated, e.g. 8,16), at each "
                         "setting's K and cut: the best budget is chosen on the tuning prompts like the chain's "
                         "setting, and reported beside it (per depth and sibling rank acceptance, tree vs chain)")
+    p.add_argument("--also-plain-verify", action="store_true",
+                   help="also run the chosen chain (and tree) with the target's dense kernel for every verify "
+                        "(--target-kernel plain), and measure its verify-cost curve: the packed verify's gain")
     p.add_argument("--save-predictor", default=None, metavar="OUT.json",
                    help="fit the acceptance predictor on every round of this bench's speculative runs and write "
                         "it (specviz/data/acceptance_model.json is the one the app and the 'predicted' mode use)")
@@ -69,12 +72,12 @@ def plan_of(args) -> Plan:
     """The decoding flags as a plan: every K, confidence cut and exit layer listed validated, as any single run's
     settings are."""
     values = values_of(args, DecodeConfig)
-    grid = itertools.product(*(several_values(values[name]) for name in GRID))
-    configs = [validate(DecodeConfig, {**values, **dict(zip(GRID, point))}, CLI_LIMITS) for point in grid]
+    points = [dict(zip(GRID, point)) for point in itertools.product(*(several_values(values[n]) for n in GRID))]
+    configs = [validate(DecodeConfig, {**values, **point}, CLI_LIMITS) for point in points]
     if args.reps < 1:
         raise SystemExit("specviz bench: --reps must be at least 1.")
     also = tuple(also_mode(a) for a in args.also_adaptive.split(",") if a)
-    budgets = tuple(sorted({validate(DecodeConfig, {**values, "tree_budget": b}, CLI_LIMITS).tree_budget
+    budgets = tuple(sorted({validate(DecodeConfig, {**values, **points[0], "tree_budget": b}, CLI_LIMITS).tree_budget
                             for b in several_values(args.also_tree)})) if args.also_tree else ()
     return Plan(configs[0], ks=tuple(sorted({c.k for c in configs})), tree_budgets=budgets,
                 confidences=tuple(sorted({c.confidence for c in configs})),
@@ -136,6 +139,7 @@ def cmd_bench(args) -> int:
     from specviz.bench.runner import run_bench
     from specviz.models import encode_prompt, load_spec
     from specviz.models.draft import DraftQuant, cheaper_draft, with_cheaper_draft
+    from specviz.models.packed_target import with_packed_target
     from specviz.models.draft.lean import LeanDraft
 
     plan = plan_of(args)  # a bad flag fails here, before any model loads
@@ -152,7 +156,10 @@ def cmd_bench(args) -> int:
     info = machine()
     if info["cpu_count"] and info["torch_threads"] != info["cpu_count"]:
         log.warning("torch uses %s threads on %s cores", info["torch_threads"], info["cpu_count"])
-    pair = load_spec(replace(spec, draft_quant="none"))  # the draft as loaded; the cheaper one is chosen below
+    # the draft as loaded (the cheaper one is chosen below) and the target as loaded (the packed verify too)
+    loaded = load_spec(replace(spec, draft_quant="none", target_kernel="plain"))
+    pair = with_packed_target(loaded) if spec.target_kernel == "packed" else loaded
+    plain = loaded if args.also_plain_verify and pair is not loaded else None
     problem = next(filter(None, (drafter_problem(c.drafter, pair.draft, pair.target, c.exit_layer, pair.vocab_map)
                                  for c in plan.settings())), None)
     if problem:
@@ -177,16 +184,22 @@ def cmd_bench(args) -> int:
     elif spec_pair.draft is None:  # prompt lookup alone: no draft step to time, so no cost model
         cost_pair = None
     widest = max(plan.ks + plan.tree_budgets) + 1  # the verify-cost curve up to the largest verify: K + 1 or a tree
-    cost, cost_stall = measure_costs(cost_pair, encode_prompt(pair.tokenizer, prompts[0].prompt), widest,
-                                     max_stall=args.max_stall, retries=args.retries) if cost_pair else (None, None)
-    bench = run_bench(spec_pair, prompts, plan, hf, assistants, progress=not args.no_progress)
+    first_ids = encode_prompt(pair.tokenizer, prompts[0].prompt)
+    cost, cost_stall = measure_costs(cost_pair, first_ids, widest, max_stall=args.max_stall,
+                                     retries=args.retries) if cost_pair else (None, None)
+    plain_pair = replace(spec_pair, target=plain.target, target_name=plain.target_name) if plain else None
+    plain_cost = None
+    if plain and cost_pair:  # the same curve with the dense kernel: what the packed verify saves, per size
+        plain_cost, _ = measure_costs(replace(cost_pair, target=plain.target), first_ids, widest,
+                                      max_stall=args.max_stall, retries=args.retries)
+    bench = run_bench(spec_pair, prompts, plan, hf, assistants, progress=not args.no_progress, plain=plain_pair)
     meta = {"machine": info, "draft": pair.draft_name, "target": pair.target_name,
             "draft_quant": {"bits": quant.bits, "group_size": quant.group_size,
                             "applied": spec_pair.draft is not pair.draft,
                             "step": type(spec_pair.draft).__name__},
             "hf_drafts": list(assistants), "prompts": str(args.prompts or "specviz/data/prompts.jsonl")}
     report = build_report(bench, cost, device=str(pair.device), dtype=str(pair.dtype).removeprefix("torch."),
-                          meta=meta, cost_stall=cost_stall)
+                          meta=meta, cost_stall=cost_stall, plain_cost=plain_cost)
     print(format_table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False))

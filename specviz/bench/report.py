@@ -19,7 +19,7 @@ from specviz.analysis.divergence import first_divergence
 from specviz.analysis.acceptance import calibration
 from specviz.analysis.predict import CostModel, best_k, predicted_speedup, predicted_speedup_for_rounds
 from specviz.analysis.stats import SpecStats, ratio, spec_stats, tree_acceptance
-from specviz.bench.runner import AR, AR_HF, Bench, PromptResult, setting_name
+from specviz.bench.runner import AR, AR_HF, PLAIN, Bench, PromptResult, setting_name
 
 PREDICT_KS = range(1, 17)
 BASELINE_NAMES = {AR: "specviz's AR lane", AR_HF: "transformers generate()"}
@@ -143,7 +143,7 @@ def cost_record(cost: CostModel | None, stall: float | None = None) -> dict | No
 
 
 def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: str, meta: dict | None = None,
-                 cost_stall: float | None = None) -> dict:
+                 cost_stall: float | None = None, plain_cost: CostModel | None = None) -> dict:
     results, chosen = bench.reported, bench.chosen
     greedy = chosen.sampling.greedy
     spec = f"spec {setting_name(chosen)}"
@@ -210,6 +210,7 @@ def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: st
         "acceptance_model": calibration(*([rounds_of(bench.tuning, spec), rounds_of(results, spec)] if bench.tuning
                                           else [rounds_of(results[::2], spec), rounds_of(results[1::2], spec)])),
         "tree": tree_record(bench, results, spec, base) if bench.chosen_tree else None,
+        "plain_verify": plain_record(bench, results, plain_cost) if spec + PLAIN in methods else None,
         "predicted_by_k": {str(k): v for k, v in curve.items()},
         "config": {"settings": list(settings), "max_new_tokens": chosen.max_new_tokens,
                    "sampling": asdict(chosen.sampling), "seed": chosen.seed, "drafter": chosen.drafter,
@@ -237,3 +238,17 @@ def tree_record(bench: Bench, results: Sequence[PromptResult], chain: str, base:
                                         len(rounds_of(results, tree)))),
         **tree_acceptance(rounds_of(results, tree)),
     }
+
+
+def plain_record(bench: Bench, results: Sequence[PromptResult], plain_cost: CostModel | None) -> dict:
+    """The packed verify against the target's dense kernel: the chosen chain (and tree) run both ways on the
+    same prompts, packed over plain overall (with CI) and by kind, and the dense kernel's verify-cost curve."""
+    def gain(config):
+        packed = f"spec {setting_name(config)}"
+        plain = packed + PLAIN
+        return {"packed_over_plain": _round(ratio(rate(results, packed), rate(results, plain))),
+                "ci95": speedup_ci95(results, packed, plain), "plain_tokens_per_s": _round(rate(results, plain)),
+                "by_kind": {kind: _round(ratio(rate(rs, packed), rate(rs, plain)))
+                            for kind, rs in by_kind(results).items()}}
+    return {"chain": gain(bench.chosen), "tree": gain(bench.chosen_tree) if bench.chosen_tree else None,
+            "costs": cost_record(plain_cost)}

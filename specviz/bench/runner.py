@@ -72,6 +72,9 @@ class PromptResult:
         return max((r.stall or 0.0 for rep in self.reps for r in rep.values()), default=0.0)
 
 
+PLAIN = " plain verify"  # a method's suffix: the same setting, every verify on the target's dense kernel
+
+
 def setting_name(config: DecodeConfig) -> str:
     """k=8 c=0.4 (confidence cut), k=8 a=0.4 (predicted-acceptance cut), k=8 L=24 (exit layer), tree n=16 k=8 c=0.4
     (the tree drafter, 16 nodes) ..."""
@@ -119,11 +122,11 @@ def split(prompts: list[BenchPrompt]) -> tuple[list[BenchPrompt], list[BenchProm
     return tune, report
 
 
-def spec_method(pair, config: DecodeConfig) -> Method:
+def spec_method(pair, config: DecodeConfig, suffix: str = "") -> Method:
     def run(ids):
         rounds, seconds, stall = timed(lambda: list(speculative_generate(pair, ids, config)), pair.device)
         return Timed(spec_token_ids(rounds), seconds, stall, rounds)
-    return Method(f"spec {setting_name(config)}", run)
+    return Method(f"spec {setting_name(config)}{suffix}", run)
 
 
 def ar_method(pair, config: DecodeConfig) -> Method:
@@ -196,9 +199,10 @@ def tuned_best(tuning: list[PromptResult], settings: list[DecodeConfig]) -> Deco
 
 
 def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assistants: dict[str, object] | None = None,
-              progress: bool = True) -> Bench:
+              progress: bool = True, plain=None) -> Bench:
     """Tune (with several settings), then measure the chosen one against every baseline.
-    `assistants`: the drafts transformers gets ({} or None: no assisted generation)."""
+    `assistants`: the drafts transformers gets ({} or None: no assisted generation). `plain`: `pair` with the
+    target's dense kernel for every verify; the chosen chain and tree run on it too (methods named ...`PLAIN`)."""
     from tqdm.auto import tqdm
 
     settings, trees = plan.settings(), plan.tree_settings()
@@ -218,6 +222,7 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assi
             specs.setdefault(setting_name(c), c)
         return [ar_method(pair, chosen), hf_method(hf, AR_HF, chosen.max_new_tokens),
                 *(spec_method(pair, c) for c in specs.values()),
+                *(spec_method(plain, c, PLAIN) for c in (chosen, tree) if plain is not None and c is not None),
                 *(hf_assisted(hf, chosen, assistants) if assistants else [])]
 
     def short(c):

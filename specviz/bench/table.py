@@ -72,6 +72,12 @@ def format_table(report: dict) -> str:
                   f"{_fmt(t['nodes_per_round'], '.1f')} nodes vs chain {_fmt(t['tokens_per_round']['chain'])}",
                   f"    accepted at depth 1, 2, ...: {rates(t['by_depth'])}",
                   f"    accepted by sibling rank 1, 2, ...: {rates(t['by_rank'])}"]
+    if p := report.get("plain_verify"):
+        lines += [f"  packed verify over plain (the dense kernel, same settings and prompts): "
+                  + "; ".join(f"{kind} {_fmt(g['packed_over_plain'])}x {_ci(g['ci95'])}, by kind {g['by_kind']}"
+                              for kind, g in (("chain", p["chain"]), ("tree", p["tree"])) if g)]
+        if p["costs"]:
+            lines.append(f"    verify/T1 with the dense kernel for n=1..: {p['costs']['verify_ratio']}")
     if c:
         lines.append(f"  costs: target step {c['target_step_ms']} ms, draft step {c['draft_step_ms']} ms "
                      f"(c = {c['c']}), verify/T1 for n=1..: {c['verify_ratio']}")

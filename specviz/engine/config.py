@@ -52,7 +52,7 @@ class DecodeConfig:
                                         "(the embedded target has 28; 16 measured fastest here, still slower "
                                         "than the target alone)",
                             json_schema_extra={"must": "a whole number of at least 1, below the target's layer count"})
-    tree_budget: int = Field(8, ge=1, le=64, title="tree budget",
+    tree_budget: int = Field(15, ge=1, le=64, title="tree budget",
                              description="'tree' drafter: nodes per round, all verified in one target forward "
                                          "(K caps the tree's depth)")
 

@@ -26,11 +26,13 @@ GB = 1e9
 
 def model_bytes(model: torch.nn.Module) -> int:
     """The memory a loaded model's weights and buffers hold: each storage counted once, so tied
-    embeddings (one tensor, two names) and views of one buffer count once, and a cheaper draft's
-    packed weights count beside the dense ones it keeps for reading prompts."""
+    embeddings (one tensor, two names) and views of one buffer count once, and a cheaper draft's or the packed
+    verify's packed weights count beside the dense ones kept for the other inputs."""
     storages = {}
     for t in itertools.chain(model.parameters(), model.buffers()):
-        if t.device.type != "meta":  # no memory behind it
+        if t.is_mkldnn:  # oneDNN's packed weights (the packed verify): an opaque tensor without a storage
+            storages[("mkldnn", id(t))] = t.numel() * t.element_size()
+        elif t.device.type != "meta":  # no memory behind it
             storage = t.untyped_storage()
             storages[(t.device, storage.data_ptr())] = storage.nbytes()
     return sum(storages.values())
