@@ -1,6 +1,6 @@
 """Take the README's screenshots of the real app in headless Chromium.
 
-    flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py            # embedded pair, bf16
+    flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py            # embedded pair, --dtype auto
     .venv/bin/python scripts/screenshots.py --pair tiny --out /tmp/shots           # a quick layout check
     flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py --other-family   # other_family.png only
     flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py --tree 16   # tree.png, tree_round.png only

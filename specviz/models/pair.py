@@ -44,7 +44,7 @@ class PairSpec:
                                                     "draft sampled from); the target's weights are never changed")
     target_kernel: TargetKernel = Field("packed", title="target kernel",
                                         description="on CPU in float32, the target multiplies verifies of 4+ tokens "
-                                                    "on oneDNN-packed copies of its weights (9 tokens cost ~1.6x one "
+                                                    "on oneDNN-packed copies of its weights (9 tokens cost ~1.5x one "
                                                     "instead of ~3x; twice the target's memory); plain = as loaded")
 
     @property
