@@ -73,9 +73,9 @@ def format_table(report: dict) -> str:
                   f"    accepted at depth 1, 2, ...: {rates(t['by_depth'])}",
                   f"    accepted by sibling rank 1, 2, ...: {rates(t['by_rank'])}"]
     if p := report.get("plain_verify"):
-        lines += [f"  packed verify over plain (the dense kernel, same settings and prompts): "
-                  + "; ".join(f"{kind} {_fmt(g['packed_over_plain'])}x {_ci(g['ci95'])}, by kind {g['by_kind']}"
-                              for kind, g in (("chain", p["chain"]), ("tree", p["tree"])) if g)]
+        lines += ["  packed verify over plain (the dense kernel, same settings and prompts): "
+                  + "; ".join(f"{name} {_fmt(g['packed_over_plain'])}x {_ci(g['ci95'])}, by kind {g['by_kind']}"
+                              for name, g in (("chain", p["chain"]), ("tree", p["tree"])) if g)]
         if p["costs"]:
             lines.append(f"    verify/T1 with the dense kernel for n=1..: {p['costs']['verify_ratio']}")
     if c:
