@@ -30,6 +30,20 @@ def test_a_packed_linear_multiplies_as_the_dense_one_for_any_number_of_rows(bias
             torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
+@torch.no_grad()
+def test_the_number_of_rows_decides_the_kernel():
+    torch.manual_seed(1)
+    dense = nn.Linear(32, 48)
+    packed = PackedLinear(dense)
+    x = torch.randn(6, 32)
+    want = dense(x)
+    dense.weight.zero_()  # the dense kernel now sees zeros; the packed copy keeps the weights it was made from
+    for rows in range(1, 7):
+        got = packed(x[:rows])
+        expected = dense.bias.expand(rows, -1) if rows < PACKED_FROM else want[:rows]
+        torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-5)
+
+
 def test_the_packed_copy_shares_the_weights_and_leaves_the_loaded_model_as_it_was():
     model = tiny_model(0, 64)
     fast = packed_target(model)
