@@ -19,6 +19,7 @@ import torch
 
 from specviz.models.embedded import converted_dir, embedded_model, is_converted
 from specviz.models.loading import locate
+from specviz.models.packed_target import applies
 from specviz.models.pair import TINY, ModelLoadError, ModelPair, PairSpec, resolve_device, resolve_dtype
 
 GB = 1e9
@@ -79,7 +80,7 @@ def weights_bytes(spec: PairSpec) -> tuple[int, torch.dtype] | None:
         return None
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
-    if spec.target_kernel == "packed" and device.type == "cpu" and dtype == torch.float32:
+    if spec.target_kernel == "packed" and applies(device, dtype):
         counts.append(counts[0])  # the packed verify keeps a second copy of the target's weights
     return sum(counts) * dtype.itemsize, dtype
 

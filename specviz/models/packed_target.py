@@ -41,11 +41,15 @@ class PackedLinear(nn.Module):
         return y.view(*x.shape[:-1], y.shape[-1])
 
 
-def supports(model: nn.Module) -> bool:
+def applies(device: torch.device, dtype: torch.dtype) -> bool:
     """Where the packed kernel exists and helps: float32 on a CPU with oneDNN (bf16 already uses it)."""
-    p = next(model.parameters())
-    return (p.device.type == "cpu" and p.dtype == torch.float32 and torch.backends.mkldnn.is_available()
+    return (device.type == "cpu" and dtype == torch.float32 and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def supports(model: nn.Module) -> bool:
+    p = next(model.parameters())
+    return applies(p.device, p.dtype)
 
 
 @torch.no_grad()
