@@ -566,7 +566,7 @@ def test_cli_writes_json_and_html(tiny, tmp_path, capsys):
     assert "speedup over the target alone" in capsys.readouterr().out
 
 
-def test_cli_measures_the_packed_verify_against_the_dense_kernel(tiny, tmp_path, capsys):
+def test_cli_measures_tuned_kernels_against_the_kernels_as_loaded(tiny, tmp_path, capsys):
     from specviz import cli
 
     prompts = tmp_path / "p.jsonl"
@@ -575,22 +575,42 @@ def test_cli_measures_the_packed_verify_against_the_dense_kernel(tiny, tmp_path,
     out = tmp_path / "r.json"
     with mock.patch("specviz.models.load_spec", lambda spec, **kw: tiny):
         rc = cli.main(["bench", "--prompts", str(prompts), "--k", "6", "--adaptive", "fixed", "--max-new-tokens", "12",
-                       "--also-tree", "8", "--also-plain-verify", "--json", str(out), "--no-progress"])
+                       "--also-tree", "8", "--also-untuned", "--json", str(out), "--no-progress"])
     assert rc == 0
     report = json.loads(out.read_text())
-    assert report["meta"]["target"] == "tiny-target [packed verify]"
-    for name in ("spec k=6 plain verify", "spec tree n=8 k=6 plain verify"):  # the chain and the tree, both ways
+    assert report["meta"]["target"] == "tiny-target [tuned kernels]" and report["meta"]["kernels"] == "tuned"
+    for name in ("ar untuned", "spec k=6 untuned", "spec tree n=8 k=6 untuned"):  # both lanes, chain and tree
         assert report["methods"][name]["identical_fraction"] == 1.0  # greedy: the same tokens either way
-    p = report["plain_verify"]
-    assert p["chain"]["packed_over_plain"] > 0 and len(p["chain"]["ci95"]) == 2 and set(p["chain"]["by_kind"]) == {
+    u = report["untuned"]
+    assert u["chain"]["tuned_over_untuned"] > 0 and len(u["chain"]["ci95"]) == 2 and set(u["chain"]["by_kind"]) == {
         "code", "prose"}
-    assert p["tree"]["plain_tokens_per_s"] == report["methods"]["spec tree n=8 k=6 plain verify"]["tokens_per_s"]
-    assert len(p["costs"]["verify_ratio"]) == len(report["costs"]["verify_ratio"]) == 9  # both curves to the tree
-    assert "packed verify over plain" in capsys.readouterr().out
+    assert u["ar"]["untuned_tokens_per_s"] == report["methods"]["ar untuned"]["tokens_per_s"]
+    assert u["tree"]["untuned_tokens_per_s"] == report["methods"]["spec tree n=8 k=6 untuned"]["tokens_per_s"]
+    assert len(u["costs"]["verify_ratio"]) == len(report["costs"]["verify_ratio"]) == 9  # both curves to the tree
+    check = report["costs"]["baseline_check"]
+    assert check["ok"] == (check["min_ratio"] >= 0.95) and (check["sentence"] is None) == check["ok"]
+    a = report["anchors"]
+    assert a["bandwidth_gb_s"] > 0 and 0 < a["target"]["fraction_of_bound"] and a["target"]["weight_bytes"] > 0
+    assert a["kernel_table"]["one_row"]
+    text = capsys.readouterr().out
+    assert "tuned kernels over the kernels as loaded" in text and "memory bandwidth (triad)" in text
+    assert "baseline check" in text
     with mock.patch("specviz.models.load_spec", lambda spec, **kw: tiny):  # plain asked for: nothing to compare
-        assert cli.main(["bench", "--prompts", str(prompts), "--k", "2", "--max-new-tokens", "4", "--also-plain-verify",
-                         "--target-kernel", "plain", "--json", str(out), "--no-progress"]) == 0
-    assert json.loads(out.read_text())["plain_verify"] is None
+        assert cli.main(["bench", "--prompts", str(prompts), "--k", "2", "--max-new-tokens", "4", "--also-untuned",
+                         "--kernels", "plain", "--json", str(out), "--no-progress"]) == 0
+    report = json.loads(out.read_text())
+    assert report["untuned"] is None and report["anchors"]["kernel_table"] is None
+
+
+def test_the_baseline_check_names_a_row_count_cheaper_than_a_step():
+    from specviz.analysis.predict import CostModel
+    from specviz.bench.report import baseline_check
+
+    good = baseline_check(CostModel(0.1, 0.01, (0.1, 0.1, 0.099, 0.12)))
+    assert good["ok"] and good["sentence"] is None and good["min_ratio"] == 0.99
+    bad = baseline_check(CostModel(0.1, 0.01, (0.1, 0.09, 0.093, 0.12)))
+    assert not bad["ok"] and bad["min_ratio"] == 0.9
+    assert bad["sentence"].startswith("a forward over 2, 3 tokens cost less than one token's step")
 
 
 def test_cli_benches_self_speculation_on_a_target_only_pair(tiny, tmp_path, capsys):

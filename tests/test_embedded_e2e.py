@@ -87,11 +87,11 @@ def acceptance(runs) -> tuple[int, int]:
 
 @pytest.fixture(scope="module")
 def served_pair(embedded_pair):
-    """The pair as `specviz serve` runs it on a CPU: the draft's step in int4, the target's verifies on packed
-    weights (weights shared, not copied; its decode steps and the reference runs use the dense kernel). The
-    pair as loaded runs in the trace test below and in test_ui_api's races."""
-    pair = with_speedups(embedded_pair, PairSpec())
-    assert pair.target_name.endswith("[packed verify]") and pair.draft_name.endswith("[int4 draft step]")
+    """The pair as `specviz serve` runs it on a CPU: the draft's step in int4, every linear of both models on the
+    kernel this machine's table chose for its row count (weights shared, not copied; the reference runs use the
+    kernels as loaded). The pair as loaded runs in the trace test below and in test_ui_api's races."""
+    pair = with_speedups(embedded_pair, PairSpec(dtype="float32"))
+    assert pair.target_name.endswith("[tuned kernels]") and pair.draft_name.endswith("[int4 draft step]")
     return pair
 
 
@@ -107,6 +107,30 @@ def test_greedy_speculative_equals_the_target_alone(served_pair, ar_runs, hf_gre
     print(f"K={k}: acceptance {accepted / drafted:.2f} ({accepted}/{drafted})")
     assert kinds == {CORRECTION, BONUS}  # both ways a round ends, and the cache crops after each
     assert accepted / drafted > 0.3  # one model family: the draft agrees often (a broken load would not)
+
+
+def test_the_tuned_target_alone_equals_it_as_loaded(served_pair, ar_runs):
+    """The target alone on this machine's kernel table (one row padded, oneDNN where it was faster): the same
+    tokens as the kernels as loaded."""
+    config = DecodeConfig(max_new_tokens=MAX_NEW, sampling=SamplingParams(0.0))
+    for prompt in PROMPTS:
+        ids, steps = ar_runs[prompt]
+        assert [s.token.id for s in autoregressive_generate(served_pair, ids, config)] == [s.token.id for s in steps]
+
+
+def test_an_int4_target_speculates_exactly_against_itself(embedded_pair):
+    """The CPU-engine economics (an int4 target, as llama.cpp runs one): both lanes run the int4 target, and greedy
+    speculation equals it alone token for token; its own text, not the float target's."""
+    pair = with_speedups(embedded_pair, PairSpec(dtype="float32", target_quant="int4"))
+    assert "[int4 weights]" in pair.target_name
+    config = DecodeConfig(k=4, max_new_tokens=MAX_NEW, sampling=SamplingParams(0.0), adaptive="fixed")
+    ids = encode_prompt(pair.tokenizer, PROMPTS[0])
+    alone = [s.token.id for s in autoregressive_generate(pair, ids, config)]
+    rounds = list(speculative_generate(pair, ids, config))
+    assert spec_tokens(rounds) == alone
+    assert "def " in pair.tokenizer.decode(alone)  # a working model still, at 4 bits
+    accepted = sum(r.n_accepted for r in rounds)
+    assert 0 < accepted < sum(r.k for r in rounds)
 
 
 def test_greedy_tree_speculation_equals_the_target_alone(served_pair, ar_runs, hf_greedy):

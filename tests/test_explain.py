@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from specviz.analysis.explain import Explanation, break_even_acceptance, sentence, tokens_per_round
+from specviz.analysis.explain import (
+    Explanation, break_even_acceptance, economics, max_paying_c, precisions, sentence, tokens_per_round,
+)
 from specviz.engine import DecodeConfig
 from specviz.models import encode_prompt
 from specviz.runs.race import race_decoders
@@ -96,3 +98,29 @@ def test_a_replayed_race_keeps_prefill_apart_and_the_live_verdict_shows_decoding
     assert state.decode_speedup == pytest.approx(tokens_per_round / 2)  # decoding alone: what rounds bought...
     assert state.speedup == pytest.approx((10 + 0.16) / (10 + 0.02 * len(rounds)))  # ...diluted by the prompt
     assert f"decoding alone {state.decode_speedup:.2f}×" in speed_html(state)
+
+
+def test_the_economics_name_c_its_source_and_the_regime():
+    e = explanation(measured=2.0, acceptance=0.8, c=0.11)
+    text = economics(e, "bfloat16", "int4")
+    assert text.startswith("The draft costs 0.11 of a target step because the target runs in bfloat16 and the "
+                           "draft in int4: the economics of a GPU")
+    limit = (e.tokens_per_round - e.verify) / e.k
+    assert f"pays while the draft costs under {limit:.2f}" in text
+    # an int4 target reads 3.2x fewer bytes: c ~0.35, still under the limit here
+    assert "c would be about 0.35 and this pair would still pay" in text
+    lose = explanation(measured=1.6, acceptance=0.55, c=0.2)
+    assert max_paying_c(lose) < 0.2 * 6.4 and "this pair would lose" in economics(lose, "float32", "int4")
+    cpu = economics(explanation(measured=0.6, acceptance=0.8, c=0.63), "int4", "int4")
+    assert "the economics of a CPU engine such as llama.cpp" in cpu and "with an int4 target" not in cpu
+
+
+def test_no_draft_cost_pays_when_the_verify_costs_more_than_a_round_emits():
+    e = Explanation(measured=0.5, predicted=0.5, acceptance=0.0, tokens_per_round=1.0, k=4, c=0.1, verify=1.2,
+                    break_even=None)
+    assert max_paying_c(e) is None and "no draft cost would pay" in economics(e, "float32", "int4")
+
+
+def test_precisions_come_from_the_names_the_pair_was_loaded_with():
+    assert precisions("T [int4 weights] [tuned kernels]", "D [int4 draft step]", "float32") == ("int4", "int4")
+    assert precisions("T [tuned kernels]", "D", "bfloat16") == ("bfloat16", "bfloat16")

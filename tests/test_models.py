@@ -11,7 +11,7 @@ import torch
 
 from specviz.models import embedded, loading
 from specviz.models.loading import load_pair
-from specviz.models.pair import ModelLoadError, cpu_has_bf16_matmul, resolve_device, resolve_dtype
+from specviz.models.pair import ModelLoadError, resolve_device, resolve_dtype
 from specviz.models.tiny import tiny_model, tiny_tokenizer
 
 
@@ -128,21 +128,12 @@ def test_unreachable_hub_id_is_a_clear_error(monkeypatch):
 
 def test_dtype_resolution():
     cpu = torch.device("cpu")
-    assert resolve_dtype("auto", cpu, native_bf16=lambda: True) == torch.bfloat16
-    assert resolve_dtype("auto", cpu, native_bf16=lambda: False) == torch.float32  # emulated bf16 measured slower
-    assert resolve_dtype("auto", torch.device("meta"), native_bf16=lambda: False) == torch.bfloat16  # not a CPU
-    assert resolve_dtype("float32", cpu) == torch.float32
+    assert resolve_dtype("auto", cpu, cpu_auto=lambda: torch.bfloat16) == torch.bfloat16  # measured faster here
+    assert resolve_dtype("auto", cpu, cpu_auto=lambda: torch.float32) == torch.float32
+    assert resolve_dtype("auto", torch.device("meta"), cpu_auto=lambda: torch.float32) == torch.bfloat16  # not a CPU
+    assert resolve_dtype("float32", cpu, cpu_auto=lambda: 1 / 0) == torch.float32  # nothing measured when named
     with pytest.raises(ModelLoadError, match="unknown dtype"):
         resolve_dtype("int3", cpu)
-
-
-def test_bf16_matrix_units_are_read_from_the_cpu_flags(tmp_path):
-    info = tmp_path / "cpuinfo"
-    info.write_text("processor : 0\nflags : fpu avx2 avx512f avx512_vnni\n")
-    assert not cpu_has_bf16_matmul(str(info))
-    info.write_text("processor : 0\nflags : fpu avx2 avx512f amx_tile amx_bf16\n")
-    assert cpu_has_bf16_matmul(str(info))
-    assert not cpu_has_bf16_matmul(str(tmp_path / "missing"))
 
 
 def test_cuda_requested_without_gpu_is_a_clear_error(monkeypatch):

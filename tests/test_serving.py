@@ -78,9 +78,9 @@ def test_the_weights_memory_is_estimated_from_the_config_alone(tmp_path):
     count = parameter_count(str(big_config_folder(tmp_path)), "target")
     assert 7.0e9 < count < 7.8e9  # Qwen2.5-7B has 7.6 billion parameters
     need, dtype = weights_bytes(PairSpec(None, str(tmp_path / "big"), device="cpu", dtype="float32",
-                                         target_kernel="plain"))
+                                         kernels="plain"))
     assert need == count * 4 and str(dtype) == "torch.float32"
-    need16, _ = weights_bytes(PairSpec(None, str(tmp_path / "big"), device="cpu", dtype="bfloat16"))
+    need16, _ = weights_bytes(PairSpec(None, str(tmp_path / "big"), device="cpu", dtype="bfloat16", kernels="plain"))
     assert need16 == count * 2
     assert parameter_count("tiny", "target") is None and parameter_count(str(tmp_path / "nothing"), "x") is None
 

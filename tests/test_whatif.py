@@ -119,7 +119,8 @@ def test_cli_json_and_the_step_time(capsys):
     assert d["expected_tokens"] == pytest.approx(2.93589941) and d["best_k"] == 4
     assert d["target"]["tokens_per_s"] == pytest.approx(20)  # 1000 / 50 ms
     assert d["speculative"]["tokens_per_s"] == pytest.approx(20 * 2.93589941 / 1.4)
-    assert d["target"]["usd_per_million"] is None and len(d["teaching"]) == 5
+    assert d["target"]["usd_per_million"] is None and len(d["teaching"]) == 6
+    assert d["teaching"][4].startswith("Draft cost c = 0.10 is a GPU's economics") and "c < (E − R) / K = " in d["teaching"][4]
 
 
 def test_cli_bad_input_is_a_bad_flag(capsys):

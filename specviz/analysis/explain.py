@@ -110,3 +110,44 @@ def _tree_sentence(e: Explanation) -> str:
         return f"Faster because {facts}."
     return (f"Slower because {facts}: each node is a token the target's verify reads, and on this machine that "
             "is not free (the bench's verify-cost curve); a smaller tree budget, or the chain, may pay better.")
+
+
+# Bytes per weight each precision reads in a one-token step (int4: 4 bits + a bf16 scale and zero per 32 weights).
+BYTES_PER_WEIGHT = {"float32": 4.0, "bfloat16": 2.0, "float16": 2.0, "int8": 1.0 + 2 / 1536, "int4": 0.5 + 4 / 32}
+GPU_LIKE, CPU_ENGINE_LIKE = 0.25, 0.5  # c below: a nearly free draft; above: a draft step costs most of a target's
+
+
+def precisions(target_name: str, draft_name: str, dtype: str) -> tuple[str, str]:
+    """The precision each model's one-token step runs in, from the names the pair was given at load."""
+    target = next((q for q in ("int4", "int8") if f"[{q} weights]" in target_name), dtype)
+    draft = next((q for q in ("int4", "int8") if f"[{q} draft step]" in draft_name), dtype)
+    return target, draft
+
+
+def max_paying_c(e: Explanation) -> float | None:
+    """The largest draft cost (in target steps) at which this run's acceptance and K still beat the target alone:
+    E > K·c + v  <=>  c < (E - v) / K. None if no draft cost would (the verify alone costs more than E)."""
+    if e.k <= 0 or e.tokens_per_round <= e.verify:
+        return None
+    return (e.tokens_per_round - e.verify) / e.k
+
+
+def economics(e: Explanation, target: str, draft: str) -> str:
+    """What c is, where it comes from, which regime that is, and where this pair would stop paying."""
+    regime = ("the economics of a GPU serving a large target: a draft step is nearly free beside a target step"
+              if e.c < GPU_LIKE else
+              "the economics of a CPU engine such as llama.cpp with a quantized target: a draft step costs most of "
+              "a target step" if e.c >= CPU_ENGINE_LIKE else "between a GPU's economics and a CPU engine's")
+    text = (f"The draft costs {e.c:.2f} of a target step because the target runs in {target} and the draft in "
+            f"{draft}: {regime}.")
+    limit = max_paying_c(e)
+    text += (" At this acceptance no draft cost would pay." if limit is None else
+             f" At this acceptance and K speculation pays while the draft costs under {limit:.2f} of a target step")
+    if limit is not None and target != "int4" and target in BYTES_PER_WEIGHT:
+        cheaper = BYTES_PER_WEIGHT[target] / BYTES_PER_WEIGHT["int4"]
+        verdict = "would lose" if e.c * cheaper >= limit else "would still pay"
+        text += (f"; with an int4 target, as llama.cpp runs it, the target reads {cheaper:.1f}× fewer bytes a step, "
+                 f"c would be about {e.c * cheaper:.2f} and this pair {verdict}.")
+    elif limit is not None:
+        text += "."
+    return text

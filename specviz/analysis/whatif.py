@@ -103,8 +103,23 @@ def teaching_lines(w: WhatIf) -> list[str]:
                  f"{r:.2f}) = {w.speedup:.2f}×" + (f" → {w.speculative.tokens_per_s:.1f} tokens/s" if fast else ""))
     lines.append(f"Best K at a = {a:.2f}, c = {c:.2f}, R = {r:.2f}: K = {w.best_k} "
                  f"({w.curve[w.best_k - 1]:.2f}×)")
+    lines.append(economics_line(w))
     lines.append(shortcut_note(w))
     return lines
+
+
+def economics_line(w: WhatIf) -> str:
+    """Which economics c stands for, and the largest c at which this a and K still pay: E > K·c + R."""
+    from specviz.analysis.explain import CPU_ENGINE_LIKE, GPU_LIKE
+
+    c = w.draft_cost
+    regime = ("a GPU's economics: a draft step nearly free beside a large target's" if c < GPU_LIKE else
+              "a CPU engine's economics (llama.cpp with a quantized target): a draft step costs most of a target "
+              "step" if c >= CPU_ENGINE_LIKE else "between a GPU's economics and a CPU engine's")
+    limit = (w.expected_tokens - w.verify_ratio) / w.k
+    pays = (f"at a = {w.acceptance:.2f} and K = {w.k} speculation pays while c < (E − R) / K = {limit:.2f}"
+            if limit > 0 else f"at a = {w.acceptance:.2f} and K = {w.k} no draft cost pays (E ≤ R)")
+    return f"Draft cost c = {c:.2f} is {regime}; {pays}."
 
 
 def shortcut_note(w: WhatIf) -> str:

@@ -56,9 +56,12 @@ def register(sub) -> None:
                    help="also measure the tree drafter at these node budgets (comma-separated, e.g. 8,16), at each "
                         "setting's K and cut: the best budget is chosen on the tuning prompts like the chain's "
                         "setting, and reported beside it (per depth and sibling rank acceptance, tree vs chain)")
-    p.add_argument("--also-plain-verify", action="store_true",
-                   help="also run the chosen chain (and tree) with the target's dense kernel for every verify "
-                        "(--target-kernel plain), and measure its verify-cost curve: the packed verify's gain")
+    p.add_argument("--also-untuned", action="store_true",
+                   help="also run the target alone and the chosen chain (and tree) on the kernels as loaded "
+                        "(--kernels plain), and measure their verify-cost curve: what tuning changes, in both lanes")
+    p.add_argument("--compare-llamacpp", default=None, metavar="DIR",
+                   help="a llama.cpp build folder (scripts/build_llamacpp.sh makes one): time llama-bench and "
+                        "llama-speculative-simple on the same GGUF files and reported prompts, beside specviz")
     p.add_argument("--save-predictor", default=None, metavar="OUT.json",
                    help="fit the acceptance predictor on every round of this bench's speculative runs and write "
                         "it (specviz/data/acceptance_model.json is the one the app and the 'predicted' mode use)")
@@ -139,8 +142,9 @@ def cmd_bench(args) -> int:
     from specviz.bench.runner import run_bench
     from specviz.models import encode_prompt, load_spec
     from specviz.models.draft import DraftQuant, cheaper_draft, with_cheaper_draft
-    from specviz.models.packed_target import with_packed_target
+    from specviz.bench.bandwidth import triad_bandwidth
     from specviz.models.draft.lean import LeanDraft
+    from specviz.models.target import with_target, with_tuned_draft
 
     plan = plan_of(args)  # a bad flag fails here, before any model loads
     spec = validate(PairSpec, values_of(args, PairSpec))
@@ -156,17 +160,21 @@ def cmd_bench(args) -> int:
     info = machine()
     if info["cpu_count"] and info["torch_threads"] != info["cpu_count"]:
         log.warning("torch uses %s threads on %s cores", info["torch_threads"], info["cpu_count"])
-    # the draft as loaded (the cheaper one is chosen below) and the target as loaded (the packed verify too)
-    loaded = load_spec(replace(spec, draft_quant="none", target_kernel="plain"))
-    pair = with_packed_target(loaded) if spec.target_kernel == "packed" else loaded
-    plain = loaded if args.also_plain_verify and pair is not loaded else None
+    # the draft as loaded (the cheaper one is chosen below) and the target at its precision, on the kernels as loaded
+    loaded = load_spec(replace(spec, draft_quant="none", kernels="plain"))
+    pair, tuning = with_target(loaded, "none", spec.kernels,
+                               status=lambda s: print(s, file=sys.stderr))
+    untuned = loaded if args.also_untuned and tuning is not None else None
     problem = next(filter(None, (drafter_problem(c.drafter, pair.draft, pair.target, c.exit_layer, pair.vocab_map)
                                  for c in plan.settings())), None)
     if problem:
         print(f"specviz bench: {problem}", file=sys.stderr)
         return 2
     quant = DraftQuant.named(spec.draft_quant, args.draft_group)
-    spec_pair = with_cheaper_draft(pair, quant, lean=args.draft_step == "lean")
+    cheap = with_cheaper_draft(loaded, quant, lean=args.draft_step == "lean")
+    spec_pair = replace(cheap, target=pair.target, target_name=pair.target_name)
+    if tuning is not None:
+        spec_pair = with_tuned_draft(spec_pair)
     hf = HFGenerate(pair.target, pair.eos_token_ids, pair.tokenizer.pad_token_id, pair.device,
                     plan.config.sampling, plan.config.seed)  # the same warps and seed as specviz's runs
     assistants = {}
@@ -187,19 +195,29 @@ def cmd_bench(args) -> int:
     first_ids = encode_prompt(pair.tokenizer, prompts[0].prompt)
     cost, cost_stall = measure_costs(cost_pair, first_ids, widest, max_stall=args.max_stall,
                                      retries=args.retries) if cost_pair else (None, None)
-    plain_pair = replace(spec_pair, target=plain.target, target_name=plain.target_name) if plain else None
-    plain_cost = None
-    if plain and cost_pair:  # the same curve with the dense kernel: what the packed verify saves, per size
-        plain_cost, _ = measure_costs(replace(cost_pair, target=plain.target), first_ids, widest,
-                                      max_stall=args.max_stall, retries=args.retries)
-    bench = run_bench(spec_pair, prompts, plan, hf, assistants, progress=not args.no_progress, plain=plain_pair)
+    untuned_pair = cheap if untuned else None
+    untuned_cost = None
+    if untuned and cost_pair:  # the same curve on the kernels as loaded: what tuning changes, per size
+        untuned_cost, _ = measure_costs(replace(cost_pair, target=untuned.target, draft=cheap.draft
+                                                if cost_pair.draft is spec_pair.draft else cost_pair.draft),
+                                        first_ids, widest, max_stall=args.max_stall, retries=args.retries)
+    bench = run_bench(spec_pair, prompts, plan, hf, assistants, progress=not args.no_progress, untuned=untuned_pair)
+    bandwidth = triad_bandwidth()
+    llamacpp = None
+    if args.compare_llamacpp:
+        from specviz.bench.llamacpp import compare_llamacpp
+
+        llamacpp = compare_llamacpp(args.compare_llamacpp, spec, [r.prompt for r in bench.reported], bench.chosen,
+                                    status=lambda s: print(s, file=sys.stderr))
     meta = {"machine": info, "draft": pair.draft_name, "target": pair.target_name,
             "draft_quant": {"bits": quant.bits, "group_size": quant.group_size,
                             "applied": spec_pair.draft is not pair.draft,
                             "step": type(spec_pair.draft).__name__},
-            "hf_drafts": list(assistants), "prompts": str(args.prompts or "specviz/data/prompts.jsonl")}
+            "hf_drafts": list(assistants), "prompts": str(args.prompts or "specviz/data/prompts.jsonl"),
+            "target_quant": spec.target_quant, "kernels": spec.kernels}
     report = build_report(bench, cost, device=str(pair.device), dtype=str(pair.dtype).removeprefix("torch."),
-                          meta=meta, cost_stall=cost_stall, plain_cost=plain_cost)
+                          meta=meta, cost_stall=cost_stall, untuned_cost=untuned_cost,
+                          anchors=anchors(cost, cost_pair, bandwidth, tuning), llamacpp=llamacpp)
     print(format_table(report))
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False))
@@ -210,6 +228,24 @@ def cmd_bench(args) -> int:
     if args.save_predictor:
         save_predictor(bench, meta, args.save_predictor)
     return 0
+
+
+def anchors(cost, cost_pair, bandwidth: float, tuning) -> dict:
+    """The measured bandwidth, each model's step against its bound, and where the kernel table came from."""
+    from specviz.bench.bandwidth import step_bound
+    from specviz.models.kernels import step_bytes
+
+    from torch import nn
+
+    steps = {}
+    if cost is not None:  # (a 'self' drafter's step is the target's first layers: no weights of its own)
+        steps = {"target": step_bound(step_bytes(cost_pair.target), bandwidth, cost.target_step_s),
+                 **({"draft": step_bound(step_bytes(cost_pair.draft), bandwidth, cost.draft_step_s)}
+                    if isinstance(cost_pair.draft, nn.Module) else {})}
+    return {"bandwidth_gb_s": round(bandwidth / 1e9, 2), **steps,
+            "kernel_table": None if tuning is None else {"path": str(tuning.path), "cached": tuning.cached,
+                                                         "one_row": {shape: [plan[1].kernel, plan[1].rows]
+                                                                     for shape, plan in tuning.plans.items()}}}
 
 
 def save_predictor(bench, meta: dict, path: str) -> None:

@@ -19,10 +19,11 @@ from specviz.analysis.divergence import first_divergence
 from specviz.analysis.acceptance import calibration
 from specviz.analysis.predict import CostModel, best_k, predicted_speedup, predicted_speedup_for_rounds
 from specviz.analysis.stats import SpecStats, ratio, spec_stats, tree_acceptance
-from specviz.bench.runner import AR, AR_HF, PLAIN, Bench, PromptResult, setting_name
+from specviz.bench.runner import AR, AR_HF, UNTUNED, Bench, PromptResult, setting_name
 
 PREDICT_KS = range(1, 17)
-BASELINE_NAMES = {AR: "specviz's AR lane", AR_HF: "transformers generate()"}
+BASELINE_NAMES = {AR: "specviz's AR lane", AR_HF: "transformers generate()",
+                  AR + UNTUNED: "specviz's AR lane on the kernels as loaded"}
 
 
 def _round(x: float | None, digits: int = 4) -> float | None:
@@ -134,21 +135,38 @@ def best_of(results: Sequence[PromptResult], methods: list[str]) -> str | None:
     return max(methods, key=lambda m: rate(results, m)) if methods else None
 
 
+BASELINE_FLOOR = 0.95  # T(n)/T1 below this for some n > 1: the one-token step is not the machine's best
+
+
+def baseline_check(cost: CostModel) -> dict:
+    """Whether the target alone runs its one-token step at its best: no wider forward may cost less than it
+    (a tuned kernel can always run one row as n rows). One sentence names the row counts that do."""
+    cheaper = [n for n, r in enumerate(cost.verify_ratio, 1) if n > 1 and r < BASELINE_FLOOR]
+    worst = min(cost.verify_ratio[1:], default=1.0)
+    sentence = None if not cheaper else (
+        f"a forward over {', '.join(map(str, cheaper))} tokens cost less than one token's step (lowest "
+        f"T(n)/T1 {worst:.2f}): the target alone does not run on this machine's fastest one-token kernel, "
+        "so speedups over it are inflated")
+    return {"min_ratio": _round(worst), "floor": BASELINE_FLOOR, "ok": not cheaper, "sentence": sentence}
+
+
 def cost_record(cost: CostModel | None, stall: float | None = None) -> dict | None:
     if cost is None:
         return None
     return {"target_step_ms": _round(1e3 * cost.target_step_s, 2), "draft_step_ms": _round(1e3 * cost.draft_step_s, 2),
             "c": _round(cost.c), "verify_ms": [_round(1e3 * t, 2) for t in cost.verify_s],
-            "verify_ratio": [_round(r) for r in cost.verify_ratio], "cpu_stall": _round(stall)}
+            "verify_ratio": [_round(r) for r in cost.verify_ratio], "cpu_stall": _round(stall),
+            "baseline_check": baseline_check(cost)}
 
 
 def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: str, meta: dict | None = None,
-                 cost_stall: float | None = None, plain_cost: CostModel | None = None) -> dict:
+                 cost_stall: float | None = None, untuned_cost: CostModel | None = None, anchors: dict | None = None,
+                 llamacpp: dict | None = None) -> dict:
     results, chosen = bench.reported, bench.chosen
     greedy = chosen.sampling.greedy
     spec = f"spec {setting_name(chosen)}"
     methods = list(results[0].reps[0])
-    base = best_of(results, [m for m in (AR, AR_HF) if m in methods])  # the faster target alone
+    base = best_of(results, [m for m in BASELINE_NAMES if m in methods])  # the fastest target alone
     base_tps = rate(results, base)
     same = best_of(results, [m for m in methods if m.startswith(("hf same ", "hf lookup "))])
     other = best_of(results, [m for m in methods if m.startswith("hf loaded ")])
@@ -210,7 +228,9 @@ def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: st
         "acceptance_model": calibration(*([rounds_of(bench.tuning, spec), rounds_of(results, spec)] if bench.tuning
                                           else [rounds_of(results[::2], spec), rounds_of(results[1::2], spec)])),
         "tree": tree_record(bench, results, spec, base) if bench.chosen_tree else None,
-        "plain_verify": plain_record(bench, results, plain_cost) if spec + PLAIN in methods else None,
+        "untuned": untuned_record(bench, results, untuned_cost) if spec + UNTUNED in methods else None,
+        "anchors": anchors,
+        "llamacpp": llamacpp,
         "predicted_by_k": {str(k): v for k, v in curve.items()},
         "config": {"settings": list(settings), "max_new_tokens": chosen.max_new_tokens,
                    "sampling": asdict(chosen.sampling), "seed": chosen.seed, "drafter": chosen.drafter,
@@ -240,15 +260,15 @@ def tree_record(bench: Bench, results: Sequence[PromptResult], chain: str, base:
     }
 
 
-def plain_record(bench: Bench, results: Sequence[PromptResult], plain_cost: CostModel | None) -> dict:
-    """The packed verify against the target's dense kernel: the chosen chain (and tree) run both ways on the
-    same prompts, packed over plain overall (with CI) and by kind, and the dense kernel's verify-cost curve."""
-    def gain(config):
-        packed = f"spec {setting_name(config)}"
-        plain = packed + PLAIN
-        return {"packed_over_plain": _round(ratio(rate(results, packed), rate(results, plain))),
-                "ci95": speedup_ci95(results, packed, plain), "plain_tokens_per_s": _round(rate(results, plain)),
-                "by_kind": {kind: _round(ratio(rate(rs, packed), rate(rs, plain)))
+def untuned_record(bench: Bench, results: Sequence[PromptResult], untuned_cost: CostModel | None) -> dict:
+    """Tuned kernels against the kernels as loaded, on the same prompts: the target alone and the chosen chain
+    (and tree) both ways, tuned over untuned overall (with CI) and by kind, and the untuned verify-cost curve."""
+    def gain(name):
+        tuned, plain = name, name + UNTUNED
+        return {"tuned_over_untuned": _round(ratio(rate(results, tuned), rate(results, plain))),
+                "ci95": speedup_ci95(results, tuned, plain), "untuned_tokens_per_s": _round(rate(results, plain)),
+                "by_kind": {kind: _round(ratio(rate(rs, tuned), rate(rs, plain)))
                             for kind, rs in by_kind(results).items()}}
-    return {"chain": gain(bench.chosen), "tree": gain(bench.chosen_tree) if bench.chosen_tree else None,
-            "costs": cost_record(plain_cost)}
+    return {"ar": gain(AR), "chain": gain(f"spec {setting_name(bench.chosen)}"),
+            "tree": gain(f"spec {setting_name(bench.chosen_tree)}") if bench.chosen_tree else None,
+            "costs": cost_record(untuned_cost)}

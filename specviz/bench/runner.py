@@ -72,7 +72,7 @@ class PromptResult:
         return max((r.stall or 0.0 for rep in self.reps for r in rep.values()), default=0.0)
 
 
-PLAIN = " plain verify"  # a method's suffix: the same setting, every verify on the target's dense kernel
+UNTUNED = " untuned"  # a method's suffix: the same lane on the kernels as loaded (`PairSpec.kernels` plain)
 
 
 def setting_name(config: DecodeConfig) -> str:
@@ -129,11 +129,11 @@ def spec_method(pair, config: DecodeConfig, suffix: str = "") -> Method:
     return Method(f"spec {setting_name(config)}{suffix}", run)
 
 
-def ar_method(pair, config: DecodeConfig) -> Method:
+def ar_method(pair, config: DecodeConfig, suffix: str = "") -> Method:
     def run(ids):
         steps, seconds, stall = timed(lambda: list(autoregressive_generate(pair, ids, config)), pair.device)
         return Timed([s.token.id for s in steps], seconds, stall, steps)
-    return Method(AR, run)
+    return Method(AR + suffix, run)
 
 
 def hf_method(hf: HFGenerate, name: str, max_new_tokens: int, setting: HFSetting | None = None,
@@ -199,10 +199,10 @@ def tuned_best(tuning: list[PromptResult], settings: list[DecodeConfig]) -> Deco
 
 
 def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assistants: dict[str, object] | None = None,
-              progress: bool = True, plain=None) -> Bench:
+              progress: bool = True, untuned=None) -> Bench:
     """Tune (with several settings), then measure the chosen one against every baseline.
-    `assistants`: the drafts transformers gets ({} or None: no assisted generation). `plain`: `pair` with the
-    target's dense kernel for every verify; the chosen chain and tree run on it too (methods named ...`PLAIN`)."""
+    `assistants`: the drafts transformers gets ({} or None: no assisted generation). `untuned`: `pair` on the
+    kernels as loaded; the target alone and the chosen chain and tree run on it too (methods named ...`UNTUNED`)."""
     from tqdm.auto import tqdm
 
     settings, trees = plan.settings(), plan.tree_settings()
@@ -222,7 +222,8 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assi
             specs.setdefault(setting_name(c), c)
         return [ar_method(pair, chosen), hf_method(hf, AR_HF, chosen.max_new_tokens),
                 *(spec_method(pair, c) for c in specs.values()),
-                *(spec_method(plain, c, PLAIN) for c in (chosen, tree) if plain is not None and c is not None),
+                *([ar_method(untuned, chosen, UNTUNED)] if untuned is not None else []),
+                *(spec_method(untuned, c, UNTUNED) for c in (chosen, tree) if untuned is not None and c is not None),
                 *(hf_assisted(hf, chosen, assistants) if assistants else [])]
 
     def short(c):

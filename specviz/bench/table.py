@@ -72,18 +72,44 @@ def format_table(report: dict) -> str:
                   f"{_fmt(t['nodes_per_round'], '.1f')} nodes vs chain {_fmt(t['tokens_per_round']['chain'])}",
                   f"    accepted at depth 1, 2, ...: {rates(t['by_depth'])}",
                   f"    accepted by sibling rank 1, 2, ...: {rates(t['by_rank'])}"]
-    if p := report.get("plain_verify"):
-        lines += ["  packed verify over plain (the dense kernel, same settings and prompts): "
-                  + "; ".join(f"{name} {_fmt(g['packed_over_plain'])}x {_ci(g['ci95'])}, by kind {g['by_kind']}"
-                              for name, g in (("chain", p["chain"]), ("tree", p["tree"])) if g)]
-        if p["costs"]:
-            lines.append(f"    verify/T1 with the dense kernel for n=1..: {p['costs']['verify_ratio']}")
+    if u := report.get("untuned"):
+        lines += ["  tuned kernels over the kernels as loaded (same settings and prompts): "
+                  + "; ".join(f"{name} {_fmt(g['tuned_over_untuned'])}x {_ci(g['ci95'])} "
+                              f"({_fmt(g['untuned_tokens_per_s'])} tok/s untuned), by kind {g['by_kind']}"
+                              for name, g in (("target alone", u["ar"]), ("chain", u["chain"]), ("tree", u["tree"]))
+                              if g)]
+        if u["costs"]:
+            lines.append(f"    untuned: target step {u['costs']['target_step_ms']} ms, draft step "
+                         f"{u['costs']['draft_step_ms']} ms (c = {u['costs']['c']}), verify/T1 for n=1..: "
+                         f"{u['costs']['verify_ratio']}")
     if c:
         lines.append(f"  costs: target step {c['target_step_ms']} ms, draft step {c['draft_step_ms']} ms "
                      f"(c = {c['c']}), verify/T1 for n=1..: {c['verify_ratio']}")
+        check = c["baseline_check"]
+        lines.append(f"  baseline check: lowest T(n)/T1 {_fmt(check['min_ratio'])} (floor {check['floor']}): "
+                     + ("the target alone runs its fastest one-token step" if check["ok"] else check["sentence"]))
+    lines += anchor_lines(report.get("anchors"), report.get("llamacpp"))
     if a := report.get("acceptance_model"):
         table = ", ".join(f"{b['bin']}: {b['observed']:.2f} of {b['n']}" for b in a["reliability"])
         lines.append(f"  acceptance predictor: Brier {a['brier']} (base rate alone {a['brier_base_rate']}) on "
                      f"{a['tested_on_tokens']} drafted tokens of prompts it was not fitted on; observed by "
                      f"predicted bin: {table}")
     return "\n".join(lines)
+
+
+def anchor_lines(anchors: dict | None, llamacpp: dict | None) -> list[str]:
+    """The bandwidth bound under each model's step, and llama.cpp on the same files and prompts."""
+    lines = []
+    if anchors:
+        steps = "; ".join(f"{role} step {a['step_ms']} ms, bound {a['bound_ms']} ms ({a['weight_bytes'] / 1e9:.2f} GB "
+                          f"of weights), {_fmt(a['fraction_of_bound'])} of the bound"
+                          for role in ("target", "draft") if (a := anchors.get(role)))
+        lines.append(f"  memory bandwidth (triad) {anchors['bandwidth_gb_s']} GB/s" + (f": {steps}" if steps else ""))
+    if llamacpp:
+        lines.append(f"  llama.cpp ({llamacpp['build']}, {llamacpp['threads']} threads, the same GGUF files): "
+                     f"target alone {_fmt(llamacpp['target_tokens_per_s'])} tok/s, draft alone "
+                     f"{_fmt(llamacpp['draft_tokens_per_s'])} tok/s (c = {_fmt(llamacpp['c'])}); speculative "
+                     f"(K = {llamacpp['k']}) {_fmt(llamacpp['spec_tokens_per_s'])} tok/s = "
+                     f"{_fmt(llamacpp['spec_over_target'])}x its own target alone, acceptance "
+                     f"{_fmt(llamacpp['acceptance'])} on {llamacpp['prompts']} prompt(s)")
+    return lines

@@ -8,7 +8,6 @@ We never import the packages; their files are found through installed-package me
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 from dataclasses import dataclass
 from importlib import metadata
@@ -17,6 +16,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from specviz.models import pair
+from specviz.models.cache import cache_dir
 
 
 class EmbeddedModelError(RuntimeError):
@@ -84,15 +84,6 @@ def embedded_model(source: str | None, role: str) -> EmbeddedModel | None:
     if source == pair.EMBEDDED:
         return DRAFT if role == "draft" else TARGET
     return NAMED.get(source)
-
-
-def cache_dir() -> Path:
-    """Where assembled and converted weights live; SPECVIZ_CACHE overrides."""
-    if env := os.environ.get("SPECVIZ_CACHE"):
-        return Path(env).expanduser()
-    import platformdirs
-
-    return Path(platformdirs.user_cache_dir("specviz"))
 
 
 def converted_dir(model: EmbeddedModel) -> Path:

@@ -207,6 +207,9 @@ def load_pair(draft: str | None = EMBEDDED, target: str = EMBEDDED, *, device: s
         return tiny_pair(device=device, dtype=DTYPES.get(dtype, torch.float32))
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    if dtype == "auto" and dev.type == "cpu":
+        status(f"dtype auto: {str(dt).removeprefix('torch.')}, the faster tuned one-token step on this CPU "
+               "(measured once, cached; --dtype float32 is where exactness is proven)")
     try:
         t_model, t_tok = load_model(target, "target", dt, trust_remote_code=trust_remote_code,
                                     device_map=device_map, status=status, progress=progress)
@@ -249,8 +252,8 @@ def _display(source: str | None, role: str) -> str:
 
 def load_spec(spec: PairSpec, *, loader: Callable[..., ModelPair] = load_pair, status: Status = log.info,
               progress: bool = True) -> ModelPair:
-    """The pair `spec` names, with the cheaper draft step (`spec.draft_quant`) and the packed verify
-    (`spec.target_kernel`) where they apply (CPU)."""
+    """The pair `spec` names, at the target precision (`spec.target_quant`), with the cheaper draft step
+    (`spec.draft_quant`) and each linear on the kernel measured fastest here (`spec.kernels`), where they apply."""
     pair = loader(spec.draft, spec.target, device=spec.device, dtype=spec.dtype,
                   trust_remote_code=spec.trust_remote_code, device_map=spec.device_map, status=status,
                   progress=progress)
@@ -258,13 +261,12 @@ def load_spec(spec: PairSpec, *, loader: Callable[..., ModelPair] = load_pair, s
 
 
 def with_speedups(pair: ModelPair, spec: PairSpec, status: Status = log.info) -> ModelPair:
-    """`pair` with the CPU kernels `spec` asks for; the loaded models stay as they are (weights shared)."""
+    """`pair` with the target's precision and the kernels `spec` asks for; the loaded models stay as they are."""
     from specviz.models.draft import DraftQuant, with_cheaper_draft  # torch kernels: only when asked for
-    from specviz.models.packed_target import with_packed_target
+    from specviz.models.target import with_target, with_tuned_draft
 
-    if spec.target_kernel == "packed":
-        pair = with_packed_target(pair, status)
-    if spec.draft_quant == "none" or pair.draft is None:
-        return pair
-    status(f"Packing the draft's weights as {spec.draft_quant}…")
-    return with_cheaper_draft(pair, DraftQuant.named(spec.draft_quant))
+    pair, _ = with_target(pair, spec.target_quant, spec.kernels, status)
+    if spec.draft_quant != "none" and pair.draft is not None:
+        status(f"Packing the draft's weights as {spec.draft_quant}…")
+        pair = with_cheaper_draft(pair, DraftQuant.named(spec.draft_quant))
+    return with_tuned_draft(pair, status) if spec.kernels == "tuned" else pair

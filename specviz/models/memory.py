@@ -19,7 +19,6 @@ import torch
 
 from specviz.models.embedded import converted_dir, embedded_model, is_converted
 from specviz.models.loading import locate
-from specviz.models.packed_target import applies
 from specviz.models.pair import TINY, ModelLoadError, ModelPair, PairSpec, resolve_device, resolve_dtype
 
 GB = 1e9
@@ -80,8 +79,8 @@ def weights_bytes(spec: PairSpec) -> tuple[int, torch.dtype] | None:
         return None
     device = resolve_device(spec.device)
     dtype = resolve_dtype(spec.dtype, device)
-    if spec.target_kernel == "packed" and applies(device, dtype):
-        counts.append(counts[0])  # the packed verify keeps a second copy of the target's weights
+    if spec.kernels == "tuned" and spec.target_quant == "none" and device.type == "cpu":
+        counts.append(counts[0])  # oneDNN's packed copy of the target's weights, where tuning chooses it
     return sum(counts) * dtype.itemsize, dtype
 
 

@@ -17,7 +17,8 @@ TINY = "tiny"  # the in-process random pair (specviz.models.tiny): no files, for
 SMOLLM2 = "smollm2"  # the embedded draft of another family (SmolLM2-135M-Instruct), for any target
 Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 DraftQuantName = Literal["int4", "int8", "none"]
-TargetKernel = Literal["packed", "plain"]
+Kernels = Literal["tuned", "plain"]
+TargetQuant = Literal["none", "int8", "int4"]
 
 
 @dataclass(frozen=True)
@@ -31,8 +32,8 @@ class PairSpec:
     target: str = Field(EMBEDDED, title="target", description="same choices as the draft")
     device: str = Field("auto", title="device", description="auto (cuda if available), cpu, cuda, cuda:1 ...")
     dtype: Dtype = Field("auto", title="dtype",
-                         description="auto = bfloat16 on GPUs and on CPUs with bf16 matrix units (AMX, "
-                                     "AVX512-BF16), else float32 (measured faster there); float32 is where "
+                         description="auto = bfloat16 on GPUs; on a CPU the dtype whose tuned one-token step "
+                                     "was measured fastest on this machine (once, cached); float32 is where "
                                      "exactness is proven")
     device_map: str | None = Field(None, title="device map",
                                    description="e.g. 'auto': spread a large target over GPUs (accelerate)")
@@ -42,10 +43,16 @@ class PairSpec:
                                         description="on CPU, run the draft's one-token step with int4/int8 weights "
                                                     "(about 3x cheaper; exact all the same, since q is what that "
                                                     "draft sampled from); the target's weights are never changed")
-    target_kernel: TargetKernel = Field("packed", title="target kernel",
-                                        description="on CPU in float32, the target multiplies verifies of 4+ tokens "
-                                                    "on oneDNN-packed copies of its weights (9 tokens cost ~1.5x one "
-                                                    "instead of ~3x; twice the target's memory); plain = as loaded")
+    target_quant: TargetQuant = Field("none", title="target precision",
+                                      description="on CPU, run the target with int8/int4 weights in both lanes (the "
+                                                  "economics of CPU engines such as llama.cpp: the target gets "
+                                                  "cheaper, the draft's relative cost c rises); exactness holds "
+                                                  "against this quantized target")
+    kernels: Kernels = Field("tuned", title="kernels",
+                             description="on CPU, time every linear shape for every row count the engine uses on "
+                                         "each kernel (dense, oneDNN-packed, padded to more rows) and send each "
+                                         "to the fastest, for both lanes (once per machine, cached); plain = as "
+                                         "loaded")
 
     @property
     def label(self) -> str:
@@ -111,24 +118,19 @@ def resolve_device(device: str = "auto") -> torch.device:
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
-def cpu_has_bf16_matmul(cpuinfo: str = "/proc/cpuinfo") -> bool:
-    """Whether this CPU multiplies bf16 matrices natively (AMX or AVX512-BF16); Linux only, False elsewhere."""
-    try:
-        with open(cpuinfo, encoding="utf-8") as f:
-            flags = next((line for line in f if line.startswith("flags")), "").split()
-    except OSError:
-        return False
-    return "amx_bf16" in flags or "avx512_bf16" in flags
+def measured_cpu_dtype() -> torch.dtype:
+    from specviz.models.kernels import fastest_cpu_dtype  # torch kernels timed: only when asked for
+
+    return fastest_cpu_dtype()
 
 
-def resolve_dtype(dtype: str, device: torch.device, native_bf16=cpu_has_bf16_matmul) -> torch.dtype:
-    """auto: bf16 on GPUs and on CPUs with bf16 matrix units, float32 on other CPUs. Measured on two 2-core
-    VMs (embedded pair, K = 4): with AMX, bf16 steps were faster (194 vs 214 ms) and the verify flat up to
-    9 tokens; without (AVX-512 only), bf16 is emulated: a 9-token verify cost 2.9 target steps vs 1.9 in
-    float32, a prompt of 50 tokens 2.4 s vs 1.1 s, and speculative decoding gained 1.13x vs 1.53x.
+def resolve_dtype(dtype: str, device: torch.device, cpu_auto=measured_cpu_dtype) -> torch.dtype:
+    """auto: bf16 on GPUs; on a CPU whichever of float32 and bfloat16 runs a tuned one-token step faster here,
+    measured once per machine (`kernels.fastest_cpu_dtype`). No flag in /proc/cpuinfo says it: a CPU with
+    AVX512-BF16 had one-row bf16 products slower than two-row ones, one without bf16 units emulates them.
     float32 is also the dtype in which exactness against plain decoding is proven."""
     if dtype == "auto":
-        return torch.bfloat16 if device.type != "cpu" or native_bf16() else torch.float32
+        return torch.bfloat16 if device.type != "cpu" else cpu_auto()
     if dtype not in DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(get_args(Dtype))}.")
     return DTYPES[dtype]

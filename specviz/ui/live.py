@@ -12,7 +12,7 @@ from html import escape
 
 import gradio as gr
 
-from specviz.analysis.explain import explain, sentence
+from specviz.analysis.explain import economics, explain, precisions, sentence
 from specviz.runs.race import Lane, RaceState
 from specviz.ui import figures, render, teach
 from specviz.ui.tree_view import latest_tree_html
@@ -76,7 +76,9 @@ def speed_html(state: RaceState) -> str:
             f'<b>{lane_numbers(state.ar)}</b> · acceptance <b>{stats.spec.acceptance_rate:.0%}</b>, '
             f'<b>{stats.spec.mean_accepted_tokens:.1f}</b> tokens per round</span>')
     e = explain(stats) if state.done else None
-    why = f'<span class="sv-live-why">{escape(sentence(e))}</span>' if e else ""
+    why = (f'<span class="sv-live-why">{escape(sentence(e))}</span>'
+           f'<span class="sv-live-why">{escape(economics(e, *precisions(m.target, m.draft, m.dtype)))}</span>'
+           if e and (m := state.meta) else "")
     notes = "".join(f'<span class="sv-live-why">{escape(n)}</span>'
                     for n in teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished)))
     return f'<div class="sv-live-speed">{verdict}{nums}{why}{notes}</div>'

@@ -43,7 +43,7 @@ class QuantLinear(nn.Module):
         super().__init__()
         self.dense = dense if keep_dense else None  # shared with the original model, not copied
         self.bias = dense.bias
-        self.out_features = dense.out_features
+        self.in_features, self.out_features = dense.in_features, dense.out_features
 
     def matmul(self, x2: torch.Tensor) -> torch.Tensor:
         raise NotImplementedError

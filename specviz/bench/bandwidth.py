@@ -1,0 +1,37 @@
+"""The memory-bandwidth bound beside every step: how fast could this step be, here?
+
+A one-token decode step of a model bigger than the caches reads every weight once, so it can take no less than
+(bytes of weights read) / (memory bandwidth). The bandwidth is measured as STREAM's triad measures it
+(a = b + s·c over arrays far larger than the caches, counted as three arrays moved), on the threads the run
+uses; the best of a few passes, since a bound is what the machine can do, not what it did on average.
+A step's fraction of its bound (bound / measured step) says how much of the machine a kernel uses: near 1,
+only fewer bytes (a smaller dtype, quantized weights) make it faster.
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+
+TRIAD_BYTES = 256 * 2**20  # per array: far beyond any last-level cache
+
+
+def triad_bandwidth(array_bytes: int = TRIAD_BYTES, passes: int = 5) -> float:
+    """Bytes per second of the triad a = b + s·c in float32 on torch's threads (best of `passes`)."""
+    n = array_bytes // 4
+    b, c = torch.rand(n), torch.rand(n)
+    a = torch.empty(n)
+    best = float("inf")
+    for _ in range(passes + 1):  # the first pass faults the pages in
+        t0 = time.perf_counter()
+        torch.add(b, c, alpha=3.0, out=a)
+        best = min(best, time.perf_counter() - t0)
+    return 3 * n * 4 / best
+
+
+def step_bound(step_bytes: int, bandwidth: float, step_s: float) -> dict:
+    """A step against its bound: the bytes it reads, the time they take at `bandwidth`, the fraction of it."""
+    bound = step_bytes / bandwidth
+    return {"weight_bytes": step_bytes, "bound_ms": round(1e3 * bound, 2), "step_ms": round(1e3 * step_s, 2),
+            "fraction_of_bound": round(bound / step_s, 3)}

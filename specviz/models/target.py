@@ -1,0 +1,70 @@
+"""The target as both lanes run it: its precision (`PairSpec.target_quant`) and its kernels (`PairSpec.kernels`).
+
+Both lanes, the target alone and the speculative verify, call this one model, so exactness holds against
+it whatever it is: a quantized target computes other logits than the loaded one, and greedy identity
+and the statistical tests hold against the quantized target, in both lanes.
+
+Precision is the economics of the race. A bf16 target and an int4 draft step (c ~ 0.1 of a target step)
+is what a GPU serving a large target sees; an int4 target beside the same draft (c ~ 0.6) is what a CPU
+engine such as llama.cpp runs, and there speculation with this pair loses. Racing both shows when it pays.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from collections.abc import Callable
+from dataclasses import replace
+
+import torch
+from torch import nn
+
+from specviz.models.draft.quantized import DraftQuant, quantize_linear
+from specviz.models.kernels import Tuning, tune
+
+log = logging.getLogger(__name__)
+
+
+def tunable(device: torch.device) -> bool:
+    """Where kernels are chosen by measurement: CPUs (on a GPU the loaded model's kernels are kept)."""
+    return device.type == "cpu"
+
+
+@torch.no_grad()
+def quantize_target(model: nn.Module, quant: DraftQuant) -> nn.Module:
+    """A copy of a causal LM with every linear (the head too) in weight-only int4/int8, for every number of rows:
+    no dense fallback, so the prompt, the one-token steps and the verifies all use the same weights."""
+    fast = copy.deepcopy(model, memo={id(t): t for t in [*model.parameters(), *model.buffers()]})
+    for parent in list(fast.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, quantize_linear(child, quant.bits, quant.group_size, keep_dense=False))
+    return fast.eval()
+
+
+def with_target(pair, quant: str = "none", kernels: str = "tuned", status: Callable[[str], None] = log.info,
+                **tune_kw) -> tuple[object, Tuning | None]:
+    """`pair` with its target at the precision and on the kernels asked for (the loaded model untouched, its
+    weights shared where they are not quantized), named so, and the kernel measurements (None: not tuned)."""
+    from specviz.models.pair import ModelLoadError
+
+    target, name = pair.target, pair.target_name
+    if quant != "none":
+        if pair.device.type != "cpu":
+            raise ModelLoadError(f"--target-quant {quant} runs on a CPU only (torch's weight-only CPU kernels); on "
+                                 f"{pair.device} use --target-quant none.")
+        status(f"Quantizing the target's weights to {quant}…")
+        target, name = quantize_target(target, DraftQuant.named(quant)), f"{name} [{quant} weights]"
+    tuning = None
+    if kernels == "tuned" and tunable(pair.device):
+        target, tuning = tune(target, status=status, **tune_kw)
+        name = f"{name} [tuned kernels]"
+    return replace(pair, target=target, target_name=name), tuning
+
+
+def with_tuned_draft(pair, status: Callable[[str], None] = log.info, **tune_kw):
+    """`pair` with its draft's linears (a lean draft's quantized ones, or the loaded draft's) on tuned kernels."""
+    if pair.draft is None or not tunable(pair.device) or not isinstance(pair.draft, nn.Module):
+        return pair
+    draft, _ = tune(pair.draft, status=status, **tune_kw)
+    return replace(pair, draft=draft)

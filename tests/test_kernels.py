@@ -1,0 +1,238 @@
+"""Kernels chosen by measurement: the choice from a timing table, the dispatch, the cache, the target's precision.
+(Greedy identity of the tuned target on the real pair is in test_embedded_e2e; their speed in `specviz bench`.)"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import spec_tokens
+from torch import nn
+
+from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
+from specviz.models import PairSpec, load_spec
+from specviz.models import kernels as K
+from specviz.models.draft.quantized import DraftQuant, Int4Linear, Int8Linear
+from specviz.models.kernels import Choice, TunedLinear, choose, lookup, tune
+from specviz.models.memory import model_bytes, weights_bytes
+from specviz.models.target import quantize_target, with_target
+from specviz.models.tiny import tiny_model, tiny_pair
+
+
+def fake_timer(table):
+    """A timer that reads a table {kernel: {rows: seconds}} (any row count missing: 1 s) and counts its calls."""
+    calls = []
+
+    def timer(group, width, dtype, device, row_counts):
+        calls.append(len(group))
+        return {k: {n: table.get(k, {}).get(n, 1.0) for n in row_counts} for k in group[0]}
+    timer.calls = calls
+    return timer
+
+
+def test_the_fastest_kernel_is_chosen_for_each_row_count():
+    costs = {"dense": {1: 1.0, 2: 2.0, 3: 3.0, 4: 4.0},
+             "onednn": {1: 1.5, 2: 1.6, 3: 1.7, 4: 1.8}}
+    plan = choose(costs, max_pad_rows=4)
+    assert plan == {1: Choice("dense", 1), 2: Choice("onednn", 2), 3: Choice("onednn", 3), 4: Choice("onednn", 4)}
+
+
+def test_a_row_count_runs_padded_where_more_rows_are_cheaper():
+    """The Zen 4 pathology: one bf16 row costs more than two. One row then runs as two, and no row count costs
+    more than a larger one."""
+    costs = {"dense": {1: 1.6, 2: 1.0, 3: 1.1, 4: 1.2, 5: 3.0, 6: 1.3}}
+    plan = choose(costs, max_pad_rows=6)
+    assert plan[1] == Choice("dense", 2) and plan[2] == Choice("dense", 2)
+    assert plan[5] == Choice("dense", 6)
+    chosen = [costs[c.kernel][c.rows] for c in plan.values()]
+    assert chosen == sorted(chosen)  # monotone in the rows asked for
+
+
+def test_a_near_tie_keeps_the_modules_own_kernel_and_the_rows_asked_for():
+    costs = {"dense": {1: 1.00, 2: 1.5}, "onednn": {1: 0.99, 2: 1.0}}
+    assert choose(costs, 2)[1] == Choice("dense", 1)  # 1 % faster is within the noise: not worth a switch
+    costs = {"dense": {1: 1.00, 2: 1.5}, "onednn": {1: 0.90, 2: 1.0}}
+    assert choose(costs, 2)[1] == Choice("onednn", 1)
+
+
+def test_above_the_padded_range_only_the_kernel_is_chosen():
+    costs = {"dense": {1: 1.0, 2: 2.0, 24: 5.0, 32: 9.0}, "onednn": {1: 2.0, 2: 1.0, 24: 6.0, 32: 4.0}}
+    plan = choose(costs, max_pad_rows=2)
+    assert plan[24] == Choice("dense", 24) and plan[32] == Choice("onednn", 32)  # no padding to 32
+    assert lookup(plan, 28) == Choice("dense", 28)  # between buckets: the kernel of the one below
+    assert lookup(plan, 400) == Choice("onednn", 400)
+
+
+@pytest.mark.parametrize("bias", [True, False])
+def test_every_kernel_and_padding_multiplies_as_the_dense_linear(bias):
+    torch.manual_seed(0)
+    dense = nn.Linear(96, 160, bias=bias)
+    kernels = K.kernels_of(dense)
+    assert set(kernels) == {"dense", "onednn"}
+    for name in kernels:
+        for rows, padded in ((1, 1), (1, 2), (3, 8), (20, 20)):
+            tuned = TunedLinear(dense, {rows: Choice(name, padded)})
+            x = torch.randn(1, rows, 96)
+            got, want = tuned(x), dense(x)
+            assert got.shape == want.shape == (1, rows, 160)
+            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+
+
+@torch.no_grad()
+def test_the_plan_decides_the_kernel_and_the_rows_it_runs():
+    seen = []
+    kernels = {"a": lambda x: seen.append(("a", x.shape[0])) or torch.zeros(x.shape[0], 4),
+               "b": lambda x: seen.append(("b", x.shape[0])) or torch.ones(x.shape[0], 4)}
+    tuned = TunedLinear(nn.Linear(3, 4), {1: Choice("b", 2), 2: Choice("b", 2), 3: Choice("a", 3)}, kernels)
+    out = [tuned(torch.randn(n, 3)) for n in (1, 2, 3)]
+    assert seen == [("b", 2), ("b", 2), ("a", 3)]
+    assert [o.shape[0] for o in out] == [1, 2, 3] and out[0].sum() == 4 and out[2].sum() == 0
+
+
+def test_a_tuned_copy_shares_the_weights_and_leaves_the_loaded_model_as_it_was(tmp_path):
+    model = tiny_model(0, 64)
+    fast, tuning = tune(model, folder=tmp_path, timer=fake_timer({}), max_rows=3)
+    linears = [m for m in model.modules() if isinstance(m, nn.Linear)]
+    tuned = [m for m in fast.modules() if isinstance(m, TunedLinear)]
+    assert linears and len(tuned) == len(linears)  # every linear, the head included
+    assert not any(isinstance(m, TunedLinear) for m in model.modules())
+    assert {m.inner.weight.data_ptr() for m in tuned} == {m.weight.data_ptr() for m in linears}
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    torch.testing.assert_close(fast(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+    assert not tuning.cached and tuning.path.exists()
+
+
+def test_the_table_is_reused_and_measured_again_when_the_machine_torch_or_model_changes(tmp_path, monkeypatch):
+    model = tiny_model(0, 64)
+    timer = fake_timer({"onednn": {1: 0.5}})
+    _, first = tune(model, folder=tmp_path, timer=timer, max_rows=3, cpu="cpu A")
+    measured = len(timer.calls)
+    assert measured == len(first.costs) > 0 and first.plans["linear:64x64:float32"][1] == Choice("onednn", 1)
+    _, again = tune(model, folder=tmp_path, timer=timer, max_rows=3, cpu="cpu A")
+    assert again.cached and len(timer.calls) == measured and again.plans == first.plans  # from the cache
+    tune(model, folder=tmp_path, timer=timer, max_rows=3, cpu="cpu B")  # another CPU
+    assert len(timer.calls) == 2 * measured
+    monkeypatch.setattr(torch, "__version__", "9.9.9")  # another torch
+    tune(model, folder=tmp_path, timer=timer, max_rows=3, cpu="cpu A")
+    assert len(timer.calls) == 3 * measured
+    monkeypatch.undo()
+    tune(tiny_model(0, 64).to(torch.bfloat16), folder=tmp_path, timer=timer, max_rows=3, cpu="cpu A")  # another model
+    assert len(timer.calls) > 3 * measured
+    _, back = tune(model, folder=tmp_path, timer=timer, max_rows=3, cpu="cpu A")
+    assert back.cached
+
+
+def test_a_shape_is_timed_over_enough_of_its_linears_to_leave_the_caches(tmp_path, monkeypatch):
+    model = tiny_model(0, 64)
+    monkeypatch.setattr(K, "GROUP_BYTES", 10**12)  # more than the model: every linear of each shape
+    timer = fake_timer({})
+    tune(model, folder=tmp_path / "all", timer=timer, max_rows=2)
+    assert sum(timer.calls) == sum(isinstance(m, nn.Linear) for m in model.modules()) > len(timer.calls)
+    monkeypatch.setattr(K, "GROUP_BYTES", 1)  # any one weight leaves the caches: one linear per shape
+    timer = fake_timer({})
+    tune(model, folder=tmp_path / "one", timer=timer, max_rows=2)
+    assert set(timer.calls) == {1}
+
+
+@pytest.mark.parametrize("drafter", ["model", "tree"])
+def test_greedy_speculation_on_a_tuned_target_equals_the_untuned_target_alone(drafter):
+    """Real timings (this machine's table), a plan that pads and switches kernels; the tokens do not change."""
+    pair = tiny_pair(3)
+    tuned, tuning = with_target(pair, "none", "tuned")
+    assert tuned.target_name == "tiny-target [tuned kernels]" and tuning is not None
+    config = DecodeConfig(k=6, max_new_tokens=40, sampling=SamplingParams(0.0), adaptive="fixed", drafter=drafter,
+                          tree_budget=12)
+    ids = [1, 2, 3, 4, 5]
+    alone = [s.token.id for s in autoregressive_generate(pair, ids, config)]
+    assert [s.token.id for s in autoregressive_generate(tuned, ids, config)] == alone
+    assert spec_tokens(speculative_generate(tuned, ids, config)) == alone
+
+
+@pytest.mark.parametrize("quant,kind", [("int4", Int4Linear), ("int8", Int8Linear)])
+def test_a_quantized_target_runs_its_quantized_weights_for_every_row_count(quant, kind):
+    pair = tiny_pair(3)
+    q, _ = with_target(pair, quant, "plain")
+    assert q.target_name == f"tiny-target [{quant} weights]"
+    linears = [m for m in q.target.modules() if isinstance(m, kind)]
+    assert len(linears) == sum(isinstance(m, nn.Linear) for m in pair.target.modules())
+    assert all(m.dense is None for m in linears)  # no dense fallback: the prompt reads the same weights
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    with torch.no_grad():
+        whole = q.target(ids).logits
+        one_by_one = torch.cat([q.target(ids[:, :n]).logits[:, -1:] for n in range(1, 9)], 1)
+        assert not torch.allclose(whole, pair.target(ids).logits, atol=1e-3)  # other weights than the loaded ones
+    torch.testing.assert_close(whole, one_by_one, rtol=1e-3, atol=1e-3)  # the same weights at 1 and 8 rows
+
+
+@pytest.mark.parametrize("quant", ["int4", "int8"])
+@pytest.mark.parametrize("drafter", ["model", "tree"])
+def test_greedy_speculation_on_a_quantized_tuned_target_equals_it_alone(quant, drafter):
+    pair, _ = with_target(tiny_pair(3), quant, "tuned")
+    config = DecodeConfig(k=6, max_new_tokens=40, sampling=SamplingParams(0.0), adaptive="fixed", drafter=drafter,
+                          tree_budget=12)
+    ids = [1, 2, 3, 4, 5]
+    alone = [s.token.id for s in autoregressive_generate(pair, ids, config)]
+    rounds = list(speculative_generate(pair, ids, config))
+    assert spec_tokens(rounds) == alone
+    if drafter == "model":  # drafts accepted and rejected: the rule decided both ways
+        assert any(r.n_accepted < r.k for r in rounds) and any(r.n_accepted > 0 for r in rounds)
+
+
+def test_the_settings_tune_by_default_and_plain_keeps_the_kernels_as_loaded():
+    loader = lambda *a, **k: tiny_pair()  # noqa: E731
+    served = load_spec(PairSpec("tiny", "tiny", draft_quant="none"), loader=loader)
+    plain = load_spec(PairSpec("tiny", "tiny", draft_quant="none", kernels="plain"), loader=loader)
+    assert any(isinstance(m, TunedLinear) for m in served.target.modules())
+    assert any(isinstance(m, TunedLinear) for m in served.draft.modules())  # one dispatcher: the draft's too
+    assert not any(isinstance(m, TunedLinear) for m in [*plain.target.modules(), *plain.draft.modules()])
+    assert plain.target_name == "tiny-target"
+
+
+def test_a_packed_copy_never_chosen_is_let_go_and_one_chosen_counts_in_memory(tmp_path):
+    model = tiny_model(0, 64)
+    linears = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear))
+    dense_only, _ = tune(model, folder=tmp_path / "a", timer=fake_timer({"onednn": {}}), max_rows=2)
+    assert model_bytes(dense_only) == model_bytes(model)
+    packed, _ = tune(model, folder=tmp_path / "b", timer=fake_timer({"dense": {}, "onednn": {1: 0.1, 2: 0.1}}),
+                     max_rows=2)
+    assert model_bytes(packed) == model_bytes(model) + linears
+
+
+def test_the_memory_estimate_counts_the_packed_copy_and_not_for_a_quantized_target(tmp_path):
+    tiny_model(0, 64).save_pretrained(tmp_path / "m")
+    folder = str(tmp_path / "m")
+    tuned, _ = weights_bytes(PairSpec(None, folder, device="cpu", dtype="float32"))
+    plain, _ = weights_bytes(PairSpec(None, folder, device="cpu", dtype="float32", kernels="plain"))
+    quant, _ = weights_bytes(PairSpec(None, folder, device="cpu", dtype="float32", target_quant="int4"))
+    assert tuned == 2 * plain and quant == plain  # a quantized target loads as it is, then shrinks
+
+
+def test_a_quantized_target_on_a_gpu_is_refused_in_one_sentence():
+    from specviz.models.pair import ModelLoadError
+
+    pair = tiny_pair()
+    pair.device = torch.device("meta")
+    with pytest.raises(ModelLoadError, match="runs on a CPU only"):
+        with_target(pair, "int4", "plain")
+
+
+def test_auto_picks_the_dtype_measured_fastest_here_and_caches_it(tmp_path):
+    measured = []
+
+    def measure(dtype):
+        measured.append(dtype)
+        return {torch.float32: 0.4, torch.bfloat16: 0.2}[dtype]
+    assert K.fastest_cpu_dtype(folder=tmp_path, cpu="x", measure=measure) == torch.bfloat16
+    assert K.fastest_cpu_dtype(folder=tmp_path, cpu="x", measure=lambda d: 1 / 0) == torch.bfloat16  # cached
+    assert len(measured) == 2
+    slow_bf16 = {torch.float32: 0.2, torch.bfloat16: 0.3}
+    assert K.fastest_cpu_dtype(folder=tmp_path, cpu="y", measure=slow_bf16.get) == torch.float32
+
+
+def test_step_bytes_count_each_linear_once_whatever_its_kernels_keep(tmp_path):
+    model = tiny_model(0, 64)
+    linears = sum(m.weight.numel() * 4 + (m.bias.numel() * 4 if m.bias is not None else 0)
+                  for m in model.modules() if isinstance(m, nn.Linear))
+    assert K.step_bytes(model) == linears
+    packed, _ = tune(model, folder=tmp_path, timer=fake_timer({"dense": {}, "onednn": {1: 0.1}}), max_rows=2)
+    assert K.step_bytes(packed) == linears
+    assert K.step_bytes(quantize_target(model, DraftQuant.named("int4"))) < linears / 4
