@@ -41,6 +41,14 @@ def test_parse_bench_json_reads_avg_ts():
     assert parse_bench_json(BENCH_JSON) == pytest.approx(19.259207)
     record = llamacpp.bench_record("main: some log line\n" + BENCH_JSON)  # text around the array is ignored
     assert record["samples_ts"] == [1.92959, 36.5888] and record["n_gen"] == 16
+    assert record["median_ts"] == pytest.approx((1.92959 + 36.5888) / 2)
+
+
+def test_the_rate_used_is_the_median_of_the_repetitions():
+    """A repetition disturbed by another process (the captured run's first one: 1.9 of ~37 tokens/s) moves the
+    mean far; the median of three does not."""
+    record = llamacpp.bench_record(json.dumps([{**json.loads(BENCH_JSON)[0], "samples_ts": [3.0, 40.0, 41.0]}]))
+    assert record["median_ts"] == 40.0
 
 
 def test_parse_bench_json_fails_in_one_sentence():
@@ -131,7 +139,7 @@ def ggufs(tmp_path: Path) -> PairSpec:
 
 
 def bench_json(rate: float) -> str:
-    return json.dumps([{**json.loads(BENCH_JSON)[0], "avg_ts": rate}])
+    return json.dumps([{**json.loads(BENCH_JSON)[0], "avg_ts": rate, "samples_ts": [rate, rate * 0.1, rate * 1.01]}])
 
 
 def spec_stderr(tokens: int, seconds: float, drafted: int, accepted: int) -> str:

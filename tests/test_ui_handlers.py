@@ -282,6 +282,23 @@ def test_a_served_int4_draft_is_named_kept_across_loads_and_decodes_what_the_tar
     assert not isinstance(plain.pair.draft, LeanDraft) and "int4" not in plain.name
 
 
+def test_a_teacher_switches_the_targets_precision_and_both_lanes_run_that_target():
+    """'GPU-like: a float target' against 'CPU-engine-like: an int4 target', from the pair panel."""
+    from specviz.engine import autoregressive_generate
+
+    s = Session(spec=PairSpec("tiny", "tiny", draft_quant="none"), loader=lambda *a, **k: tiny_pair(),
+                allow_switch=True)
+    lines = list(h.load_models(s, "tiny", "tiny", "float32", "int4"))
+    assert "[int4 weights]" in s.name and "int4" in lines[-1] and s.spec.target_quant == "int4"
+    views = list(h.run(s, Limits(), PROMPT, settings(), options=FAST))
+    ar = [step.token.id for step in autoregressive_generate(s.pair, encode_prompt(s.pair.tokenizer, PROMPT), CONFIG)]
+    assert [t for r in views[-1].record.rounds for t in r.new_token_ids] == ar
+    list(h.load_models(s, "tiny", "tiny", "float32", "none"))
+    assert "weights]" not in s.name
+    with pytest.raises(gr.Error, match="target precision"):
+        list(h.load_models(s, "tiny", "tiny", "float32", "int3"))
+
+
 def test_a_race_replaces_the_decode_record_only_when_it_is_done(session):
     updates = list(h.live(session, Limits(), PROMPT, settings(), options=FAST))
     assert [u.race is not None and isinstance(u.race.record, Trace) for u in updates] == \

@@ -5,8 +5,8 @@ its target-alone decode rate is what specviz's target-alone lane has to be read 
 speculative speedup (with the same draft, K and sampling) is what specviz's speculative lane competes with.
 Measured, with the binaries of a llama.cpp build folder (scripts/build_llamacpp.sh makes one):
 
-* each model alone: `llama-bench -p 0 -n N -r 3 -o json`, its mean token-generation rate (`avg_ts`) over the
-  repetitions (no prompt; llama-bench warms up first);
+* each model alone: `llama-bench -p 0 -n N -r 3 -o json`, the median of its repetitions' token-generation
+  rates (`samples_ts`; no prompt; llama-bench warms up first);
 * speculative decoding, once per prompt: `llama-speculative-simple` with the target, the draft, K as the most
   tokens drafted per round and the chosen setting's confidence cut as its `p_min` (the same rule: stop drafting
   when the draft's top probability falls below it). We use the *decode* time and token count it reports
@@ -27,6 +27,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+import statistics
 import subprocess
 import time
 from collections.abc import Callable
@@ -63,7 +64,10 @@ def bench_record(text: str) -> dict:
     for entry in entries if isinstance(entries, list) else []:
         if isinstance(entry, dict) and entry.get("n_gen", 0) > 0 and not entry.get("n_prompt") \
                 and isinstance(entry.get("avg_ts"), (int, float)):
+            samples = [x for x in entry.get("samples_ts") or [] if isinstance(x, (int, float))]
             return {"avg_ts": float(entry["avg_ts"]), "stddev_ts": entry.get("stddev_ts"),
+                    # the median: one repetition disturbed by another process does not move it
+                    "median_ts": float(statistics.median(samples)) if samples else float(entry["avg_ts"]),
                     "samples_ts": entry.get("samples_ts"), "n_gen": entry["n_gen"],
                     "build_commit": entry.get("build_commit"), "build_number": entry.get("build_number")}
     raise LlamaCppOutputError("llama-bench's JSON has no token-generation result (n_prompt 0, n_gen > 0, avg_ts).")
@@ -278,7 +282,7 @@ def compare_llamacpp(folder: str | Path, spec, prompts, config, *, status: Calla
         out = _read(parse_speculative, f"{done.stdout}\n{done.stderr}")  # (the summary is logged to stderr)
         runs.append({"id": prompt.id, "kind": prompt.kind, **out, "stall": stall})
 
-    target_tps, draft_tps = alone["target"]["avg_ts"], alone["draft"]["avg_ts"]
+    target_tps, draft_tps = alone["target"]["median_ts"], alone["draft"]["median_ts"]
     tokens, seconds = sum(r["tokens"] for r in runs), sum(r["seconds"] for r in runs)
     drafted, accepted = sum(r["drafted"] for r in runs), sum(r["accepted"] for r in runs)
     spec_tps = _ratio(tokens, seconds)

@@ -156,15 +156,24 @@ class TunedLinear(nn.Module):
                 self.register_buffer(f"packed_{name}", kernel.packed, persistent=False)
         self.out_features = module.out_features
         self.key = shape_key(module)
+        # resolved once here: a draft step makes ~100 of these calls, so the call itself must cost next to nothing
+        dense = module.dense if isinstance(module, QuantLinear) else None
+        self.long = (lambda x2: dense(x2)) if dense is not None else None  # (plain attributes: no Module lookup)
+        self.by_rows = [None, *(self.call_for(n) for n in range(1, max(self.plan, default=0) + 1))]
+
+    def call_for(self, n: int) -> Kernel:
+        """The callable that multiplies n rows: the chosen kernel, padded to the chosen rows where that was faster."""
+        choice = lookup(self.plan, n) if self.plan else Choice(next(iter(self.kernels)), n)
+        kernel = self.kernels[choice.kernel]
+        return kernel if choice.rows == n else (lambda x2: run_padded(kernel, x2, choice.rows))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])
         n = x2.shape[0]
-        dense = getattr(self.inner, "dense", None)
-        if isinstance(self.inner, QuantLinear) and dense is not None and n > DENSE_ABOVE:
-            return dense(x)
-        choice = lookup(self.plan, n) if self.plan else Choice(next(iter(self.kernels)), n)
-        y = run_padded(self.kernels[choice.kernel], x2, choice.rows)
+        if n > DENSE_ABOVE and self.long is not None:  # a quantized draft's prompt: its own dense weights
+            y = self.long(x2)
+        else:
+            y = (self.by_rows[n] if n < len(self.by_rows) else self.call_for(n))(x2)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:

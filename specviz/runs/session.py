@@ -165,24 +165,28 @@ class Session:
     def allowed(self, draft: str | None, target: str) -> bool:
         return self.allow_any_model or self.is_origin(draft, target) or (draft, target) in PRESETS.values()
 
-    def switch(self, draft, target, dtype: str = "auto", status: Callable[[str], None] = lambda _: None) -> str:
+    def switch(self, draft, target, dtype: str = "auto", status: Callable[[str], None] = lambda _: None,
+               target_quant: str | None = None) -> str:
         """A visitor's request to serve another pair: only where the operator allowed it."""
         if not self.allow_switch:
             raise InputError("this server's model pair is fixed by its operator (`specviz serve "
                              "--allow-pair-switch` lets visitors change it).")
-        return self.load(draft, target, dtype, status)
+        return self.load(draft, target, dtype, status, target_quant)
 
-    def load(self, draft, target, dtype: str = "auto", status: Callable[[str], None] = lambda _: None) -> str:
+    def load(self, draft, target, dtype: str = "auto", status: Callable[[str], None] = lambda _: None,
+             target_quant: str | None = None) -> str:
         """Load the new pair beside the served one and swap only once it is ready: a failed load (too big,
         missing, broken) leaves the served pair serving. Asking for the pair already served loads nothing."""
         draft = clean_source(draft, "draft", optional=True)
         target = clean_source(target, "target")
-        checked_values(PairSpec, {"dtype": dtype})
+        checked_values(PairSpec, {"dtype": dtype} if target_quant is None else
+                       {"dtype": dtype, "target_quant": target_quant})
         if not self.allowed(draft, target):
             raise InputError("this server only serves its preset model pairs (the operator can allow others "
                              "with --allow-any-model).")
         base = self.origin or self.spec or PairSpec(draft, target, draft_quant="none")
         spec = replace(base, draft=draft, target=target, dtype=dtype,
+                       target_quant=base.target_quant if target_quant is None else target_quant,
                        trust_remote_code=base.trust_remote_code and self.is_origin(draft, target))
         if self.pair is not None and spec == self.spec:
             return self.name

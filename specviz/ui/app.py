@@ -157,7 +157,9 @@ def pair_panel(session: Session) -> dict:
     with gr.Accordion("Model pair", open=False):
         parts = dict(preset=gr.Dropdown(list(PRESETS), value=first, label="Preset"))
         draft, target = PRESETS[first]
-        parts.update(controls(PairSpec, values=dict(draft=draft or "", target=target), only=("draft", "target", "dtype")))
+        # the target's precision: race a GPU's economics (a bf16 target) against a CPU engine's (an int4 one)
+        parts.update(controls(PairSpec, values=dict(draft=draft or "", target=target),
+                              only=("draft", "target", "dtype", "target_quant")))
         parts["load"] = gr.Button("Load", elem_id="sv-load")
         parts["log"] = gr.Markdown(f"Serving **{session.name}**.", elem_id="sv-load-log")
     return parts

@@ -190,14 +190,15 @@ def export(record: Trace | None, options: Options = Options(), html: bool = Fals
 
 
 @user_errors
-def load_models(session: Session, draft, target, dtype) -> Iterator[str]:
+def load_models(session: Session, draft, target, dtype, target_quant=None) -> Iterator[str]:
     """Load in a worker thread and stream its status lines; errors end as gr.Error."""
     lines: queue.Queue = queue.Queue()
     outcome: dict = {}
 
     def work():
         try:
-            outcome["name"] = session.switch(draft, target, dtype or "auto", status=lines.put)
+            outcome["name"] = session.switch(draft, target, dtype or "auto", status=lines.put,
+                                             target_quant=target_quant or None)
         except BaseException as e:  # handed to the caller's thread below
             outcome["error"] = e
         finally:

@@ -118,12 +118,13 @@ class Wiring:
                                     [dist["fig"], dist["summary"]], api_visibility="private", concurrency_id=MODEL)
 
     def loading(self, pair: dict, header: gr.HTML):
-        def on_load(d, t, dt):
-            yield from h.load_models(self.session, d, t, dt)
+        def on_load(d, t, dt, tq):
+            yield from h.load_models(self.session, d, t, dt, tq)
 
         pair["preset"].input(lambda name: (PRESETS[name][0] or "", PRESETS[name][1]), [pair["preset"]],
                              [pair["draft"], pair["target"]], api_visibility="private")
-        return pair["load"].click(on_load, [pair["draft"], pair["target"], pair["dtype"]], [pair["log"]],
+        return pair["load"].click(on_load, [pair["draft"], pair["target"], pair["dtype"], pair["target_quant"]],
+                                  [pair["log"]],
                                   api_visibility="private", concurrency_id=MODEL).then(
             lambda: header_html(self.session.name, pair_bytes(self.session.pair)), None, [header],
             api_visibility="private")
