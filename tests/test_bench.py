@@ -602,6 +602,27 @@ def test_cli_measures_tuned_kernels_against_the_kernels_as_loaded(tiny, tmp_path
     assert report["untuned"] is None and report["anchors"]["kernel_table"] is None
 
 
+def test_llamacpp_runs_in_the_same_bench_on_the_reported_prompts_and_prints_beside_specviz(tiny, tmp_path, capsys):
+    from specviz import cli
+
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "the a of", "kind": "code"}\n{"id": "b", "prompt": "of the", "kind": "x"}\n')
+    seen = {}
+
+    def fake(folder, spec, reported, config, status):
+        seen.update(folder=folder, ids=[p.id for p in reported], k=config.k)
+        return {"build": folder, "threads": 2, "target_tokens_per_s": 28.3, "draft_tokens_per_s": 45.4, "c": 0.62,
+                "k": config.k, "spec_tokens_per_s": 16.2, "spec_over_target": 0.57, "acceptance": 0.8, "prompts": 2}
+    out = tmp_path / "r.json"
+    with mock.patch("specviz.models.load_spec", lambda spec, **kw: tiny), \
+            mock.patch("specviz.bench.llamacpp.compare_llamacpp", fake):
+        assert cli.main(["bench", "--prompts", str(prompts), "--k", "3", "--max-new-tokens", "6", "--compare-llamacpp",
+                         "/some/build", "--json", str(out), "--no-progress"]) == 0
+    assert seen == {"folder": "/some/build", "ids": ["a", "b"], "k": 3}
+    assert json.loads(out.read_text())["llamacpp"]["spec_over_target"] == 0.57
+    assert "llama.cpp (/some/build, 2 threads, the same GGUF files): target alone 28.30 tok/s" in capsys.readouterr().out
+
+
 def test_the_baseline_check_names_a_row_count_cheaper_than_a_step():
     from specviz.analysis.predict import CostModel
     from specviz.bench.report import baseline_check

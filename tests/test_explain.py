@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from specviz.analysis.explain import (
-    Explanation, break_even_acceptance, economics, max_paying_c, precisions, sentence, tokens_per_round,
+    Explanation, break_even_acceptance, economics, economics_headline, max_paying_c, precisions, sentence,
+    tokens_per_round,
 )
 from specviz.engine import DecodeConfig
 from specviz.models import encode_prompt
@@ -108,9 +109,9 @@ def test_the_economics_name_c_its_source_and_the_regime():
     limit = (e.tokens_per_round - e.verify) / e.k
     assert f"pays while the draft costs under {limit:.2f}" in text
     # an int4 target reads 3.2x fewer bytes: c ~0.35, still under the limit here
-    assert "c would be about 0.35 and this pair would still pay" in text
+    assert "c would be about 0.35, within it only if an int4 verify stays as cheap as this one" in text
     lose = explanation(measured=1.6, acceptance=0.55, c=0.2)
-    assert max_paying_c(lose) < 0.2 * 6.4 and "this pair would lose" in economics(lose, "float32", "int4")
+    assert max_paying_c(lose) < 0.2 * 6.4 and "beyond it: this pair would lose" in economics(lose, "float32", "int4")
     cpu = economics(explanation(measured=0.6, acceptance=0.8, c=0.63), "int4", "int4")
     assert "the economics of a CPU engine such as llama.cpp" in cpu and "with an int4 target" not in cpu
 
@@ -124,3 +125,17 @@ def test_no_draft_cost_pays_when_the_verify_costs_more_than_a_round_emits():
 def test_precisions_come_from_the_names_the_pair_was_loaded_with():
     assert precisions("T [int4 weights] [tuned kernels]", "D [int4 draft step]", "float32") == ("int4", "int4")
     assert precisions("T [tuned kernels]", "D", "bfloat16") == ("bfloat16", "bfloat16")
+
+
+def test_the_economics_headline_fits_one_line_and_the_sentence_opens_below_it(tiny):
+    from types import SimpleNamespace
+
+    from specviz.ui.live import economics_html
+
+    e = explanation(measured=2.0, acceptance=0.8, c=0.11)
+    limit = max_paying_c(e)
+    assert economics_headline(e, "bfloat16", "int4") == (f"c = 0.11 (bfloat16 target, int4 draft): a GPU's economics; "
+                                                          f"pays while c < {limit:.2f}")
+    html = economics_html(e, SimpleNamespace(target="T [tuned kernels]", draft="D [int4 draft step]", dtype="bfloat16"))
+    assert html.startswith('<details class="sv-live-why sv-live-economics"><summary>c = 0.11 (bfloat16 target, int4 ')
+    assert "The draft costs 0.11 of a target step because the target runs in bfloat16" in html

@@ -10,6 +10,7 @@ from torch import nn
 
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.models import PairSpec, load_spec
+from specviz.models import auto_dtype
 from specviz.models import kernels as K
 from specviz.models.draft.quantized import DraftQuant, Int4Linear, Int8Linear
 from specviz.models.kernels import Choice, TunedLinear, choose, lookup, tune
@@ -221,11 +222,11 @@ def test_auto_picks_the_dtype_measured_fastest_here_and_caches_it(tmp_path):
     def measure(dtype):
         measured.append(dtype)
         return {torch.float32: 0.4, torch.bfloat16: 0.2}[dtype]
-    assert K.fastest_cpu_dtype(folder=tmp_path, cpu="x", measure=measure) == torch.bfloat16
-    assert K.fastest_cpu_dtype(folder=tmp_path, cpu="x", measure=lambda d: 1 / 0) == torch.bfloat16  # cached
+    assert auto_dtype.fastest_cpu_dtype(folder=tmp_path, cpu="x", measure=measure) == torch.bfloat16
+    assert auto_dtype.fastest_cpu_dtype(folder=tmp_path, cpu="x", measure=lambda d: 1 / 0) == torch.bfloat16  # cached
     assert len(measured) == 2
     slow_bf16 = {torch.float32: 0.2, torch.bfloat16: 0.3}
-    assert K.fastest_cpu_dtype(folder=tmp_path, cpu="y", measure=slow_bf16.get) == torch.float32
+    assert auto_dtype.fastest_cpu_dtype(folder=tmp_path, cpu="y", measure=slow_bf16.get) == torch.float32
 
 
 def test_step_bytes_count_each_linear_once_whatever_its_kernels_keep(tmp_path):

@@ -132,6 +132,19 @@ def max_paying_c(e: Explanation) -> float | None:
     return (e.tokens_per_round - e.verify) / e.k
 
 
+def regime(c: float) -> str:
+    """The economics a draft cost c stands for, in a few words."""
+    return "a GPU's economics" if c < GPU_LIKE else "a CPU engine's economics" if c >= CPU_ENGINE_LIKE else (
+        "between a GPU's and a CPU engine's economics")
+
+
+def economics_headline(e: Explanation, target: str, draft: str) -> str:
+    """One line the verdict can show whole; `economics` is the sentence behind it."""
+    limit = max_paying_c(e)
+    pays = "no draft cost pays here" if limit is None else f"pays while c < {limit:.2f}"
+    return f"c = {e.c:.2f} ({target} target, {draft} draft): {regime(e.c)}; {pays}"
+
+
 def economics(e: Explanation, target: str, draft: str) -> str:
     """What c is, where it comes from, which regime that is, and where this pair would stop paying."""
     regime = ("the economics of a GPU serving a large target: a draft step is nearly free beside a target step"
@@ -145,9 +158,11 @@ def economics(e: Explanation, target: str, draft: str) -> str:
              f" At this acceptance and K speculation pays while the draft costs under {limit:.2f} of a target step")
     if limit is not None and target != "int4" and target in BYTES_PER_WEIGHT:
         cheaper = BYTES_PER_WEIGHT[target] / BYTES_PER_WEIGHT["int4"]
-        verdict = "would lose" if e.c * cheaper >= limit else "would still pay"
+        # only c is scaled here: an int4 verify may cost more target steps than this one (race it to see)
+        outcome = ("beyond it: this pair would lose" if e.c * cheaper >= limit else
+                   "within it only if an int4 verify stays as cheap as this one (race it: target precision int4)")
         text += (f"; with an int4 target, as llama.cpp runs it, the target reads {cheaper:.1f}× fewer bytes a step, "
-                 f"c would be about {e.c * cheaper:.2f} and this pair {verdict}.")
+                 f"so c would be about {e.c * cheaper:.2f}, {outcome}.")
     elif limit is not None:
         text += "."
     return text

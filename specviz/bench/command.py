@@ -59,6 +59,9 @@ def register(sub) -> None:
     p.add_argument("--also-untuned", action="store_true",
                    help="also run the target alone and the chosen chain (and tree) on the kernels as loaded "
                         "(--kernels plain), and measure their verify-cost curve: what tuning changes, in both lanes")
+    p.add_argument("--verify-curve", type=int, default=0, metavar="N",
+                   help="measure the target's verify-cost curve up to N tokens (default: the widest verify the "
+                        "settings make, K + 1 or a tree's nodes + 1)")
     p.add_argument("--compare-llamacpp", default=None, metavar="DIR",
                    help="a llama.cpp build folder (scripts/build_llamacpp.sh makes one): time llama-bench and "
                         "llama-speculative-simple on the same GGUF files and reported prompts, beside specviz")
@@ -191,17 +194,19 @@ def cmd_bench(args) -> int:
         cost_pair = replace(spec_pair, draft=EarlyExit(pair.target, layer)) if layer else None
     elif spec_pair.draft is None:  # prompt lookup alone: no draft step to time, so no cost model
         cost_pair = None
-    widest = max(plan.ks + plan.tree_budgets) + 1  # the verify-cost curve up to the largest verify: K + 1 or a tree
+    widest = max(max(plan.ks + plan.tree_budgets) + 1, args.verify_curve)  # the verify-cost curve's reach
     first_ids = encode_prompt(pair.tokenizer, prompts[0].prompt)
+    untuned_pair = cheap if untuned else None
+    bench = run_bench(spec_pair, prompts, plan, hf, assistants, progress=not args.no_progress, untuned=untuned_pair)
+    # the costs after the runs: in their steady state (measured first, a fresh process's first forwards ran
+    # up to 30 % slower for a while, which bent the curve against the one-token step)
     cost, cost_stall = measure_costs(cost_pair, first_ids, widest, max_stall=args.max_stall,
                                      retries=args.retries) if cost_pair else (None, None)
-    untuned_pair = cheap if untuned else None
     untuned_cost = None
     if untuned and cost_pair:  # the same curve on the kernels as loaded: what tuning changes, per size
         untuned_cost, _ = measure_costs(replace(cost_pair, target=untuned.target, draft=cheap.draft
                                                 if cost_pair.draft is spec_pair.draft else cost_pair.draft),
                                         first_ids, widest, max_stall=args.max_stall, retries=args.retries)
-    bench = run_bench(spec_pair, prompts, plan, hf, assistants, progress=not args.no_progress, untuned=untuned_pair)
     bandwidth = triad_bandwidth()
     llamacpp = None
     if args.compare_llamacpp:

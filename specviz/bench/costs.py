@@ -36,7 +36,7 @@ def _forward_times(model, prompt_ids: list[int], sizes: list[int], reps: int, de
 
 
 @torch.inference_mode()
-def measure_costs_once(pair, prompt_ids: list[int], max_verify: int, reps: int = 5) -> CostModel:
+def measure_costs_once(pair, prompt_ids: list[int], max_verify: int, reps: int = 9) -> CostModel:
     """T_verify(n) for n = 1..max_verify, T1 = T_verify(1), and the draft's one-token step."""
     sizes = list(range(1, max_verify + 1))
     verify = _forward_times(pair.target, prompt_ids, sizes, reps, pair.device)
@@ -46,7 +46,7 @@ def measure_costs_once(pair, prompt_ids: list[int], max_verify: int, reps: int =
     return CostModel(target_step_s=verify[1], draft_step_s=draft[1], verify_s=tuple(verify[n] for n in sizes))
 
 
-def measure_costs(pair, prompt_ids: list[int], max_verify: int, reps: int = 5, max_stall: float = 0.05,
+def measure_costs(pair, prompt_ids: list[int], max_verify: int, reps: int = 9, max_stall: float = 0.05,
                   retries: int = 2) -> tuple[CostModel, float | None]:
     """`measure_costs_once`, again while another process disturbed it; the calmest try and its stall."""
     def once() -> tuple[CostModel, float | None]:

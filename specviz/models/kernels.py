@@ -15,29 +15,26 @@ The candidates compute the same product from the same weights (only the summatio
 - `onednn`: oneDNN on a copy of the weight packed once at load (CPU, float32 and bfloat16);
 - `int4` / `int8`: a weight-only quantized linear's own kernel (a quantized target or draft step).
 
-The measured table is cached per machine (`KernelKey`: CPU model and flags, threads, torch version,
-dtype, the model's shapes) and re-measured when any of these change.
+The measured table is cached per machine (`kernel_table.KernelKey`: CPU model and flags, threads, torch
+version, dtype, the model's shapes) and re-measured when any of these change.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
-import json
 import logging
-import platform
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specviz.models.cache import cache_dir
 from specviz.models.draft.quantized import DENSE_ABOVE, Int4Linear, Int8Linear, QuantLinear
+from specviz.models.kernel_table import Costs, KernelKey, load_table, save_table, table_path
 
 log = logging.getLogger(__name__)
 
@@ -48,7 +45,6 @@ TIE = 0.03  # options timed within 3 % of the fastest count as equal (repeated t
 GROUP_BYTES = 64 * 2**20  # time a shape over enough of its linears to leave the caches, as the model does
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]  # 2-D input rows -> 2-D output rows, bias included
-Costs = dict[str, dict[int, float]]  # kernel -> rows -> seconds
 
 
 @dataclass(frozen=True)
@@ -65,7 +61,7 @@ def choose(costs: Costs, max_pad_rows: int = MAX_PAD_ROWS) -> dict[int, Choice]:
     """For every measured row count, the kernel and padded size with the least measured time.
 
     Up to `max_pad_rows`, n rows may run as any measured m >= n rows (m <= max_pad_rows) on any kernel, so
-    the chosen cost never falls as n grows; above it (prompt chunks) only the kernel is chosen."""
+    no row count costs more than a larger one (beyond TIE); above it (prompt chunks) only the kernel is chosen."""
     measured = sorted({m for per in costs.values() for m in per})
     kernels = list(costs)  # the module's own kernel first: it wins a tie
     plan = {}
@@ -154,12 +150,22 @@ class TunedLinear(nn.Module):
         for name, kernel in self.kernels.items():  # a buffer, so the memory the app shows counts it
             if isinstance(kernel, OneDNN):
                 self.register_buffer(f"packed_{name}", kernel.packed, persistent=False)
-        self.out_features = module.out_features
+        self.in_features, self.out_features = module.in_features, module.out_features
         self.key = shape_key(module)
         # resolved once here: a draft step makes ~100 of these calls, so the call itself must cost next to nothing
         dense = module.dense if isinstance(module, QuantLinear) else None
         self.long = (lambda x2: dense(x2)) if dense is not None else None  # (plain attributes: no Module lookup)
         self.by_rows = [None, *(self.call_for(n) for n in range(1, max(self.plan, default=0) + 1))]
+
+    # read like the linear it wraps, so code that takes a linear's weights (a cheaper draft made from a tuned one)
+    # works on either
+    @property
+    def weight(self) -> torch.Tensor:
+        return self.inner.weight
+
+    @property
+    def bias(self) -> torch.Tensor | None:
+        return self.inner.bias
 
     def call_for(self, n: int) -> Kernel:
         """The callable that multiplies n rows: the chosen kernel, padded to the chosen rows where that was faster."""
@@ -227,64 +233,6 @@ def time_group(group: list[dict[str, Kernel]], width: int, dtype: torch.dtype, d
 
 
 Timer = Callable[[list[dict[str, Kernel]], int, torch.dtype, torch.device, list[int]], Costs]
-
-
-# ---- the cache ----------------------------------------------------------------------------------------------
-
-def cpu_fingerprint(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU's model name and instruction-set flags (what decides which kernel is fast)."""
-    try:
-        lines = Path(cpuinfo).read_text().splitlines()
-    except OSError:
-        return platform.processor() or platform.machine()
-    first = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip() for line in lines if ":" in line}
-    return f"{first.get('model name', platform.machine())} | {first.get('flags', '')}"
-
-
-@dataclass(frozen=True)
-class KernelKey:
-    """What a timing table depends on; any change means measuring again."""
-
-    cpu: str
-    threads: int
-    torch: str
-    device: str
-    shapes: tuple[str, ...]  # the model's shape keys (kind, shape, dtype), sorted
-    sizes: tuple[int, ...]
-
-    @staticmethod
-    def of(shapes: Iterable[str], device: torch.device, row_counts: Iterable[int], cpu: str | None = None) -> KernelKey:
-        dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
-        return KernelKey(cpu if cpu is not None else cpu_fingerprint(), torch.get_num_threads(), torch.__version__,
-                         dev, tuple(sorted(set(shapes))), tuple(row_counts))
-
-    def digest(self) -> str:
-        return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:20]
-
-
-def table_path(key: KernelKey, folder: Path | None = None) -> Path:
-    if folder is None:
-        folder = cache_dir() / "kernels"
-    return folder / f"{key.digest()}.json"
-
-
-def load_table(path: Path, key: KernelKey) -> dict[str, Costs] | None:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return None
-    if data.get("key") != json.loads(json.dumps(asdict(key))):  # a digest collision or a hand-edited file
-        return None
-    return {shape: {k: {int(n): t for n, t in per.items()} for k, per in costs.items()}
-            for shape, costs in data["costs"].items()}
-
-
-def save_table(path: Path, key: KernelKey, costs: dict[str, Costs]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": asdict(key), "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
-                               "costs": costs}, indent=1))
-    tmp.replace(path)
 
 
 @dataclass(frozen=True)
@@ -362,45 +310,3 @@ def shape_counts(model: nn.Module) -> dict[str, int]:
         if isinstance(module, TunedLinear):
             counts[module.key] = counts.get(module.key, 0) + 1
     return counts
-
-
-# ---- the dtype `auto` picks on a CPU ------------------------------------------------------------------------
-
-# One decoder layer of the embedded target (Qwen2.5-Coder-1.5B: q/o 1536x1536, k/v 256x1536, gate/up 8960x1536,
-# down 1536x8960), over 100 MB in float32: which dtype multiplies one row fastest is the machine's answer.
-REFERENCE_LAYER = ((1536, 1536, 2), (256, 1536, 2), (8960, 1536, 2), (1536, 8960, 1))
-DTYPE_CANDIDATES = (torch.float32, torch.bfloat16)
-
-
-def layer_step_seconds(dtype: torch.dtype, timer: Timer = time_group) -> float:
-    """The reference layer's one-row products on this machine's fastest kernel for them (padding included)."""
-    total = 0.0
-    for out, inp, count in REFERENCE_LAYER:
-        linear = nn.Linear(inp, out, bias=False, dtype=dtype)
-        costs = timer([kernels_of(linear)], inp, dtype, torch.device("cpu"), [1, 2, 3, 4])
-        best = choose(costs, 4)[1]
-        total += costs[best.kernel][best.rows] * count
-    return total
-
-
-def cpu_dtype_timings(folder: Path | None = None, cpu: str | None = None,
-                      measure: Callable[[torch.dtype], float] = layer_step_seconds) -> dict[str, float]:
-    """Seconds of the reference layer's tuned one-token step per dtype, measured once per machine and cached."""
-    key = KernelKey.of([f"dtype:{d}" for d in DTYPE_CANDIDATES], torch.device("cpu"), [1, 2, 3, 4], cpu)
-    path = table_path(key, folder).with_name(f"dtype-{key.digest()}.json")
-    try:
-        data = json.loads(path.read_text())
-        if data.get("key") == json.loads(json.dumps(asdict(key))):
-            return data["seconds"]
-    except (OSError, ValueError):
-        pass
-    with torch.inference_mode():
-        seconds = {str(d).removeprefix("torch."): measure(d) for d in DTYPE_CANDIDATES}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"key": asdict(key), "seconds": seconds}, indent=1))
-    return seconds
-
-
-def fastest_cpu_dtype(**kw) -> torch.dtype:
-    seconds = cpu_dtype_timings(**kw)
-    return getattr(torch, min(seconds, key=seconds.get))

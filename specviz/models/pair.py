@@ -119,14 +119,14 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def measured_cpu_dtype() -> torch.dtype:
-    from specviz.models.kernels import fastest_cpu_dtype  # torch kernels timed: only when asked for
+    from specviz.models.auto_dtype import fastest_cpu_dtype  # torch kernels timed: only when asked for
 
     return fastest_cpu_dtype()
 
 
 def resolve_dtype(dtype: str, device: torch.device, cpu_auto=measured_cpu_dtype) -> torch.dtype:
     """auto: bf16 on GPUs; on a CPU whichever of float32 and bfloat16 runs a tuned one-token step faster here,
-    measured once per machine (`kernels.fastest_cpu_dtype`). No flag in /proc/cpuinfo says it: a CPU with
+    measured once per machine (`auto_dtype.fastest_cpu_dtype`). No flag in /proc/cpuinfo says it: a CPU with
     AVX512-BF16 had one-row bf16 products slower than two-row ones, one without bf16 units emulates them.
     float32 is also the dtype in which exactness against plain decoding is proven."""
     if dtype == "auto":

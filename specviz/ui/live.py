@@ -12,7 +12,7 @@ from html import escape
 
 import gradio as gr
 
-from specviz.analysis.explain import economics, explain, precisions, sentence
+from specviz.analysis.explain import economics, economics_headline, explain, precisions, sentence
 from specviz.runs.race import Lane, RaceState
 from specviz.ui import figures, render, teach
 from specviz.ui.tree_view import latest_tree_html
@@ -28,6 +28,7 @@ CSS = """
 .sv-live-nums { font-size: 13px; color: var(--body-text-color-subdued); }
 .sv-live-nums b { color: var(--body-text-color); }
 .sv-live-why { flex-basis: 100%; font-size: 13px; line-height: 1.35; }
+.sv-live-economics summary { cursor: pointer; }
 .sv-live-lane h4 { margin: 0 0 4px; font-size: 13px; display: flex; justify-content: space-between; }
 .sv-live-lane .sv-scroll { height: 170px; max-height: none; justify-content: flex-end; }
 .sv-live-lane .sv-text { flex: 1 0 auto; min-height: 0; font-size: 13px; line-height: 1.75; padding: 6px 8px; }
@@ -76,12 +77,19 @@ def speed_html(state: RaceState) -> str:
             f'<b>{lane_numbers(state.ar)}</b> · acceptance <b>{stats.spec.acceptance_rate:.0%}</b>, '
             f'<b>{stats.spec.mean_accepted_tokens:.1f}</b> tokens per round</span>')
     e = explain(stats) if state.done else None
-    why = (f'<span class="sv-live-why">{escape(sentence(e))}</span>'
-           f'<span class="sv-live-why">{escape(economics(e, *precisions(m.target, m.draft, m.dtype)))}</span>'
-           if e and (m := state.meta) else "")
+    why = (f'<span class="sv-live-why">{escape(sentence(e))}</span>{economics_html(e, state.meta)}'
+           if e else "")
     notes = "".join(f'<span class="sv-live-why">{escape(n)}</span>'
                     for n in teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished)))
     return f'<div class="sv-live-speed">{verdict}{nums}{why}{notes}</div>'
+
+
+def economics_html(e, meta) -> str:
+    """The economics in one line (c, the precisions behind it, the regime, where it stops paying); the full
+    sentence opens below it, so the four parts still fit one laptop screen."""
+    which = precisions(meta.target, meta.draft, meta.dtype)
+    return (f'<details class="sv-live-why sv-live-economics"><summary>{escape(economics_headline(e, *which))}'
+            f'</summary>{escape(economics(e, *which))}</details>')
 
 
 def latest_drafted(rounds: list) -> object:

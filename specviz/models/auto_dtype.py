@@ -1,0 +1,58 @@
+"""The dtype `--dtype auto` picks on a CPU: the one whose tuned one-token step is measured fastest here.
+
+No /proc/cpuinfo flag says it: a CPU with AVX512-BF16 had one-row bf16 products slower than two-row ones, one
+without bf16 units emulates them. So one decoder layer is timed in each dtype on this machine's best kernel for
+one row (padding included), once, and the answer cached beside the kernel tables.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specviz.models.kernel_table import KernelKey, table_path
+from specviz.models.kernels import Timer, choose, kernels_of, time_group
+
+# One decoder layer of the embedded target (Qwen2.5-Coder-1.5B: q/o 1536x1536, k/v 256x1536, gate/up 8960x1536,
+# down 1536x8960), over 100 MB in float32: which dtype multiplies one row fastest is the machine's answer.
+REFERENCE_LAYER = ((1536, 1536, 2), (256, 1536, 2), (8960, 1536, 2), (1536, 8960, 1))
+DTYPE_CANDIDATES = (torch.float32, torch.bfloat16)
+
+
+def layer_step_seconds(dtype: torch.dtype, timer: Timer = time_group) -> float:
+    """The reference layer's one-row products on this machine's fastest kernel for them (padding included)."""
+    total = 0.0
+    for out, inp, count in REFERENCE_LAYER:
+        linear = nn.Linear(inp, out, bias=False, dtype=dtype)
+        costs = timer([kernels_of(linear)], inp, dtype, torch.device("cpu"), [1, 2, 3, 4])
+        best = choose(costs, 4)[1]
+        total += costs[best.kernel][best.rows] * count
+    return total
+
+
+def cpu_dtype_timings(folder: Path | None = None, cpu: str | None = None,
+                      measure: Callable[[torch.dtype], float] = layer_step_seconds) -> dict[str, float]:
+    """Seconds of the reference layer's tuned one-token step per dtype, measured once per machine and cached."""
+    key = KernelKey.of([f"dtype:{d}" for d in DTYPE_CANDIDATES], torch.device("cpu"), [1, 2, 3, 4], cpu)
+    path = table_path(key, folder).with_name(f"dtype-{key.digest()}.json")
+    try:
+        data = json.loads(path.read_text())
+        if data.get("key") == json.loads(json.dumps(asdict(key))):
+            return data["seconds"]
+    except (OSError, ValueError):
+        pass
+    with torch.inference_mode():
+        seconds = {str(d).removeprefix("torch."): measure(d) for d in DTYPE_CANDIDATES}
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"key": asdict(key), "seconds": seconds}, indent=1))
+    return seconds
+
+
+def fastest_cpu_dtype(**kw) -> torch.dtype:
+    seconds = cpu_dtype_timings(**kw)
+    return getattr(torch, min(seconds, key=seconds.get))
