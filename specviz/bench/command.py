@@ -165,8 +165,7 @@ def cmd_bench(args) -> int:
         log.warning("torch uses %s threads on %s cores", info["torch_threads"], info["cpu_count"])
     # the draft as loaded (the cheaper one is chosen below) and the target at its precision, on the kernels as loaded
     loaded = load_spec(replace(spec, draft_quant="none", kernels="plain"))
-    pair, tuning = with_target(loaded, "none", spec.kernels,
-                               status=lambda s: print(s, file=sys.stderr))
+    pair, tuning = with_target(loaded, "none", spec.kernels, status=lambda s: print(s, file=sys.stderr))
     untuned = loaded if args.also_untuned and tuning is not None else None
     problem = next(filter(None, (drafter_problem(c.drafter, pair.draft, pair.target, c.exit_layer, pair.vocab_map)
                                  for c in plan.settings())), None)
@@ -237,10 +236,10 @@ def cmd_bench(args) -> int:
 
 def anchors(cost, cost_pair, bandwidth: float, tuning) -> dict:
     """The measured bandwidth, each model's step against its bound, and where the kernel table came from."""
+    from torch import nn
+
     from specviz.bench.bandwidth import step_bound
     from specviz.models.kernels import step_bytes
-
-    from torch import nn
 
     steps = {}
     if cost is not None:  # (a 'self' drafter's step is the target's first layers: no weights of its own)
