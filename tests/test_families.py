@@ -227,9 +227,20 @@ def test_the_bench_times_the_draft_on_its_own_tokens_and_the_proof_skips_the_dra
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "x", "prompt": "the a of", "kind": "code"}\n')
     out = tmp_path / "r.json"
-    with mock.patch("specviz.models.load_spec", lambda spec, **kw: cross):
+    from specviz.bench import costs
+
+    timed_on = []  # (which forward, the ids it read the prompt in): the target's curve first, then the draft's step
+    forward_times = costs._forward_times
+
+    def spy(model, prompt_ids, sizes, reps, device):
+        timed_on.append(list(prompt_ids))
+        return forward_times(model, prompt_ids, sizes, reps, device)
+    with mock.patch("specviz.models.load_spec", lambda spec, **kw: cross), \
+            mock.patch("specviz.bench.costs._forward_times", spy):
         assert cli.main(["bench", "--prompts", str(prompts), "--k", "3", "--max-new-tokens", "8", "--json", str(out),
                          "--no-progress"]) == 0
     assert out.read_text().count('"identical_fraction": 1.0') >= 2  # greedy: every method equals the target alone
+    target_ids, draft_ids = timed_on[-2:]
+    assert draft_ids == cross.vocab_map.translate(target_ids, []) and draft_ids != target_ids  # its own ids
     names = [s.name for s in samplers(cross, ProofSettings())]
     assert names == ["speculative", "target alone", "always accept (control)"]
