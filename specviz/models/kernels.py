@@ -244,13 +244,6 @@ class Tuning:
     cached: bool
     path: Path | None
 
-    def step_seconds(self, counts: dict[str, int], rows: int = 1) -> float:
-        """The linears' share of a forward over `rows` rows: each shape's chosen cost times its count."""
-        def cost(shape):
-            c = lookup(self.plans[shape], rows)
-            return self.costs[shape][c.kernel].get(c.rows, float("nan"))
-        return sum(cost(shape) * n for shape, n in counts.items())
-
 
 def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_group, folder: Path | None = None,
          cpu: str | None = None, status: Callable[[str], None] = log.info) -> tuple[nn.Module, Tuning]:
@@ -302,11 +295,3 @@ def step_bytes(model: nn.Module) -> int:
     candidate kernels keep); embeddings are gathered a row at a time and not counted."""
     linears = [m.inner for m in model.modules() if isinstance(m, TunedLinear)] + [m for _, _, m in sites(model)]
     return sum(module_bytes(m) for m in linears)
-
-
-def shape_counts(model: nn.Module) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for module in model.modules():
-        if isinstance(module, TunedLinear):
-            counts[module.key] = counts.get(module.key, 0) + 1
-    return counts
