@@ -533,17 +533,19 @@ def test_hf_settings_are_restored_after_each_call(tiny):
     (SamplingParams(1.0, top_k=20), dict(do_sample=True, temperature=1.0, top_k=20, top_p=None)),
 ])
 def test_hf_samples_with_the_same_warps_as_specviz(tiny, sampling, expected):
-    seen = []
+    seen, given = [], []
 
-    def spy(*args, **kwargs):
+    def spy(ids, **kwargs):
         seen.append({k: kwargs[k] for k in expected})
-        return torch.tensor([[3, 4, 5, 6]])
+        given.append((ids.tolist(), kwargs["attention_mask"].tolist(), kwargs["max_new_tokens"]))
+        return torch.cat([ids, torch.tensor([[6]])], 1)  # generate()'s output: the prompt, then what it made
 
     hf = HFGenerate(tiny.target, tiny.eos_token_ids, None, tiny.device, sampling, seed=1)
     with mock.patch.object(tiny.target, "generate", spy):
-        assert hf.generate([3, 4, 5], 1, HFSetting.fixed(2), tiny.draft) == [6]
-        assert hf.generate([3, 4, 5], 1) == [6]  # the target alone: the same warps
+        assert hf.generate([3, 4, 5], 1, HFSetting.fixed(2), tiny.draft) == [6]  # the new tokens alone
+        assert hf.generate([7, 8], 2) == [6]  # the target alone: the same warps
     assert seen == [expected, expected]
+    assert given == [([[3, 4, 5]], [[1, 1, 1]], 1), ([[7, 8]], [[1, 1]], 2)]  # the prompt and length asked for
 
 
 def test_cli_writes_json_and_html(tiny, tmp_path, capsys):
@@ -582,15 +584,22 @@ def test_cli_measures_tuned_kernels_against_the_kernels_as_loaded(tiny, tmp_path
     for name in ("ar untuned", "spec k=6 untuned", "spec tree n=8 k=6 untuned"):  # both lanes, chain and tree
         assert report["methods"][name]["identical_fraction"] == 1.0  # greedy: the same tokens either way
     u = report["untuned"]
-    assert u["chain"]["tuned_over_untuned"] > 0 and len(u["chain"]["ci95"]) == 2 and set(u["chain"]["by_kind"]) == {
-        "code", "prose"}
+    rate = {name: m["tokens_per_s"] for name, m in report["methods"].items()}
+    for lane, tuned in (("ar", "ar"), ("chain", "spec k=6"), ("tree", "spec tree n=8 k=6")):  # each lane's own pair
+        assert u[lane]["tuned_over_untuned"] == pytest.approx(rate[tuned] / rate[f"{tuned} untuned"], abs=2e-4)
+    assert len(u["chain"]["ci95"]) == 2 and set(u["chain"]["by_kind"]) == {"code", "prose"}
     assert u["ar"]["untuned_tokens_per_s"] == report["methods"]["ar untuned"]["tokens_per_s"]
     assert u["tree"]["untuned_tokens_per_s"] == report["methods"]["spec tree n=8 k=6 untuned"]["tokens_per_s"]
     assert len(u["costs"]["verify_ratio"]) == len(report["costs"]["verify_ratio"]) == 9  # both curves to the tree
     check = report["costs"]["baseline_check"]
     assert check["ok"] == (check["min_ratio"] >= 0.95) and (check["sentence"] is None) == check["ok"]
     a = report["anchors"]
-    assert a["bandwidth_gb_s"] > 0 and 0 < a["target"]["fraction_of_bound"] and a["target"]["weight_bytes"] > 0
+    assert a["bandwidth_gb_s"] > 0 and a["target"]["weight_bytes"] > 0
+    for role in ("target", "draft"):  # the bound (bytes / bandwidth) over the measured step, both as reported
+        b = a[role]
+        bound_s = b["weight_bytes"] / (a["bandwidth_gb_s"] * 1e9)
+        assert b["fraction_of_bound"] == pytest.approx(bound_s / (b["step_ms"] / 1e3), rel=0.02, abs=6e-4)
+        assert b["step_ms"] == report["costs"][f"{role}_step_ms"]  # the step the cost model measured
     assert a["kernel_table"]["one_row"]
     text = capsys.readouterr().out
     assert "tuned kernels over the kernels as loaded" in text and "memory bandwidth (triad)" in text
@@ -610,7 +619,7 @@ def test_llamacpp_runs_in_the_same_bench_on_the_reported_prompts_and_prints_besi
     seen = {}
 
     def fake(folder, spec, reported, config, status):
-        seen.update(folder=folder, ids=[p.id for p in reported], k=config.k)
+        seen.update(folder=folder, ids=[p.id for p in reported], k=config.k, tokens=config.max_new_tokens)
         return {"build": folder, "threads": 2, "target_tokens_per_s": 28.3, "draft_tokens_per_s": 45.4, "c": 0.62,
                 "k": config.k, "spec_tokens_per_s": 16.2, "spec_over_target": 0.57, "acceptance": 0.8, "prompts": 2}
     out = tmp_path / "r.json"
@@ -618,7 +627,7 @@ def test_llamacpp_runs_in_the_same_bench_on_the_reported_prompts_and_prints_besi
             mock.patch("specviz.bench.llamacpp.compare_llamacpp", fake):
         assert cli.main(["bench", "--prompts", str(prompts), "--k", "3", "--max-new-tokens", "6", "--compare-llamacpp",
                          "/some/build", "--json", str(out), "--no-progress"]) == 0
-    assert seen == {"folder": "/some/build", "ids": ["a", "b"], "k": 3}
+    assert seen == {"folder": "/some/build", "ids": ["a", "b"], "k": 3, "tokens": 6}  # the chosen setting, as run
     assert json.loads(out.read_text())["llamacpp"]["spec_over_target"] == 0.57
     assert "llama.cpp (/some/build, 2 threads, the same GGUF files): target alone 28.30 tok/s" in capsys.readouterr().out
 

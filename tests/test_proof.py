@@ -115,23 +115,48 @@ def test_greedy_identity_matrix_against_transformers_generate():
     assert all(r.identical and r.first_difference is None for r in rows), rows
 
 
-def test_prove_command_writes_its_report_and_exits_by_the_verdicts(tmp_path, capsys):
+@pytest.mark.parametrize("broken_control, code_expected", [(False, 0), (True, 1)], ids=["every control detected",
+                                                                                      "a control not detected"])
+def test_prove_command_writes_its_report_and_exits_by_the_verdicts(tmp_path, capsys, monkeypatch, broken_control,
+                                                                   code_expected):
+    """On the tiny pair with a draft far from its target (noise 0.5 on its weights, not 0.03), 16 paths see
+    every control's error (each control's smallest p-value is below 1e-6, its threshold about 1e-4: alpha 1e-3
+    over its 7 tests at most): exit 0. With the always-accept control's rule replaced by the real one, that control
+    samples the target's own distribution and cannot be detected: the command says so and exits 1."""
+    import functools
+    import json
+
+    import specviz.models.loading as loading
+    import specviz.runs.proof as proof
+    from specviz.engine.rules import verify
+    from specviz.models.tiny import tiny_pair
+
+    monkeypatch.setattr(loading, "tiny_pair", functools.partial(tiny_pair, noise=0.5))
+    if broken_control:
+        monkeypatch.setattr(proof, "accept_every_draft", verify)
     out = tmp_path / "proof.json"
     code = main(["prove", "--draft", "tiny", "--target", "tiny", "--samples", "16", "--control-samples", "16",
                  "--drafter", "model,lookup", "--identity", "--identity-tokens", "6", "--json", str(out),
                  "--html", str(tmp_path / "proof.html"), "--no-progress"])
-    import json
-
     report = json.loads(out.read_text())
     assert [(r["drafter"], r["adaptive"]) for r in report["runs"]] == [("model", "confidence"), ("lookup", "confidence")]
     assert len(report["identity"]) == 2 * 4 and report["identical"]
-    # the tiny random pair's draft is too close to its target for 16 samples to see the controls' error:
-    # the command must say so and fail, never call an undetected control a pass
-    assert code == (0 if report["all_as_expected"] else 1)
+    detected = not broken_control  # the always-accept control: rejected, as a wrong sampler must be
+    assert [(r["drafter"], v["name"], v["rejected"], v["as_expected"]) for r in report["runs"] for v in r["verdicts"]
+            ] == [("model", "speculative", False, True), ("model", "target alone", False, True),
+                  ("model", "draft alone (control)", True, True),
+                  ("model", "always accept (control)", detected, detected),
+                  ("lookup", "speculative", False, True),
+                  ("lookup", "always accept (control)", detected, detected)]
+    assert report["all_as_expected"] is (not broken_control)
+    assert code == code_expected
     text = capsys.readouterr().out
     assert format_table(report) in text and "<table>" in report_html(report)
-    if not report["all_as_expected"]:
-        assert "NOT DETECTED" in text
+    if broken_control:
+        assert text.count("NOT DETECTED") == 2 and "SOME SAMPLERS NOT AS EXPECTED" in text
+    else:
+        assert "NOT DETECTED" not in text and "all as expected" in text
+        assert text.count("rejected (as it must be)") == 3  # the model drafter's two controls, the lookup's one
 
 
 def test_prove_refuses_greedy_and_bad_lists(capsys):

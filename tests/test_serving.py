@@ -8,7 +8,6 @@ On the tiny pair, in-process; the load test with many users is tests/test_loadte
 from __future__ import annotations
 
 import threading
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -17,8 +16,8 @@ from transformers import Qwen2Config
 
 from specviz.api import messages
 from specviz.cli import build_parser
-from specviz.engine import DecodeConfig
-from specviz.models import ModelLoadError, PairSpec
+from specviz.engine import DecodeConfig, speculative_generate
+from specviz.models import ModelLoadError, PairSpec, encode_prompt
 from specviz.models.memory import check_fits, parameter_count, weights_bytes
 from specviz.models.tiny import tiny_model, tiny_pair
 from specviz.runs import decode as decoding
@@ -133,29 +132,42 @@ def test_a_budget_counts_from_its_creation():
     assert stop() == "budget"
 
 
-def slow_target(session, monkeypatch, seconds: float):
+def slow_target(session, monkeypatch, module, seconds: float) -> list[float]:
+    """Each target forward costs `seconds` of a fake clock, and the budget `module` gives a request reads that
+    clock: the budget ends a run after the same forwards on any machine, however loaded (no sleeps, no wall
+    clock). Returns the clock, [now]."""
+    now = [0.0]
     forward = session.pair.target.forward
 
     def slow(*args, **kwargs):
-        time.sleep(seconds)
+        now[0] += seconds
         return forward(*args, **kwargs)
 
     monkeypatch.setattr(session.pair.target, "forward", slow)
+    monkeypatch.setattr(module, "budget", lambda limit: budget(limit, clock=lambda: now[0]))
+    return now
 
 
 def test_a_run_past_its_budget_ends_as_budget_and_keeps_its_rounds(monkeypatch):
     session = tiny_session()
-    slow_target(session, monkeypatch, 0.25)
+    config = DecodeConfig(**SETTINGS)
+    ids = encode_prompt(session.pair.tokenizer, PROMPT)
+    unbounded = list(speculative_generate(session.pair, ids, config))  # the same run with no budget
+    now = slow_target(session, monkeypatch, decoding, 0.25)
     *_, trace = decoding.decode(session, Limits(max_seconds=1), PROMPT, SETTINGS)
-    assert trace.finished == "budget" and 2 <= len(trace.rounds) <= 6
+    assert trace.finished == "budget" and len(trace.rounds) == 3
+    # the prompt's forward (0.25 s), then one verify forward per round: the 3rd round's ends at 1.0 s, the budget
+    assert now[0] == 1.0 and len(unbounded) > 3
     assert all(r.finished is None for r in trace.rounds[:-1])  # ended at the round that crossed the budget
+    # those rounds kept, as the run without a budget made them
+    assert [r.new_token_ids for r in trace.rounds] == [r.new_token_ids for r in unbounded[:3]]
     assert messages.run_summary(trace)["finished"] == "budget"
     assert not session.lock.locked()
 
 
 def test_a_race_past_its_budget_ends_both_lanes_as_budget(monkeypatch):
     session = tiny_session()
-    slow_target(session, monkeypatch, 0.25)
+    slow_target(session, monkeypatch, racing, 0.25)
     *_, state = racing.race(session, Limits(max_seconds=1), PROMPT, SETTINGS)
     assert state.done and (state.ar.finished, state.spec.finished) == ("budget", "budget")
     assert 0 < state.ar.tokens < 40 and 0 < state.spec.tokens < 40
@@ -163,8 +175,10 @@ def test_a_race_past_its_budget_ends_both_lanes_as_budget(monkeypatch):
 
 
 def test_same_distribution_past_its_budget_reports_what_it_drew(monkeypatch):
+    from specviz.runs import distribution
+
     session = tiny_session()
-    slow_target(session, monkeypatch, 0.05)
+    slow_target(session, monkeypatch, distribution, 0.05)
     results = list(sample_distribution(session, Limits(max_seconds=1), PROMPT, {"k": 2},
                                        {"samples": 400, "temperature": 1.0}))
     last = results[-1]
