@@ -202,6 +202,17 @@ class SelfDrafter(ModelDrafter):
 LOOKUP_MAX_NGRAM = 3  # the longest suffix matched against the context
 
 
+def lookup_continuation(history: list[int], k: int, max_ngram: int = LOOKUP_MAX_NGRAM) -> list[int]:
+    """Up to k tokens that followed the latest earlier occurrence of the longest suffix of `history` (n <=
+    max_ngram) seen before; [] when none recurs. Pure: the drafter and the Atlas's offline replay share it."""
+    for n in range(min(max_ngram, len(history) - 1), 0, -1):
+        pattern = history[-n:]
+        for start in range(len(history) - n - 1, -1, -1):
+            if history[start:start + n] == pattern:
+                return history[start + n:start + n + k]
+    return []
+
+
 class PromptLookupDrafter:
     """Model-free: find the latest earlier occurrence of the last n tokens, propose what followed.
 
@@ -214,12 +225,7 @@ class PromptLookupDrafter:
         self.vocab_size, self.device, self.max_ngram = vocab_size, device, max_ngram
 
     def continuation(self, history: list[int], k: int) -> list[int]:
-        for n in range(min(self.max_ngram, len(history) - 1), 0, -1):
-            pattern = history[-n:]
-            for start in range(len(history) - n - 1, -1, -1):
-                if history[start:start + n] == pattern:
-                    return history[start + n:start + n + k]
-        return []
+        return lookup_continuation(history, k, self.max_ngram)
 
     def prefill(self, ids: torch.Tensor) -> None:
         pass  # no model, no cache

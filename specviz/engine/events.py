@@ -40,6 +40,9 @@ class DraftedToken:
     p_top: list[Candidate] = field(default_factory=list)
     residual_top: list[Candidate] = field(default_factory=list)  # norm(max(0, p - q)): where a correction comes from
     predicted: float | None = None  # the acceptance model's prediction for this token (None in older traces)
+    # entropy (nats) of softmax(draft logits) at temperature 1, where the draft proposed x: how unsure it showed
+    # itself, informative even when greedy (None in older traces and in tree rounds)
+    q_entropy: float | None = None
 
 
 @dataclass

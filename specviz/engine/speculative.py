@@ -116,6 +116,7 @@ def _round_stats(draft, logits, p, verdict, config) -> dict[str, torch.Tensor]:
         accept_prob=verdict.accept_prob, u=verdict.u,
         q=draft.q.gather(-1, idx).squeeze(-1), p=p[:k].gather(-1, idx).squeeze(-1),
         q_soft=q_soft.gather(-1, idx).squeeze(-1), p_soft=p_soft[:k].gather(-1, idx).squeeze(-1),
+        q_entropy=torch.special.entr(q_soft).sum(-1),  # entr(0) = 0: tokens the draft cannot say (-inf) add none
         **target, **top(shown(draft.logits, draft.q, greedy), top_n, "q"), **top(verdict.residual, top_n, "r"),
     )
 
@@ -145,7 +146,7 @@ def _round_event(h, n, new, k, pieces, predictor: AcceptanceModel, **fields) -> 
             id=tid, text=pieces(tid), q=h["q"][i], p=h["p"][i], accept_prob=h["accept_prob"][i], u=h["u"][i],
             status=status, q_soft=h["q_soft"][i], p_soft=h["p_soft"][i], target_top2_gap=h["gap"][i],
             q_top=candidates(h, "q", i, pieces), p_top=candidates(h, "p", i, pieces),
-            residual_top=candidates(h, "r", i, pieces),
+            residual_top=candidates(h, "r", i, pieces), q_entropy=h["q_entropy"][i],
         )
         token.predicted = predictor.predict(token_features(token, i, fields["drafter"]))
         drafted.append(token)
