@@ -38,6 +38,8 @@ class Limits:
     max_paused: int = _limit(8, "max_paused", "paused step-mode runs kept at once (each holds KV caches); the "
                              "oldest beyond are closed")
     paused_seconds: int = _limit(600, "paused_seconds", "seconds a paused step-mode run is kept without a step")
+    max_atlas_prompts: int = _limit(200, "max_atlas_prompts", "prompts one Atlas request may run (more are left "
+                                    "out, and it says so)")
     max_seconds: int = _limit(180, "max_seconds", "wall-clock seconds one request may hold the model; then it "
                               "ends (finished: 'budget') and keeps what it made")
 
@@ -55,7 +57,8 @@ Limits.__init__ = _checked_init
 
 # The CLI runs on the user's own machine: the same checks as the app's controls, but not the web
 # server's per-request caps (only the model's context bounds a run; K stays a sane number).
-CLI_LIMITS = Limits(max_new_tokens=1_000_000, max_k=256, max_samples=1_000_000, max_seconds=10**9)
+CLI_LIMITS = Limits(max_new_tokens=1_000_000, max_k=256, max_samples=1_000_000, max_atlas_prompts=1_000_000,
+                    max_seconds=10**9)
 
 
 def budget(seconds: float, clock: Callable[[], float] = time.monotonic) -> Callable[[], Finish]:

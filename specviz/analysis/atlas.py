@@ -1,0 +1,253 @@
+"""The Atlas: where a draft fails on a set of prompts, from their recorded rounds. Pure: events in, numbers out.
+
+Every rate comes with its count (`Count`: how many were tested, how many accepted). A drafted token the
+target tested is one trial; the drafts after a rejection were never tested. A rejection loses the rejected
+draft and every draft after it in that round (`rejections.Rejection.lost`). A position's *class* is the
+class of the token the target put there (the accepted draft, or the correction that replaced a rejected
+one): "when the target writes a number, the draft matches it in 60 % of 120 tries". What to change (K,
+the cut, another drafter, the ceiling) is in `atlas_advice.py`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from specviz.analysis.acceptance import reliability
+from specviz.analysis.predict import CostModel, predicted_speedup_for_rounds
+from specviz.analysis.rejections import PromptRun, Rejection, chain_rounds, rejections
+from specviz.analysis.stats import ratio, spec_stats
+from specviz.analysis.token_classes import CLASSES, UNDRAFTABLE, token_class
+from specviz.engine.events import ACCEPTED, NOT_VERIFIED, Round
+
+CONTEXT_CHARS = 80  # of generated text shown before a disagreement
+EXAMPLES = 3  # contexts kept per disagreement
+TOP_DISAGREEMENTS = 20
+CONFIDENCE_BINS = 10
+ENTROPY_EDGES = (0.0, 0.1, 0.5, 1.0, 2.0, 4.0, math.inf)  # nats: sure ... spread over many tokens
+
+
+@dataclass(frozen=True)
+class Count:
+    n: int  # tested
+    accepted: int
+    rate: float  # accepted / n (0 when n = 0)
+
+
+def count(n: int, accepted: int) -> Count:
+    return Count(n, accepted, ratio(accepted, n))
+
+
+@dataclass(frozen=True)
+class PromptRow:
+    id: str
+    kind: str
+    prompt_tokens: int
+    rounds: int
+    tokens: int
+    acceptance: Count  # accepted / drafted
+    tokens_per_round: float
+    predicted_speedup: float | None  # the cost model on this run's rounds
+    measured_speedup: float | None  # its race, when it raced
+    finished: str | None
+
+
+@dataclass(frozen=True)
+class Bin:
+    low: float
+    high: float | None  # None: open-ended
+    mean: float  # of the binned value (confidence, entropy)
+    acceptance: Count
+
+
+@dataclass(frozen=True)
+class Where:
+    """Where in the round the draft fails."""
+
+    by_position: tuple[Count, ...]  # i = 1..K: P(accepted | drafts 1..i-1 accepted), n = rounds that tested i
+    by_confidence: tuple[Bin, ...]  # the draft's q_soft(x): a reliability curve
+    by_entropy: tuple[Bin, ...]  # the entropy the draft showed (nats); tokens recorded without it are left out
+
+
+@dataclass(frozen=True)
+class Token:
+    id: int
+    text: str
+
+
+@dataclass(frozen=True)
+class Example:
+    prompt_id: str
+    round: int
+    context: str  # the generated text just before the position
+
+
+@dataclass(frozen=True)
+class Disagreement:
+    drafted: Token  # what the draft proposed
+    wanted: Token  # what the target emitted instead
+    count: int
+    tokens_lost: int
+    examples: tuple[Example, ...]
+
+
+@dataclass(frozen=True)
+class ClassRow:
+    name: str
+    acceptance: Count  # positions where the target's token is of this class
+    rejections: int
+    tokens_lost: int
+
+
+@dataclass(frozen=True)
+class Totals:
+    prompts: int
+    rounds: int
+    tokens: int
+    acceptance: Count
+    tokens_per_round: float
+    predicted_speedup: float | None
+    measured_speedup: float | None  # over every race: all speculative tokens/s over all target-alone tokens/s
+
+
+@dataclass(frozen=True)
+class Findings:
+    """What the Atlas measured (the advice aside)."""
+
+    totals: Totals
+    prompts: tuple[PromptRow, ...]  # worst first
+    where: Where
+    disagreements: tuple[Disagreement, ...]
+    classes: tuple[ClassRow, ...]
+    undraftable: ClassRow  # targets' tokens the draft could not have proposed (another family's vocabulary)
+    kinds: dict[str, Count]  # acceptance per prompt kind
+
+
+def predicted(rounds: Sequence[Round], cost: CostModel | None) -> float | None:
+    drafted = sum(r.k for r in rounds)
+    if cost is None or drafted == 0:
+        return None
+    return predicted_speedup_for_rounds([r.k for r in rounds], sum(r.tokens_emitted for r in rounds), cost)
+
+
+def prompt_row(run: PromptRun, cost: CostModel | None) -> PromptRow:
+    s = spec_stats(run.rounds)
+    return PromptRow(run.id, run.kind, len(run.prompt_ids), s.rounds, s.tokens, count(s.drafted, s.accepted),
+                     s.mean_accepted_tokens, predicted(run.rounds, cost), run.measured_speedup, run.finished)
+
+
+def worst_first(rows: Sequence[PromptRow]) -> list[PromptRow]:
+    """Lowest acceptance first (then fewest tokens per round); a row with nothing drafted last."""
+    return sorted(rows, key=lambda r: (r.acceptance.n == 0, r.acceptance.rate, r.tokens_per_round, r.id))
+
+
+def binned(values: Sequence[float], outcomes: Sequence[bool], edges: Sequence[float]) -> tuple[Bin, ...]:
+    """Acceptance per bin [edges[i], edges[i+1]) of `values`; empty bins left out."""
+    rows = []
+    for low, high in zip(edges, edges[1:]):
+        inside = [(v, o) for v, o in zip(values, outcomes) if low <= v < high]
+        if inside:
+            rows.append(Bin(low, None if math.isinf(high) else high, sum(v for v, _ in inside) / len(inside),
+                            count(len(inside), sum(o for _, o in inside))))
+    return tuple(rows)
+
+
+def where(runs: Sequence[PromptRun]) -> Where:
+    s = spec_stats([r for run in runs for r in chain_rounds(run)])
+    tokens = [t for run in runs for r in chain_rounds(run) for t in r.drafted if t.status != NOT_VERIFIED]
+    outcomes = [t.status == ACCEPTED for t in tokens]
+    # the acceptance model's reliability bins, with the confidence q_soft as the prediction; observed x n is
+    # a whole number of accepted tokens (round() only undoes the float division)
+    confidence = tuple(Bin(b.low, b.high, b.predicted, count(b.n, round(b.observed * b.n)))
+                       for b in reliability([t.q_soft for t in tokens], outcomes, CONFIDENCE_BINS)) if tokens else ()
+    shown = [(t.q_entropy, o) for t, o in zip(tokens, outcomes) if t.q_entropy is not None]
+    entropy = binned([v for v, _ in shown], [o for _, o in shown], ENTROPY_EDGES)
+    return Where(tuple(count(t, p) for t, p in zip(s.tested, s.passed)), confidence, entropy)
+
+
+def context_before(rej: Rejection) -> str:
+    """The generated text just before the rejected draft: earlier rounds, then this round's accepted drafts."""
+    earlier = rej.run.rounds[rej.round.index - 1].text if rej.round.index > 0 else ""
+    return (earlier + "".join(t.text for t in rej.round.drafted[:rej.index]))[-CONTEXT_CHARS:]
+
+
+def disagreements(runs: Sequence[PromptRun], top: int = TOP_DISAGREEMENTS) -> list[Disagreement]:
+    """(drafted x, target wanted y) pairs, most tokens lost first, each with up to EXAMPLES contexts."""
+    groups: dict[tuple[int, int], list[Rejection]] = defaultdict(list)
+    for rej in rejections(runs):
+        groups[(rej.round.drafted[rej.index].id, rej.round.emitted.id)].append(rej)
+    out = []
+    for rejs in groups.values():
+        drafted, wanted = rejs[0].round.drafted[rejs[0].index], rejs[0].round.emitted
+        examples = tuple(Example(rej.run.id, rej.round.index, context_before(rej)) for rej in rejs[:EXAMPLES])
+        out.append(Disagreement(Token(drafted.id, drafted.text), Token(wanted.id, wanted.text), len(rejs),
+                                sum(rej.lost for rej in rejs), examples))
+    return sorted(out, key=lambda d: (-d.tokens_lost, -d.count, d.drafted.id, d.wanted.id))[:top]
+
+
+@dataclass
+class _Tally:
+    n: int = 0
+    accepted: int = 0
+    rejections: int = 0
+    lost: int = 0
+
+    def row(self, name: str) -> ClassRow:
+        return ClassRow(name, count(self.n, self.accepted), self.rejections, self.lost)
+
+
+def classes(runs: Sequence[PromptRun], special_ids: frozenset[int] = frozenset()
+            ) -> tuple[list[ClassRow], ClassRow]:
+    """Acceptance and tokens lost per content class of the target's token, and, apart, the tokens the
+    target chose that the draft could not have proposed."""
+    tally = {name: _Tally() for name in CLASSES}
+    undraftable = _Tally()
+    for run in runs:
+        for r in chain_rounds(run):
+            for t in r.drafted:
+                if t.status == ACCEPTED:
+                    row = tally[token_class(t.text, t.id in special_ids)]
+                    row.n += 1
+                    row.accepted += 1
+        for rej in rejections([run]):
+            e = rej.round.emitted
+            for row in [tally[token_class(e.text, e.id in special_ids)], *([] if e.draftable else [undraftable])]:
+                row.n += 1
+                row.rejections += 1
+                row.lost += rej.lost
+    return [t.row(name) for name, t in tally.items()], undraftable.row(UNDRAFTABLE)
+
+
+def totals(runs: Sequence[PromptRun], cost: CostModel | None) -> Totals:
+    rounds = [r for run in runs for r in run.rounds]
+    s = spec_stats(rounds)
+    raced = [run for run in runs if run.steps and run.measured_speedup]
+    measured = None
+    if raced:  # ratio of totals (each lane's recorded times, prompt reading included), never a mean of ratios
+        spec_s = sum(r.prefill_time + r.draft_time + r.verify_time + r.overhead_time for run in raced
+                     for r in run.rounds)
+        ar_s = sum(st.prefill_time + st.time for run in raced for st in run.steps)
+        spec_tokens = sum(r.tokens_emitted for run in raced for r in run.rounds)
+        measured = ratio(ratio(spec_tokens, spec_s), ratio(sum(len(run.steps) for run in raced), ar_s)) or None
+    return Totals(len(runs), s.rounds, s.tokens, count(s.drafted, s.accepted), s.mean_accepted_tokens,
+                  predicted(rounds, cost), measured)
+
+
+def by_kind(runs: Sequence[PromptRun]) -> dict[str, list[PromptRun]]:
+    kinds: dict[str, list[PromptRun]] = defaultdict(list)
+    for run in runs:
+        kinds[run.kind].append(run)
+    return dict(sorted(kinds.items()))
+
+
+def findings(runs: Sequence[PromptRun], cost: CostModel | None, special_ids: frozenset[int] = frozenset()
+             ) -> Findings:
+    class_rows, undraftable = classes(runs, special_ids)
+    kinds = {}
+    for kind, rs in by_kind(runs).items():
+        s = spec_stats([r for run in rs for r in run.rounds])
+        kinds[kind] = count(s.drafted, s.accepted)
+    return Findings(totals(runs, cost), tuple(worst_first([prompt_row(run, cost) for run in runs])), where(runs),
+                    tuple(disagreements(runs)), tuple(class_rows), undraftable, kinds)
