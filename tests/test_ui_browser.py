@@ -166,3 +166,74 @@ def test_loading_a_preset_streams_status_and_updates_the_header(page):
     page.click("#sv-load")
     page.wait_for_function("document.querySelector('#sv-load-log')?.innerText.includes('Loaded')", timeout=60_000)
     assert "tiny-draft" in page.inner_text("#sv-pair")
+
+
+# ---------------------------------------------------------------- the Atlas (issue 30)
+
+ATLAS_PROMPTS = ('{"prompt": "the man said that it was good and", "kind": "story"}\n'
+                 '{"prompt": "she said that it was the one", "kind": "story", "id": "she"}\n'
+                 '{"prompt": "it was the one that it was", "kind": "other"}')
+
+
+def test_the_atlas_tab_runs_three_prompts_and_opens_one_in_decode(page):
+    page.get_by_role("tab", name="Atlas").click()
+    page.fill("#sv-atlas-paste textarea", ATLAS_PROMPTS)
+    page.click("#sv-atlas-run")
+    page.wait_for_function("document.querySelector('#sv-atlas-progress')?.innerText.includes('3 of 3 prompts ran')",
+                           timeout=120_000)
+    rows = "#sv-atlas-table [role=row]"  # the header and one row per prompt
+    page.wait_for_function(f"document.querySelectorAll('{rows}').length === 4", timeout=30_000)
+    first = page.locator(rows).nth(1).inner_text()
+    assert re.search(r"\d+ / \d+", first)  # every rate with its count
+    items = page.locator("#sv-atlas-disagreements li")
+    assert items.count() > 0 and "tokens lost" in items.first.inner_text()
+    assert items.first.locator(".sv-rejected").count() == 1 and items.first.locator(".sv-correction").count() == 1
+    assert "accepted (" in page.inner_text("#sv-atlas-summary")
+    page.wait_for_selector("#sv-atlas-files a[href]", timeout=30_000)  # the report, JSON and rejections
+    page.get_by_label("Open a prompt's run").click()
+    page.get_by_role("option", name=re.compile(r"^she · ")).click()
+    page.click("#sv-atlas-open")
+    page.wait_for_selector("#sv-tokens .sv-tok.sv-accepted", timeout=30_000)
+    assert "Atlas: she" in page.inner_text("#sv-stats")
+
+
+def test_a_bad_atlas_input_is_one_sentence_and_the_app_keeps_serving(page):
+    page.get_by_role("tab", name="Atlas").click()
+    page.fill("#sv-atlas-paste textarea", "   ")
+    page.click("#sv-atlas-run")
+    toast = page.wait_for_selector(".toast-body", timeout=30_000)
+    assert "upload a file of prompts" in toast.inner_text()
+    run_to_the_end(page, PROMPT)  # still serving
+
+
+def test_the_atlas_report_opens_offline_with_every_section(browser_page, tmp_path):
+    from specviz.runs import atlas as atlases
+    from specviz.runs.atlas_input import read_prompts
+    from specviz.ui.atlas_report import atlas_html
+
+    session = Session(tiny_pair(), PairSpec("tiny", "tiny"))
+    prompts = read_prompts(ATLAS_PROMPTS, "p.jsonl", Limits())
+    *_, state = atlases.run_atlas(session, Limits(), prompts, {"max_new_tokens": 24})
+    path = tmp_path / "atlas.html"
+    path.write_text(atlas_html(atlases.report(state)), encoding="utf-8")
+    context = browser_page.context.browser.new_context(offline=True, viewport={"width": 1300, "height": 900})
+    try:
+        page = context.new_page()
+        requests = []
+        page.on("request", lambda r: requests.append(r.url))
+        page.goto(path.as_uri())
+        page.wait_for_load_state("load")
+        for section in ("summary", "prompts", "where", "disagreements", "classes", "advice", "settings"):
+            assert page.locator(f"#sv-atlas-{section}").is_visible(), section
+        page.wait_for_function("document.querySelectorAll('.js-plotly-plot .main-svg').length >= 4", timeout=30_000)
+        rates = lambda: [float(v) for v in page.eval_on_selector_all(  # noqa: E731
+            "#sv-atlas-prompts tbody tr td:nth-child(4)", "tds => tds.map(td => td.dataset.v)")]
+        assert len(rates()) == 3 and rates() == sorted(rates())  # worst first
+        page.click("#sv-atlas-prompts th:nth-child(4)")
+        page.click("#sv-atlas-prompts th:nth-child(4)")  # a second click sorts the other way
+        assert rates() == sorted(rates(), reverse=True)
+        assert page.locator("#sv-atlas-disagreements li").count() > 0
+        assert "ceiling" in page.inner_text("#sv-atlas-advice")
+        assert requests == [path.as_uri()]
+    finally:
+        context.close()

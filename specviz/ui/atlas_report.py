@@ -20,7 +20,13 @@ from specviz.ui.atlas_figures import classes_figure, confidence_figure, entropy_
 from specviz.ui.share import PAGE_CSS, number
 from specviz.ui.spans import visible
 
+# scoped to .sv-atlas: the page and the app's Atlas tab (which wraps its parts in it) share it
 ATLAS_CSS = """
+.sv-atlas .sv-numbers { display: grid; grid-template-columns: repeat(auto-fit, minmax(150px, 1fr)); gap: 10px; }
+.sv-atlas .sv-num { display: flex; flex-direction: column; padding: 10px 12px; border-radius: 8px;
+  border: 1px solid var(--border-color-primary); background: var(--background-fill-primary); }
+.sv-atlas .sv-num b { font-size: 26px; line-height: 1.2; font-variant-numeric: tabular-nums; }
+.sv-atlas .sv-num span { font-size: 12px; color: var(--body-text-color-subdued); }
 .sv-atlas table { border-collapse: collapse; width: 100%; font-size: 14px; background: var(--background-fill-primary); }
 .sv-atlas th, .sv-atlas td { border-bottom: 1px solid var(--border-color-primary); padding: 5px 8px; text-align: left;
   vertical-align: top; }

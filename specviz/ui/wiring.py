@@ -16,6 +16,7 @@ from specviz.models.memory import pair_bytes
 from specviz.models.presets import PRESETS
 from specviz.runs.limits import Limits
 from specviz.runs.session import Session
+from specviz.ui import atlas
 from specviz.ui import handlers as h
 from specviz.ui.live import live_blank
 from specviz.ui.render import header_html
@@ -116,6 +117,23 @@ class Wiring:
 
         return dist["button"].click(on_distribution, [self.prompt, dist["samples"], dist["temperature"], *settings],
                                     [dist["fig"], dist["summary"]], api_visibility="private", concurrency_id=MODEL)
+
+    def atlas_runs(self, parts: dict, settings: list, exports: gr.State):
+        """Run the Atlas (the model's queue: it holds the pair for the whole request); open a row's run in the
+        Decode tab."""
+        def on_atlas(upload, pasted, race, paths, *values):
+            for view in atlas.run_atlas(self.session, self.limits, upload, pasted, race, self.settings_of(values),
+                                        self.options):
+                files = view.files.get("value") if isinstance(view.files, dict) else None
+                yield (*as_tuple(view), [*paths, *files] if files else gr.skip())
+
+        def on_open(runs, choice):
+            return (gr.Tabs(selected="decode"), *as_tuple(main_view(atlas.open_run(runs, choice))))
+
+        parts["open"].click(on_open, [parts["runs"], parts["pick"]], [self.tabs, *self.main_out],
+                            api_visibility="private")
+        return parts["run"].click(on_atlas, [parts["upload"], parts["pasted"], parts["race"], exports, *settings],
+                                  [*atlas.outputs(parts), exports], api_visibility="private", concurrency_id=MODEL)
 
     def loading(self, pair: dict, header: gr.HTML):
         def on_load(d, t, dt, tq):
