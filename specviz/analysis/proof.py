@@ -124,6 +124,30 @@ class Verdict:
         return self.rejected != self.expect_pass
 
 
+@dataclass(frozen=True)
+class PooledPosition:
+    """One position seen by several samplers of the target's distribution: the likeliest tokens by the exact
+    conditional pooled over all their samples (each sample under its own prefix), and each sampler's observed
+    share of them."""
+
+    token_ids: list[int]
+    exact: list[float]
+    observed: list[list[float]]  # per sampler, in the order given
+
+
+def pooled(tallies: list[PositionTally], shown: int) -> PooledPosition:
+    """From the full expected vectors, so a token likely for one sampler's prefixes and not the other's ranks by
+    its pooled share (each sampler's own top list alone cannot tell)."""
+    reached = [t for t in tallies if t.n]
+    n = sum(t.n for t in reached)
+    if not n:
+        return PooledPosition([], [], [[] for _ in tallies])
+    share = (sum(t.expected for t in reached) / n).cpu().numpy()
+    ids = [int(x) for x in np.argsort(-share, kind="stable")[:shown] if share[x] > 0]
+    return PooledPosition(ids, [float(share[x]) for x in ids],
+                          [[t.observed.get(x, 0) / t.n if t.n else 0.0 for x in ids] for t in tallies])
+
+
 def verdict(name: str, expect_pass: bool, tallies: list[PositionTally], alpha: float, **extra) -> Verdict:
     reached = [t for t in tallies if t.n]
     return Verdict(name, expect_pass, reached[0].n if reached else 0,

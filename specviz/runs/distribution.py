@@ -16,7 +16,7 @@ from pydantic import Field
 from pydantic.fields import FieldInfo
 from pydantic.dataclasses import dataclass as spec
 
-from specviz.analysis.proof import PositionResult, Verdict
+from specviz.analysis.proof import PooledPosition, PositionResult, Verdict
 from specviz.engine import SamplingParams
 from specviz.runs.errors import InputError
 from specviz.runs.job import prepare
@@ -74,17 +74,11 @@ def samples_for(asked: int, prompt_tokens: int, limits: Limits) -> tuple[int, st
                      f"{allowed} (the allowance shrinks with the prompt's length).")
 
 
-def compare_position(spec_p: PositionResult, ar_p: PositionResult, decode) -> PositionComparison:
-    spec_top, ar_top = {t: (e, o) for t, e, o in spec_p.top}, {t: (e, o) for t, e, o in ar_p.top}
-    both = spec_p.n + ar_p.n
-
-    def exact(t):  # pooled over both samplers' prefixes, weighted by their sample counts
-        return (spec_top.get(t, (0, 0))[0] * spec_p.n + ar_top.get(t, (0, 0))[0] * ar_p.n) / both
-
-    ids = sorted(spec_top.keys() | ar_top.keys(), key=lambda t: -exact(t))[:12]
-    return PositionComparison(spec_p.position, ids, [decode([t]) for t in ids], [exact(t) for t in ids],
-                              [spec_top.get(t, (0, 0))[1] for t in ids], [ar_top.get(t, (0, 0))[1] for t in ids],
-                              spec_p, ar_p)
+def compare_position(spec_p: PositionResult, ar_p: PositionResult, both: PooledPosition, decode
+                     ) -> PositionComparison:
+    spec, ar = both.observed
+    return PositionComparison(spec_p.position, both.token_ids, [decode([t]) for t in both.token_ids], both.exact,
+                              spec, ar, spec_p, ar_p)
 
 
 def sample_distribution(session: Session, limits: Limits, prompt, settings: dict, experiment: dict
@@ -101,6 +95,7 @@ def sample_distribution(session: Session, limits: Limits, prompt, settings: dict
     runs = session.stream(lambda pair: prove(pair, job.ids, job.config, proof, should_stop=budget(limits.max_seconds)))
     for progress in runs:
         spec_v, ar_v = progress.verdicts
-        positions = [compare_position(s, a, decode) for s, a in zip(spec_v.positions, ar_v.positions)]
+        positions = [compare_position(s, a, both, decode)
+                     for s, a, both in zip(spec_v.positions, ar_v.positions, progress.pooled)]
         done = progress.done == progress.total or progress.finished is not None
         yield DistributionResult(positions, spec_v, ar_v, job.prompt, done, progress.finished, note)

@@ -17,14 +17,14 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 from pydantic import Field
 from pydantic.dataclasses import dataclass as spec
 
 from specviz.analysis.divergence import first_difference, spec_gap_at, spec_token_ids
-from specviz.analysis.proof import PositionTally, Verdict, verdict
+from specviz.analysis.proof import PooledPosition, PositionTally, Verdict, pooled, verdict
 from specviz.engine import DecodeConfig, autoregressive_generate, speculative_generate
 from specviz.engine.events import NOT_VERIFIED
 from specviz.engine.exact import path_distributions
@@ -35,6 +35,7 @@ from specviz.models import ModelPair
 
 ALPHA = 1e-3  # family-wise, per sampler: a correct sampler is flagged 1 time in 1000
 BATCH = 16  # paths drawn between two progress reports, scored together
+SHOWN_POOLED = 12  # tokens per position in the side-by-side view
 PROMPT_COPIES = 4096  # prompt tokens copied into one scoring forward's cache: a long prompt's batch is split
 
 
@@ -114,6 +115,8 @@ class Progress:
     total: int
     verdicts: list[Verdict]  # every sampler's, from its paths so far
     finished: str | None = None  # "budget": stopped early by `should_stop`; the verdicts cover what was drawn
+    # per position: the samplers expected to pass (the method, the target alone) pooled, for side-by-side views
+    pooled: list[PooledPosition] = field(default_factory=list)
 
 
 def prove(pair: ModelPair, ids: list[int], config: DecodeConfig, settings: ProofSettings, *,
@@ -147,7 +150,8 @@ def prove(pair: ModelPair, ids: list[int], config: DecodeConfig, settings: Proof
         yield Progress(sum(drawn.values()), sum(wanted.values()), [
             verdict(s.name, s.expect_pass, tallies[s.name], ALPHA,
                     **({"drafts_after_clean_sweep": after_sweep[s.name]} if s.name == "speculative" else {}))
-            for s in todo], stopped)
+            for s in todo], finished=stopped,
+            pooled=[pooled([tallies[s.name][t] for s in todo if s.expect_pass], SHOWN_POOLED) for t in range(length)])
         if stopped:
             return
 
