@@ -13,9 +13,11 @@ from dataclasses import replace
 import pytest
 import torch
 from helpers import check_rounds, spec_tokens
+from transformers import DynamicCache
 
 from specviz.runs import trace
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
+from specviz.engine.early_exit import EarlyExit
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, REJECTED
 from specviz.analysis.divergence import first_divergence
 from specviz.models import PairSpec, embedded, encode_prompt
@@ -154,36 +156,50 @@ def test_a_real_trace_roundtrips(embedded_pair, ar_runs, tmp_path):
 
 
 @torch.inference_mode()
-def greedy_agreement(target, ids: list[int], generated: list[int], layers: list[int]) -> dict[int, list[bool]]:
-    """Per exit layer, whether its early exit's argmax is the target's token at each generated position:
-    with greedy decoding this is exactly whether the 'self' drafter's token there would be accepted."""
-    out = target(torch.tensor([ids + generated]), output_hidden_states=True)
-    rows = slice(len(ids) - 1, len(ids) + len(generated) - 1)  # the positions that predict the generated tokens
-    head, norm = target.lm_head, target.model.norm
-    return {n: (head(norm(out.hidden_states[n][0, rows])).argmax(-1) == torch.tensor(generated)).tolist()
-            for n in layers}
+def early_exit_argmax(target, ids: list[int], generated: list[int], layers: list[int]) -> dict[int, list[int]]:
+    """Per exit layer, the argmax of specviz's `EarlyExit` (the 'self' drafter's model) at each position that
+    predicts a generated token: one forward over the whole text, from a fresh cache."""
+    x = torch.tensor([ids + generated])
+    return {n: EarlyExit(target, n)(x, DynamicCache(), logits_to_keep=len(generated) + 1).logits[0, :-1]
+            .argmax(-1).tolist() for n in layers}
 
 
 def test_self_speculation_equals_the_target_alone_with_no_draft_model(embedded_pair, ar_runs):
+    """The self drafter on the real target: output identical to the target alone; every token it drafted after a
+    committed context is the argmax of specviz's early exit there (so the rounds ran that exit, not another);
+    the early exit's logits are transformers' own hidden state after those layers through the final norm and
+    head; and agreement with the target grows with the exit's depth."""
     target_only = replace(embedded_pair, draft=None)
-    layers = len(target_only.target.model.layers)
+    target = target_only.target
+    layers = len(target.model.layers)
     config = DecodeConfig(k=4, max_new_tokens=MAX_NEW, sampling=SamplingParams(0.0), adaptive="fixed",
                           drafter="self", exit_layer=layers - 1)  # a deep exit: few rounds, so the test stays short
-    prompts = PROMPTS[:1]  # each drafted token costs 27/28 of a target step: one prompt keeps it short
-    accepted, drafted = acceptance(identical_runs(target_only, ar_runs, config, prompts))
+    prompt = PROMPTS[0]  # each drafted token costs 27/28 of a target step: one prompt keeps it short
+    (rounds,) = identical_runs(target_only, ar_runs, config, [prompt])
+    ids, steps = ar_runs[prompt]
+    generated = [s.token.id for s in steps]
     depths = [1, 4, 8, 12, 14, 16, 20, 24, layers - 1]
-    agree = {n: [] for n in depths}
-    for prompt in prompts:
-        ids, steps = ar_runs[prompt]
-        for n, hits in greedy_agreement(target_only.target, ids, [s.token.id for s in steps], depths).items():
-            agree[n] += hits
+    argmax = early_exit_argmax(target, ids, generated, depths)
+    # a drafted token whose earlier drafts were all accepted was drafted after committed tokens alone
+    pairs = [(d.id, argmax[config.exit_layer][r.position + i]) for r in rounds
+             for i, d in enumerate(r.drafted[:r.n_accepted + 1])]
+    assert len(pairs) >= MAX_NEW // 2 and all(drafted == expected for drafted, expected in pairs), pairs
+
+    with torch.inference_mode():
+        x = torch.tensor([ids + generated])
+        hidden = target(x, output_hidden_states=True).hidden_states[14]  # after 14 layers
+        theirs = target.lm_head(target.model.norm(hidden))[0]
+        ours = EarlyExit(target, 14)(x, DynamicCache(), logits_to_keep=x.shape[1]).logits[0]
+    assert torch.allclose(ours, theirs, atol=1e-3, rtol=1e-4), (ours - theirs).abs().max()
+
+    agree = {n: sum(a == t for a, t in zip(argmax[n], generated)) / len(generated) for n in depths}
+    accepted, drafted = acceptance([rounds])
     memory = pair_bytes(embedded_pair)
     print(f"self, exit layer {config.exit_layer} of {layers}: acceptance {accepted / drafted:.2f} "
-          f"({accepted}/{drafted}); "
-          f"greedy agreement by exit layer {({n: round(sum(a) / len(a), 2) for n, a in agree.items()})}; "
+          f"({accepted}/{drafted}); greedy agreement by exit layer {({n: round(a, 2) for n, a in agree.items()})}; "
           f"memory {memory}")
-    assert memory["target"] == pytest.approx(4 * sum(p.numel() for p in target_only.target.parameters()), rel=1e-3)
-    assert sum(agree[layers - 1]) > sum(agree[1])  # depth helps: a broken read-out would not show it
+    assert memory["target"] == pytest.approx(4 * sum(p.numel() for p in target.parameters()), rel=1e-3)
+    assert agree[layers - 1] > agree[1]  # depth helps: a broken read-out would not show it
 
 
 @pytest.fixture(scope="module")

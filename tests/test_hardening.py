@@ -173,6 +173,7 @@ BAD_INPUT = [
     ("distribution: too many samples", distribution(samples=101), r"samples must be between 16 and 100, got 101"),
     ("distribution: greedy", distribution(temperature=0.0), r"needs sampling: set a temperature above 0"),
     ("replay: JSON that is not a trace", replay('{"hello": 1}'), r"not a specviz trace"),
+    ("share page: JSON that is not a trace", ("/share_html", {"trace": '{"rounds": []}'}), r"not a specviz trace"),
     ("replay: broken JSON", replay('{"format": '), r"the text is not valid JSON"),
     ("replay: a trace of another version", replay('{"format": "specviz-trace", "version": 99}'),
      r"trace version 99 is not supported"),

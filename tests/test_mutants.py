@@ -1,26 +1,32 @@
-"""Mutation tests: plausible bugs in the rule and the round loop, each one caught by the statistical test.
+"""Mutation tests: plausible bugs in the rule and the round loop, each one caught by the statistical tests.
 
-Each test swaps one piece of the engine for a subtly wrong version and runs the same sampler and
-statistics as `test_statistical.py` (the engine's rule over the exact tables, or `speculative_generate`
-itself for the cache mutant) at a few thousand samples; a mutant counts as caught when its samples are
-rejected as draws from the target's distribution with p < 1e-6. If one of these ever passes, the
-statistical test has lost the power to see that bug.
+Two harnesses, the same statistics as `test_statistical.py` (per-position chi-square and TV against the exact
+target distribution, and a chi-square on the whole 3-token joint):
+- the rule's pieces swapped inside `simulate` (the engine's `rules.verify` over the exact tables) at 5,000 samples;
+- bugs of the round loops themselves, patched into `speculative_generate` and the tree's round loop (a q row one
+  position behind, the target's p without its warp, the draft's q reported unwarped, the bonus read from the wrong
+  row, a tree read with a chain's attention mask), caught by the end-to-end statistics at no more runs than the
+  end-to-end tests take (fewer runs, less power: a mutant caught here is caught there).
+A mutant counts as caught when its samples are rejected as draws from the target's distribution with p < 1e-6;
+each prints its p-values. If one of these ever passes, the statistical tests have lost the power to see that bug.
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
-from test_statistical import (  # noqa: F401 (pair: the same fixture, the same models)
-    TEMPERATURE_1, end_to_end, exact_joint, pair, simulate, statistics, tables,
+from test_statistical import (  # noqa: F401 (pair, self_pair: the same fixtures, the same models)
+    PROMPT, TEMPERATURE_1, WARPED, end_to_end, exact_joint, pair, self_pair, simulate, statistics, tables,
+    tree_samples,
 )
 
-from specviz.engine import SamplingParams, rules, speculative
-from specviz.engine.plumbing import at
-from specviz.engine.sampling import draw
+from specviz.engine import SamplingParams, rules, speculative, tree_round
+from specviz.engine.drafters import Draft, ModelDrafter
+from specviz.engine.plumbing import at, pad_vocab
+from specviz.engine.sampling import draw, logits_to_probs
 
 N = 5_000
-SHARP = SamplingParams(0.7, top_k=6)  # a warp that moves q well away from the draft's plain softmax
+E2E = 1_000  # runs of the round loop per mutant: the end-to-end tests take 1,000 (self) to 8,000
 
 
 def caught(stats: dict) -> bool:
@@ -66,28 +72,60 @@ def test_a_mutated_rule_is_caught(plain, monkeypatch, mutant):
     assert caught(stats), stats
 
 
-def test_always_accept_is_caught(plain, monkeypatch):
-    monkeypatch.setattr(rules, "accepted_prefix", lambda accept_prob, u: torch.tensor(accept_prob.shape[0]))
-    p, q = plain
-    assert caught(statistics(simulate(p, q, N, seed=1), exact_joint(p)))
+def drafts_with_q(change):
+    """A mutant of the draft model's `propose`: the tokens it sampled, with `change(draft)` as the q it reports."""
+    real = ModelDrafter.propose
+
+    def propose(self, ids, history, k):
+        d = real(self, ids, history, k)
+        return Draft(d.tokens, change(d), d.logits)
+    return propose
 
 
-def test_q_from_the_unwarped_draft_is_caught(pair, monkeypatch):
-    """The draft samples from its warped q, but the rule is handed its plain softmax."""
-    p, q_warped = tables(pair.target, SHARP), tables(pair.draft, SHARP)
-    q_plain = tables(pair.draft, SamplingParams(1.0))
-    real = rules.verify
+def q_one_row_behind(d: Draft):
+    return torch.cat([d.q[:1], d.q[:-1]])  # token i judged by the q of the position before it
 
-    def verify(p_rows, q_rows, tokens, generator, greedy=False):
-        unwarped = torch.stack([q_plain[key] for key in keys_of(q_rows)]) if len(q_rows) else q_rows
-        return real(p_rows, unwarped, tokens, generator, greedy)
 
-    def keys_of(rows):  # which prefix each q row belongs to: look it up by value in the warped table
-        return [next(key for key, row in q_warped.items() if torch.equal(row, r)) for r in rows]
+def warped_p_without_warp(logits, sampling):
+    return logits_to_probs(logits, SamplingParams(sampling.temperature))  # top-k and top-p forgotten
 
-    monkeypatch.setattr(rules, "verify", verify)
-    stats = statistics(simulate(p, q_warped, N, seed=1), exact_joint(p))
-    print(stats)
+
+def bonus_from_the_last_draft_row(logits, vocab):
+    x = pad_vocab(logits, vocab)
+    return torch.cat([x[:-1], x[-2:-1]]) if len(x) > 1 else x  # the bonus drawn from the row before its own
+
+
+@pytest.mark.parametrize("where, name, mutant, sampling", [
+    pytest.param(ModelDrafter, "propose", drafts_with_q(q_one_row_behind), TEMPERATURE_1, id="q one row behind"),
+    pytest.param(ModelDrafter, "propose", drafts_with_q(lambda d: torch.softmax(d.logits, -1)), WARPED,
+                 id="q reported without its warp"),
+    pytest.param(speculative, "logits_to_probs", warped_p_without_warp, WARPED, id="p without its warp"),
+    pytest.param(speculative, "pad_vocab", bonus_from_the_last_draft_row, TEMPERATURE_1, id="bonus from the wrong row"),
+])
+def test_a_mutated_round_loop_is_caught_end_to_end(pair, monkeypatch, where, name, mutant, sampling):
+    monkeypatch.setattr(where, name, mutant)
+    stats = statistics(end_to_end(pair, sampling, E2E)[0], exact_joint(tables(pair.target, sampling)))
+    print(name, stats)
+    assert caught(stats), stats
+
+
+def test_a_tree_correction_that_forgets_the_siblings_tried_is_caught_end_to_end(pair, monkeypatch):
+    """After the walk rejects every child it tried at a node, the correction must come from p without them (the
+    point-mass residual); drawn from p itself, a rejected sibling can come back, and the draft's favourites are
+    emitted too often."""
+    monkeypatch.setattr(tree_round, "without", lambda dist, tokens: dist)
+    stats = statistics(tree_samples(pair, E2E)[0], exact_joint(tables(pair.target, TEMPERATURE_1)))
+    print("tree, correction from p", stats)
+    assert caught(stats), stats
+
+
+def test_self_speculation_with_q_one_row_behind_is_caught(self_pair, monkeypatch):
+    """The early exit's draft (a `ModelDrafter` over `EarlyExit`) with the same q bug: the self-speculation test's
+    power against a subtle bug, not only the always-accept control's gross one."""
+    monkeypatch.setattr(ModelDrafter, "propose", drafts_with_q(q_one_row_behind))
+    stats = statistics(end_to_end(self_pair, TEMPERATURE_1, E2E, "self")[0],
+                       exact_joint(tables(self_pair.target, TEMPERATURE_1)))
+    print("self drafter, q one row behind", stats)
     assert caught(stats), stats
 
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 
 import pytest
-from gradio_client.exceptions import AppError
 
 from specviz.models import PairSpec
 from specviz.runs.limits import Limits
@@ -73,16 +72,3 @@ def test_replay_a_shipped_trace_by_name(client):
     assert "trace_embedded_code.json" in info["shipped_traces"]
     final = client.predict("trace_embedded_code.json", api_name="/replay")
     assert final["event"] == "done" and final["rounds"] > 0 and final["race"]["speedup"] > 0
-
-
-def test_bad_input_is_a_clean_error_and_the_server_keeps_serving(client):
-    with pytest.raises(AppError, match="prompt is empty"):
-        client.predict("", api_name="/generate")
-    with pytest.raises(AppError, match="K must be between"):
-        client.predict(PROMPT, 0, api_name="/race")
-    with pytest.raises(AppError, match="not one of the shipped traces"):
-        client.predict("../README.md", api_name="/replay")
-    with pytest.raises(AppError, match="not a specviz trace"):
-        client.predict('{"rounds": []}', api_name="/share_html")
-    again = client.predict(PROMPT, 2, 4, api_name="/generate")
-    assert again["event"] == "done" and again["text"]
