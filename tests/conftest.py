@@ -39,7 +39,8 @@ def pytest_collection_modifyitems(config, items):
     items.sort(key=lambda item: item.path.name not in SLOW_FIRST)  # stable: the order within stays
 
 
-SHARED = {"test_embedded_e2e.py": "embedded", "test_ui_api.py": "embedded", "test_ui_browser.py": "browser"}
+SHARED = {"test_embedded_e2e.py": "embedded", "test_ui_api.py": "embedded", "test_atlas_embedded.py": "embedded",
+          "test_ui_browser.py": "browser"}
 
 
 def pytest_xdist_make_scheduler(config, log):

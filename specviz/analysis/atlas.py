@@ -47,7 +47,7 @@ class PromptRow:
     prompt_tokens: int
     rounds: int
     tokens: int
-    acceptance: Count  # accepted / drafted
+    acceptance: Count  # accepted / drafted (as `totals`; per position, class and bin: / tested)
     tokens_per_round: float
     predicted_speedup: float | None  # the cost model on this run's rounds
     measured_speedup: float | None  # its race, when it raced
@@ -106,7 +106,7 @@ class Totals:
     prompts: int
     rounds: int
     tokens: int
-    acceptance: Count
+    acceptance: Count  # accepted / drafted (drafts after a rejection count: the work thrown away)
     tokens_per_round: float
     predicted_speedup: float | None
     measured_speedup: float | None  # over every race: all speculative tokens/s over all target-alone tokens/s

@@ -118,7 +118,7 @@ def classes_table(rows: tuple[ClassRow, ...], undraftable: ClassRow) -> str:
     body = "".join(f"<tr><td>{escape(r.name)}</td><td class='sv-n'>{share(r.acceptance)}</td>"
                    f"<td class='sv-n'>{r.rejections}</td><td class='sv-n'>{r.tokens_lost}</td></tr>"
                    for r in (*rows, undraftable))
-    return ("<table><thead><tr><th>the target's token</th><th>draft accepted</th><th>rejections</th>"
+    return ("<table><thead><tr><th>the target's token</th><th>draft accepted, of tested</th><th>rejections</th>"
             f"<th>tokens lost</th></tr></thead><tbody>{body}</tbody></table>")
 
 
