@@ -319,3 +319,14 @@ def test_cli_a_file_that_cannot_run_is_one_sentence(tmp_path, capsys):
     prompts.write_text("text\nhello\n")
     assert cli.main(["atlas", "--draft", "tiny", "--target", "tiny", "--prompts", str(prompts)]) == 2
     assert capsys.readouterr().err.strip() == "specviz atlas: p.csv has no `prompt` column (its columns: text)."
+
+
+def test_tree_rounds_are_counted_but_not_read_as_chains(tiny):
+    session = Session(tiny, PairSpec("tiny", "tiny"))
+    ps = read_prompts("the man said that it was", "p.txt", Limits())
+    *_, state = atlases.run_atlas(session, Limits(), ps, {"max_new_tokens": 12, "drafter": "tree"})
+    report = atlases.report(state)
+    f = report.findings
+    assert f.totals.tokens == 12 and f.totals.predicted_speedup is None and f.prompts[0].predicted_speedup is None
+    assert f.where.by_position == () and not f.disagreements and report.advice.kinds == ()
+    json.dumps(report_dict(report))  # and the report still writes

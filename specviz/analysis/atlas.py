@@ -126,8 +126,8 @@ class Findings:
 
 
 def predicted(rounds: Sequence[Round], cost: CostModel | None) -> float | None:
-    drafted = sum(r.k for r in rounds)
-    if cost is None or drafted == 0:
+    """The cost model on these rounds; None for tree rounds (the chain's model does not describe them)."""
+    if cost is None or not any(r.k for r in rounds) or any(r.drafter == "tree" for r in rounds):
         return None
     return predicted_speedup_for_rounds([r.k for r in rounds], sum(r.tokens_emitted for r in rounds), cost)
 

@@ -30,7 +30,7 @@ class PromptRun:
 
 def chain_rounds(run: PromptRun) -> list[Round]:
     """Rounds whose drafts are a chain (a tree round's `drafted` is only the path its walk took)."""
-    return [r for r in run.rounds if not r.tree]
+    return [r for r in run.rounds if r.drafter != "tree"]
 
 
 @dataclass(frozen=True)
