@@ -43,7 +43,7 @@ class KindAdvice:
     prompts: int
     rounds: int
     acceptance: Count
-    current: Setting  # the run's own K and cut, priced by the same replay
+    current: Setting  # the run's own K and cut, priced on its rounds as they ran
     best: Setting  # the best K <= the run's and cut >= the run's
     whatif_best_k: int | None  # fixed K, no cut, at this kind's acceptance (may exceed the run's K)
     lookup: ReplaySummary

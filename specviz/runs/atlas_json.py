@@ -1,17 +1,25 @@
 """The Atlas as JSON: the report (`--json`) and the rejections to distil the draft on (`--export-rejections`).
 
-Report (format "specviz-atlas", version 1); every rate is a Count {"n", "accepted", "rate"}:
-    pair {draft, target, device, dtype}, settings {flat decoding settings}, race, finished (done | budget |
-    stopped), input {valid, ran, problems: [sentence]}, cost {target_step_s, draft_step_s, c, verify_ratio}
-    | null, totals {prompts, rounds, tokens, acceptance, tokens_per_round, predicted_speedup,
-    measured_speedup}, prompts [{id, kind, prompt_tokens, rounds, tokens, acceptance, tokens_per_round,
-    predicted_speedup, measured_speedup, finished, trace}] (worst first), where {by_position [Count],
-    by_confidence [{low, high, mean, acceptance}], by_entropy [same]}, disagreements [{drafted {id, text},
-    wanted {id, text}, count, tokens_lost, examples [{prompt_id, round, context}]}], classes [{name,
-    acceptance, rejections, tokens_lost}], undraftable {same}, kinds {kind: Count}, advice {kinds [{kind,
-    prompts, rounds, acceptance, current {k, cut, predicted_speedup}, best {...}, whatif_best_k, lookup,
-    hybrid}], alternatives [{name, replay {rounds, drafted, accepted, acceptance, tokens, tokens_per_round,
-    model_drafted, unknown}, predicted_speedup}], ceiling {k, tokens_per_round, predicted_speedup}}.
+Report (format "specviz-atlas", version 1). Every rate is a Count {"n", "accepted", "rate"}: n counts drafted
+tokens in `totals`, `prompts`, `kinds` and `advice.kinds[].acceptance` (the drafts after a rejection too: work
+thrown away), tested ones (accepted or rejected) in `where` and `classes`.
+    pair {draft, target, device, dtype}, settings {the flat decoding settings}, race, finished (done | budget |
+    stopped), input {valid, ran, problems: [one sentence per prompt skipped]},
+    cost {target_step_s, draft_step_s, c, verify_ratio, target_step_from} | null,
+    totals {prompts, rounds, tokens, acceptance, tokens_per_round, predicted_speedup, measured_speedup},
+    prompts [{id, kind, prompt_tokens, rounds, tokens, acceptance, tokens_per_round, predicted_speedup,
+              measured_speedup, finished, trace}]  (worst first; trace: its file, when written),
+    where {by_position [Count, position 1 first], by_confidence [{low, high, mean, acceptance}],
+           by_entropy [{low, high (null: open), mean, acceptance}]},
+    disagreements [{drafted {id, text}, wanted {id, text}, count, tokens_lost,
+                    examples [{prompt_id, round, context}]}]  (most tokens lost first),
+    classes [{name, acceptance, rejections, tokens_lost}], undraftable {the same, name "cannot propose"},
+    kinds {kind: Count},
+    advice {kinds [{kind, prompts, rounds, acceptance, current {k, cut, predicted_speedup}, best {k, cut,
+                    predicted_speedup}, whatif_best_k, lookup REPLAY, hybrid REPLAY | null}],
+            alternatives [{name: lookup | hybrid, replay REPLAY, predicted_speedup}],
+            ceiling {k, tokens_per_round, predicted_speedup} | null}
+    with REPLAY = {rounds, drafted, accepted, acceptance, tokens, tokens_per_round, model_drafted, unknown}.
 Rejections: one `analysis.rejections.record` per line.
 """
 
