@@ -4,6 +4,7 @@
     .venv/bin/python scripts/screenshots.py --pair tiny --out /tmp/shots           # a quick layout check
     flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py --other-family   # other_family.png only
     flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py --tree 16   # tree.png, tree_round.png only
+    .venv/bin/python scripts/screenshots.py --atlas atlas.html   # atlas.png, atlas_disagreements.png: a report's page
 
 Writes live.png (the first screen at 1366x768), live_long_prompt.png, presenter.png, race.png, main_running.png,
 main_finished.png, drilldown.png, step.png, distribution.png, formulas.png and replay.png into --out (default
@@ -85,6 +86,20 @@ def live_run(page, prompt: str, long: int) -> float:
     return first
 
 
+def atlas_shots(report: Path, out: Path) -> None:
+    """An Atlas report as a reader opens it (offline: the page carries its scripts): the summary with the worst
+    prompts, and the disagreements with what to change."""
+    with sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=ARGS)
+        page = browser.new_page(viewport={"width": 1366, "height": 1000}, device_scale_factor=1)
+        page.goto(report.resolve().as_uri())
+        page.wait_for_selector("#sv-atlas-where .js-plotly-plot")
+        time.sleep(1.0)
+        shot(page, out, "atlas.png", "#sv-atlas-summary", "#sv-atlas-prompts")
+        shot(page, out, "atlas_disagreements.png", "#sv-atlas-disagreements", "#sv-atlas-classes")
+        browser.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pair", default="embedded", choices=["embedded", "tiny"])
@@ -97,9 +112,14 @@ def main() -> None:
                     help="only other_family.png: the Live view with SmolLM2 drafting for the embedded target")
     ap.add_argument("--tree", type=int, default=0, metavar="BUDGET",
                     help="only tree.png and tree_round.png: the Live view with the tree drafter at this node budget")
+    ap.add_argument("--atlas", metavar="REPORT",
+                    help="only atlas.png and atlas_disagreements.png: the page `specviz atlas --html` wrote")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
+    if args.atlas:
+        atlas_shots(Path(args.atlas), out)
+        return
 
     draft, target = ("smollm2", "embedded") if args.other_family else (args.pair, args.pair)
     session = Session(spec=PairSpec(draft, target, dtype=args.dtype, device="cpu", draft_quant=args.draft_quant))
