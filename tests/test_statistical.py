@@ -288,7 +288,8 @@ def test_speculative_generate_samples_the_target_distribution(pair, sampling, dr
 @pytest.mark.parametrize("sampling,drafter,n,max_tv,min_p", END_TO_END)
 def test_negative_control_end_to_end(pair, monkeypatch, sampling, drafter, n, max_tv, min_p):
     """Each configuration's own runs, statistic and verdict, with every draft accepted: the verdict fails, and by
-    far (measured p at position 1: about 1e-200 at temperature 1, 1e-40 warped, 1e-90 hybrid)."""
+    far (measured at position 1: p below 1e-300 in all three, TV 0.29 at temperature 1, 0.37 warped, where 697 of
+    the 3,000 sequences are ones the warped target cannot produce, and 0.93 hybrid)."""
     always_accept(monkeypatch)
     stats, _ = end_to_end_of(pair, sampling, drafter, n)
     print("always accept,", sampling, drafter, n, stats)
