@@ -1,0 +1,182 @@
+"""`specviz engines`: race the engines people deploy, with and without speculation.
+
+    specviz engines race --spec URL --plain URL [--draft URL] [--prompts FILE] [--repeats N] [--max-new-tokens N]
+                         [--k K] [--draft-cost C] [--verify-ratio R] [--json F] [--html F]
+    specviz engines llamacpp [--port P] [--build DIR] [--k K]
+
+The URLs given on the command line are the only engines a race talks to (its `EnginePolicy`): the operator
+named them, loopback included. `llamacpp` starts two llama-server processes on the embedded pair (the target
+alone, the target with its draft) and prints the race command for them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import sys
+import time
+from importlib import resources
+from pathlib import Path
+
+from specviz.engine.config import DecodeConfig
+from specviz.engines.engine import KINDS, connect
+from specviz.engines.policy import EngineError, EnginePolicy
+from specviz.engines.race import DRAFT, PLAIN, SPEC, Prompt, iter_race
+from specviz.engines.transport import make_client
+from specviz.runs.errors import InputError
+from specviz.runs.limits import CLI_LIMITS
+from specviz.runs.options import add_options, options_of, values_of
+from specviz.runs.settings import validate
+
+DECODING = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")  # what an engine takes of DecodeConfig
+
+
+def add_engines_parser(subparsers) -> None:
+    p = subparsers.add_parser("engines", help="race llama.cpp, vLLM or SGLang with and without speculation")
+    sub = p.add_subparsers(dest="engines_command", required=True)
+
+    r = sub.add_parser("race", help="the same prompts through an endpoint that speculates and one that does not")
+    r.add_argument("--spec", required=True, metavar="URL", help="the engine with speculation (its base URL)")
+    r.add_argument("--plain", required=True, metavar="URL", help="the same target without speculation")
+    r.add_argument("--draft", metavar="URL", help="optional: the draft model alone, to measure its cost c for the "
+                                                  "cost model's prediction")
+    r.add_argument("--engine", default="auto", choices=("auto", *KINDS), help="the engines' kind (default: probe)")
+    r.add_argument("--prompts", metavar="FILE", help=".jsonl ({\"prompt\", \"id\"?, \"kind\"?} per line), .txt or "
+                                                     ".csv (default: the shipped set, specviz/data/prompts.jsonl)")
+    r.add_argument("--limit", type=int, help="only the first N prompts")
+    r.add_argument("--repeats", type=int, default=1, help="each prompt this many times, in a fresh order each time")
+    r.add_argument("--warmup", type=int, default=1, help="uncounted short requests per lane first (default: 1)")
+    r.add_argument("--k", type=int, help="the speculative engine's K (most tokens drafted per round), when it does "
+                                         "not report it")
+    r.add_argument("--draft-cost", type=float, help="c = draft step / target step, when there is no --draft lane")
+    r.add_argument("--verify-ratio", type=float, default=1.0,
+                   help="R = one verify of K+1 tokens / one target step (default 1.0: a GPU's regime; a CPU's is "
+                        "higher)")
+    r.add_argument("--timeout", type=float, default=120.0, help="seconds to wait for an engine's next bytes")
+    r.add_argument("--json", metavar="FILE", help="the report as JSON (every run included)")
+    r.add_argument("--html", metavar="FILE", help="the report as one self-contained page (plotly inline)")
+    add_options(r.add_argument_group("decoding (sent to every engine)"), DecodeConfig, CLI_LIMITS,
+                skip=tuple(s.name for s, _, _ in options_of(DecodeConfig) if s.name not in DECODING))
+
+    s = sub.add_parser("llamacpp", help="start llama-server twice on the embedded pair: the target alone on "
+                                        "--port, the target with its draft on --port + 1")
+    s.add_argument("--port", type=int, default=8081)
+    s.add_argument("--build", metavar="DIR", help="a llama.cpp build folder (default: the one "
+                                                  "scripts/build_llamacpp.sh makes in the cache)")
+    s.add_argument("--k", type=int, default=DecodeConfig().k,
+                   help="most tokens drafted per round (default: %(default)s)")
+    s.add_argument("--p-min", type=float, default=0.0, help="stop drafting below this draft probability (default 0: "
+                                                            "draft all K)")
+    s.add_argument("--threads", type=int, help="threads per server (default: all cores)")
+    s.add_argument("--ctx", type=int, default=4096, help="context size per server")
+    s.add_argument("--with-draft-alone", action="store_true",
+                   help="also serve the draft alone on --port + 2: a race lane that measures the draft's cost c")
+    p.set_defaults(func=run)
+
+
+def shipped_prompts() -> tuple[bytes, str]:
+    return (resources.files("specviz.data") / "prompts.jsonl").read_bytes(), "prompts.jsonl"
+
+
+def load_prompts(path: str | None, limit: int | None) -> tuple[list[Prompt], tuple[str, ...]]:
+    from specviz.runs.atlas_input import read_file, read_prompts
+
+    found = read_file(path, CLI_LIMITS) if path else read_prompts(*shipped_prompts(), CLI_LIMITS)
+    prompts = [Prompt(p.id, p.prompt, p.kind) for p in found.prompts][:limit]
+    return prompts, found.problems
+
+
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    try:
+        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                   if line.startswith("model name"))
+    except (OSError, StopIteration):
+        pass
+    return {"cpu": cpu, "cpu_count": os.cpu_count(), "python": platform.python_version()}
+
+
+def describe(i) -> str:
+    drafts = {True: "yes", False: "no", None: "?"}[i.speculative]
+    return (f"{i.kind} at {i.base_url} ({i.model or 'model ?'}, version {i.version or '?'}; drafts: {drafts}, "
+            f"K {i.k or '?'})")
+
+
+def cmd_race(args) -> int:
+    from specviz.engines.report import build_report, format_table, write_html
+    from specviz.engines.summary import summarise
+
+    config = validate(DecodeConfig, {k: v for k, v in values_of(args, DecodeConfig).items() if k in DECODING},
+                      CLI_LIMITS)
+    if args.repeats < 1 or (args.limit is not None and args.limit < 1) or args.warmup < 0:
+        raise InputError("--repeats and --limit must be at least 1, --warmup at least 0.")
+    prompts, problems = load_prompts(args.prompts, args.limit)
+    for problem in problems:
+        print(f"specviz engines race: {problem}", file=sys.stderr)
+    urls = {SPEC: args.spec, PLAIN: args.plain, **({DRAFT: args.draft} if args.draft else {})}
+    policy = EnginePolicy(read_s=args.timeout).with_urls(*urls.values())  # only what the operator named
+    runs = []
+    with make_client(policy) as client:
+        engines = {lane: connect(client, policy, url, args.engine) for lane, url in urls.items()}
+        for lane, engine in engines.items():
+            print(f"{lane}: {describe(engine.info)}", file=sys.stderr)
+        total = len(prompts) * len(engines) * args.repeats
+        try:
+            for run in iter_race(client, policy, engines, prompts, config, args.repeats, config.seed, args.warmup):
+                runs.append(run)
+                r = run.result
+                print(f"[{len(runs)}/{total}] {run.lane:<13} {run.prompt.id:<24} {r.tokens:>4} tokens, "
+                      f"{(r.decode_tokens_per_s or 0):6.2f} tok/s"
+                      + (f", accepted {r.accepted}/{r.drafted}" if r.drafted is not None else ""), file=sys.stderr)
+        except KeyboardInterrupt:
+            print("specviz engines race: stopped; the report covers what ran.", file=sys.stderr)
+    if not runs:
+        print("specviz engines race: nothing ran, nothing written.", file=sys.stderr)
+        return 1
+    infos = {lane: e.info for lane, e in engines.items()}
+    summary = summarise(runs, k=args.k or infos[SPEC].k, draft_cost=args.draft_cost, verify_ratio=args.verify_ratio)
+    table = format_table(summary, infos)
+    print(table)
+    report = build_report(summary, infos, tuple(runs), {
+        "machine": machine(), "prompts": args.prompts or "specviz/data/prompts.jsonl", "repeats": args.repeats,
+        "warmup": args.warmup, "decoding": {k: getattr(config, k, None) for k in ("max_new_tokens", "seed")}
+        | {k: getattr(config.sampling, k) for k in ("temperature", "top_k", "top_p")}, "when": time.time()})
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
+        print(f"wrote {args.json}")
+    if args.html:
+        print(f"wrote {write_html(report, table, args.html)}")
+    return 0
+
+
+def cmd_llamacpp(args) -> int:
+    from specviz.engines.llama_server import llama_servers
+
+    print("specviz engines llamacpp: starting llama-server twice on the embedded pair…", file=sys.stderr)
+    try:
+        with llama_servers(args.build, args.port, args.k, args.p_min, args.threads, args.ctx,
+                           draft_alone=args.with_draft_alone) as servers:
+            draft = f" --draft {servers.draft_url}" if servers.draft_url else ""
+            print(f"target alone:          {servers.plain_url}\n"
+                  f"target with its draft: {servers.spec_url}  (K = {args.k})\n"
+                  + (f"draft alone:           {servers.draft_url}\n" if servers.draft_url else "")
+                  + f"race them:  specviz engines race --spec {servers.spec_url} --plain {servers.plain_url}{draft}\n"
+                  "Ctrl-C stops them.", flush=True)
+            while True:
+                time.sleep(3600)
+    except KeyboardInterrupt:
+        print("specviz engines llamacpp: the servers stopped.", file=sys.stderr)
+    return 0
+
+
+def run(args) -> int:
+    name = f"specviz engines {args.engines_command}"
+    try:
+        return {"race": cmd_race, "llamacpp": cmd_llamacpp}[args.engines_command](args)
+    except InputError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return 2
+    except EngineError as e:
+        print(f"{name}: {e}", file=sys.stderr)
+        return 1

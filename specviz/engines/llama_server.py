@@ -1,0 +1,168 @@
+"""Two local llama.cpp servers on the embedded GGUF pair, for a race: the target alone on `port`, the target with
+its draft on `port + 1` (`-md DRAFT`, K as the most tokens drafted per round), and on request the draft alone on
+`port + 2` (a race lane that measures the draft's cost for the cost model). This llama.cpp takes no
+per-request speculative settings (`llamacpp.py`), hence two servers. Both bind 127.0.0.1, expose /metrics,
+serve one request at a time (`-np 1`), and stop when the context manager exits (Ctrl-C included).
+
+The binary comes from the build folder `scripts/build_llamacpp.sh` makes (in the cache, or --build DIR); the
+GGUF files are the embedded pair's verified files (`models.embedded.assemble`). Flag names changed between
+llama.cpp versions (`--draft-max` became `--spec-draft-n-max`, and a draft model drafts only with
+`--spec-type draft-simple` in recent builds): they are read from the binary's --help.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shlex
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import ExitStack, contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+
+from specviz.engines.policy import EngineError
+
+VERSION = os.environ.get("LLAMACPP_PY_VERSION", "0.3.36")  # the llama-cpp-python sdist build_llamacpp.sh builds
+HOST = "127.0.0.1"
+
+
+def default_build() -> Path:
+    from specviz.models.cache import cache_dir
+
+    return cache_dir() / "llama.cpp" / f"build-{VERSION}"
+
+
+def server_binary(build: str | Path | None = None) -> Path:
+    folder = Path(build).expanduser() if build else default_build()
+    for where in (folder / "bin" / "llama-server", folder / "llama-server"):
+        if where.is_file() and os.access(where, os.X_OK):
+            return where
+    raise EngineError(f"{folder} has no llama-server (in it or in its bin/); scripts/build_llamacpp.sh builds it.")
+
+
+def embedded_ggufs() -> tuple[Path, Path]:
+    """(target, draft): the embedded pair's verified GGUF files."""
+    from specviz.models.embedded import DRAFT, TARGET, EmbeddedModelError, assemble
+
+    try:
+        return assemble(TARGET, progress=False), assemble(DRAFT, progress=False)
+    except EmbeddedModelError as e:
+        raise EngineError(str(e)) from None
+
+
+def has_flag(help_text: str, flag: str) -> bool:
+    return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text) is not None
+
+
+def draft_flags(help_text: str, k: int, p_min: float) -> list[str]:
+    """This build's names for: draft with the model, at most K tokens per round, stop below p_min."""
+    def pick(*names):
+        return next((n for n in names if has_flag(help_text, n)), None)
+
+    n_max = pick("--spec-draft-n-max", "--draft-max")
+    if n_max is None:
+        raise EngineError("this llama-server accepts neither --spec-draft-n-max nor --draft-max (per its --help), "
+                          "so specviz cannot set K.")
+    p_flag = pick("--spec-draft-p-min", "--draft-p-min")
+    kind = ["--spec-type", "draft-simple"] if has_flag(help_text, "--spec-type") and "draft-simple" in help_text else []
+    return [*kind, n_max, str(k), *([p_flag, f"{p_min:g}"] if p_flag else [])]
+
+
+def commands(binary: Path, target: Path, draft: Path, port: int, k: int, p_min: float, threads: int, ctx: int,
+             help_text: str, draft_alone: bool = False) -> list[list[str]]:
+    """[target alone on `port`, target with its draft on `port + 1`, (the draft alone on `port + 2`)]."""
+    def server(model: Path, at: int) -> list[str]:
+        return [str(binary), "-m", str(model), "--host", HOST, "--port", str(at), "--metrics", "-np", "1",
+                "-c", str(ctx), "-t", str(threads), *(["--no-webui"] if has_flag(help_text, "--no-webui") else [])]
+
+    return [server(target, port), [*server(target, port + 1), "-md", str(draft), *draft_flags(help_text, k, p_min)],
+            *([server(draft, port + 2)] if draft_alone else [])]
+
+
+def port_free(port: int) -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((HOST, port))
+        except OSError:
+            raise EngineError(f"port {port} on {HOST} is in use; choose another with --port.") from None
+
+
+def last_line(log: Path) -> str:
+    lines = [line.strip() for line in log.read_text(errors="replace").splitlines() if line.strip()]
+    return lines[-1].rstrip(".") if lines else "no output"
+
+
+def wait_healthy(url: str, proc: subprocess.Popen, log: Path, deadline: float) -> None:
+    """Until GET /health answers 200 (llama-server answers 503 while it loads)."""
+    with httpx.Client(timeout=5.0, trust_env=False) as client:
+        while True:
+            if proc.poll() is not None:
+                raise EngineError(f"llama-server on {url} exited (status {proc.returncode}): {last_line(log)}.")
+            try:
+                if client.get(url + "/health").status_code == 200:
+                    return
+            except httpx.HTTPError:
+                pass  # not listening yet
+            if time.monotonic() > deadline:
+                raise EngineError(f"llama-server on {url} did not become healthy in time: {last_line(log)}.")
+            time.sleep(0.5)
+
+
+@contextmanager
+def started(cmd: list[str], log: Path) -> Iterator[subprocess.Popen]:
+    """One server process; stopped (SIGTERM, then SIGKILL after 10 s) on exit. Its own session: a Ctrl-C in the
+    terminal reaches specviz, which then stops it, rather than killing it mid-request."""
+    with open(log, "wb") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                                start_new_session=True)
+    try:
+        yield proc
+    finally:
+        if proc.poll() is None:
+            proc.terminate()
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+
+@dataclass(frozen=True)
+class LlamaServers:
+    plain_url: str  # the target alone
+    spec_url: str  # the target with its draft
+    draft_url: str | None  # the draft alone, when asked for
+    commands: tuple[str, ...]  # as run, shell-quoted
+    logs: tuple[Path, ...]
+
+
+@contextmanager
+def llama_servers(build: str | Path | None = None, port: int = 8081, k: int = 8, p_min: float = 0.0,
+                  threads: int | None = None, ctx: int = 4096, target: Path | None = None, draft: Path | None = None,
+                  wait_s: float = 600.0, log_dir: Path | None = None,
+                  draft_alone: bool = False) -> Iterator[LlamaServers]:
+    """Start the servers, wait until each answers /health, yield their URLs; stop them all on exit."""
+    binary = server_binary(build)
+    if target is None or draft is None:
+        target, draft = embedded_ggufs()
+    ports = [port + i for i in range(3 if draft_alone else 2)]
+    for p in ports:
+        port_free(p)
+    help_text = subprocess.run([str(binary), "--help"], capture_output=True, text=True, errors="replace",
+                               timeout=60).stdout
+    cmds = commands(binary, target, draft, port, k, p_min, threads or os.cpu_count() or 1, ctx, help_text, draft_alone)
+    with ExitStack() as stack:
+        folder = Path(log_dir) if log_dir else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="llama-")))
+        logs = tuple(folder / f"llama-server-{p}.log" for p in ports)
+        procs = [stack.enter_context(started(cmd, log)) for cmd, log in zip(cmds, logs)]
+        urls = [f"http://{HOST}:{p}" for p in ports]
+        deadline = time.monotonic() + wait_s
+        for url, proc, log in zip(urls, procs, logs):
+            wait_healthy(url, proc, log, deadline)
+        yield LlamaServers(urls[0], urls[1], urls[2] if draft_alone else None, tuple(map(shlex.join, cmds)), logs)
