@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import signal
 import sys
 import time
 from importlib import resources
@@ -150,9 +151,16 @@ def cmd_race(args) -> int:
     return 0
 
 
+def interrupted(signum, frame):
+    raise KeyboardInterrupt
+
+
 def cmd_llamacpp(args) -> int:
     from specviz.engines.llama_server import llama_servers
 
+    # SIGTERM (kill, a service manager) stops as Ctrl-C does: through the context manager, which stops the
+    # servers; they run in their own sessions, so nothing else would
+    signal.signal(signal.SIGTERM, interrupted)
     print("specviz engines llamacpp: starting llama-server twice on the embedded pair…", file=sys.stderr)
     try:
         with llama_servers(args.build, args.port, args.k, args.p_min, args.threads, args.ctx,
