@@ -163,16 +163,29 @@ def allow_any_model(args: argparse.Namespace) -> bool:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from specviz.runs.session import Session
-    from specviz.server import build_server, launch  # gradio: only when serving
+    from dataclasses import replace
 
-    limits = validate(Limits, values_of(args, Limits))  # fail at start-up, not on the first click
-    defaults = validate(DecodeConfig, values_of(args, DecodeConfig), limits)
+    from specviz.runs.recorded import Recordings
+    from specviz.runs.room import Room, record_examples, room_limits, room_of
+    from specviz.runs.session import Session
+    from specviz.runs.settings import flat_values
+    from specviz.server import build_server, launch  # gradio: only when serving
+    from specviz.ui.examples import EXAMPLES
+
+    room = room_of(values_of(args, Room))
+    given = {k: v for k, v in values_of(args, Limits).items() if v is not None}  # the limits flags given
+    limits = validate(Limits, room_limits(given, room))  # fail at start-up, not on the first click
+    defaults = validate(DecodeConfig, values_of(args, DecodeConfig), CLI_LIMITS)
+    if room.room:  # the app's defaults shrink to fit the room's limits
+        defaults = replace(defaults, max_new_tokens=min(defaults.max_new_tokens, limits.max_new_tokens))
+    defaults = validate(DecodeConfig, flat_values(defaults), limits)
     spec = validate(PairSpec, values_of(args, PairSpec))
-    session = Session(spec=spec, allow_switch=args.allow_pair_switch, allow_any_model=allow_any_model(args))
+    recordings = Recordings(room.recorded_mb * 2**20) if room.recorded else None
+    session = Session(spec=spec, allow_switch=args.allow_pair_switch, allow_any_model=allow_any_model(args),
+                      recordings=recordings)
     print(f"specviz: loading {spec.label}…", flush=True)
     session.load(spec.draft, spec.target, spec.dtype, status=lambda line: print(f"  {line}", flush=True))
-    demo = build_server(session, limits, defaults=defaults)
+    demo = build_server(session, limits, defaults=defaults, presenter_key=room.presenter_key)
     if session.allow_switch:
         models = "any model" if session.allow_any_model else "the presets and the pair above only"
         switching = f"pair switching on: visitors may load {models}"
@@ -180,13 +193,24 @@ def cmd_serve(args: argparse.Namespace) -> int:
         switching = "pair switching off: the pair is fixed (--allow-pair-switch turns it on)"
     print(f"specviz: serving {session.name} on http://{args.host}:{args.port} ({switching}; each request may hold "
           f"the model {limits.max_seconds} s at most)", flush=True)
+    print(f"specviz: {'a room' if room.room else 'limits'}: {limits.max_new_tokens} new tokens, K up to "
+          f"{limits.max_k}, {limits.max_samples} samples per side, {limits.max_seconds} s per request, "
+          f"{limits.max_queue} requests waiting at most; the app opens at {defaults.max_new_tokens} new tokens; "
+          + (f"recorded answers on ({room.recorded_mb} MB)" if recordings is not None else "recorded answers off")
+          + ("; a presenter key is set" if room.presenter_key else "; nobody presents (--presenter-key)"), flush=True)
     if not is_loopback(args.host):
         print("specviz: bound beyond loopback: anyone who can reach this port can run the models.", flush=True)
-    launch(demo, host=args.host, port=args.port, state_session_capacity=limits.max_sessions)
+    if recordings is not None:  # a warm-up that is also a recording: the first click on an example streams at once
+        record_examples(session, limits, [prompt for _, prompt in EXAMPLES], flat_values(defaults),
+                        log=lambda line: print(f"specviz: {line}", flush=True))
+    launch(demo, host=args.host, port=args.port, limits=limits, state_session_capacity=limits.max_sessions)
     return 0
 
 
 def add_serve(sub) -> None:
+    from specviz.runs.options import options_of
+    from specviz.runs.room import Room
+
     p = sub.add_parser("serve", help="serve the app (http://127.0.0.1:7860 by default)")
     # Gradio's and hosted Spaces' convention: the environment may choose the address; loopback stays the default
     p.add_argument("--host", default=os.environ.get("GRADIO_SERVER_NAME", "127.0.0.1"),
@@ -204,11 +228,14 @@ def add_serve(sub) -> None:
     add_options(p.add_argument_group("models"), PairSpec)
     add_options(p.add_argument_group("decoding (the app opens with these)"), DecodeConfig, Limits())
     add_options(p.add_argument_group("limits (per request)"), Limits)
+    # a limit not given stays unset, so that --room can tell the flags given from the defaults
+    p.set_defaults(**{dest: None for _, _, dest in options_of(Limits)})
+    add_options(p.add_argument_group("a room (a workshop: recorded answers, a presenter to follow)"), Room)
     p.set_defaults(func=cmd_serve)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specviz.bench import command as bench, loadtest, prove, whatif
+    from specviz.bench import command as bench, load_command, prove, whatif
 
     parser = argparse.ArgumentParser(prog="specviz", description="See speculative decoding work.")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -233,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.register(sub)
     prove.register(sub)
     whatif.register(sub)
-    loadtest.register(sub)
+    load_command.register(sub)
     return parser
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import time
 
 import pytest
 
@@ -237,3 +238,105 @@ def test_the_atlas_report_opens_offline_with_every_section(browser_page, tmp_pat
         assert requests == [path.as_uri()]
     finally:
         context.close()
+
+
+# ---------------------------------------------------------------- a room (issue 31)
+
+KEY = "projector-7421"
+FOLLOWED = "document.querySelector('#sv-live-speed')?.innerText.includes('Following the presenter')"
+
+
+@pytest.fixture(scope="module")
+def room_url():
+    """An app with a presenter key, its tiny target slowed so that a run lasts a few seconds: long enough to
+    see its rounds arrive one after another in a follower's browser."""
+    session = Session(tiny_pair(), PairSpec("tiny", "tiny"))
+    forward = session.pair.target.forward
+
+    def slow(*args, **kwargs):
+        time.sleep(0.08)
+        return forward(*args, **kwargs)
+
+    session.pair.target.forward = slow
+    demo = build_server(session, Limits(), Options(Pace(0.05, 0.0)), presenter_key=KEY)
+    _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
+    try:
+        yield url
+    finally:
+        demo.close()
+
+
+SEEN_ROUNDS = """() => { window.svSeen = []; new MutationObserver(() => {
+    const n = document.querySelectorAll('#sv-live-spec .sv-round').length;
+    if (window.svSeen[window.svSeen.length - 1] !== n) window.svSeen.push(n); })
+  .observe(document.querySelector('#sv-live-spec'), {childList: true, subtree: true}); }"""
+
+
+def test_a_visitor_follows_the_presenters_run_and_sees_its_rounds_appear(browser_page, room_url):
+    browser = browser_page.context.browser
+    contexts = [browser.new_context(viewport={"width": 1400, "height": 1000}) for _ in range(2)]  # two browsers
+    try:
+        presenter, visitor = (c.new_page() for c in contexts)
+        presenter.goto(room_url)
+        presenter.wait_for_selector("#sv-run", timeout=60_000)
+        presenter.get_by_text("Present to the room").click()
+        presenter.fill("#sv-present-key input", KEY)
+        presenter.click("#sv-present")
+        presenter.wait_for_selector("#sv-follow-link a", timeout=30_000)
+        link = presenter.get_attribute("#sv-follow-link a", "href")
+        assert link.endswith("/?follow=1") and KEY not in presenter.content()
+
+        visitor.goto(link)  # the link the presenter's page shows: following at once
+        visitor.wait_for_function(FOLLOWED, timeout=60_000)
+        assert visitor.is_checked("#sv-follow input")
+
+        visitor.evaluate(SEEN_ROUNDS)  # the round counts the visitor's Live view goes through
+        presenter.fill("#sv-prompt textarea", "she said that it was the one")
+        presenter.click("#sv-run")
+        presenter.wait_for_function(FINISHED_LIVE, timeout=120_000)
+        visitor.wait_for_function(FINISHED_LIVE, timeout=60_000)
+        seen = visitor.evaluate("window.svSeen")
+        assert len([n for n in seen if n > 0]) >= 3, seen  # the rounds arrived one update after another
+        assert visitor.inner_text("#sv-live-spec") == presenter.inner_text("#sv-live-spec")
+        assert visitor.input_value("#sv-prompt textarea") == "she said that it was the one"
+        assert "min(1, p/q)" in visitor.get_attribute("#sv-live-spec .sv-tok.sv-accepted", "title")  # hovers
+        visitor.wait_for_selector("#sv-live-pq .js-plotly-plot .bars", timeout=30_000)  # p/q bars
+        visitor.get_by_role("tab", name="Decode").click()
+        visitor.wait_for_selector("#sv-drill .js-plotly-plot", timeout=30_000)  # the drill-down of that run
+
+        visitor.get_by_role("tab", name="Live").click()
+        visitor.fill("#sv-prompt textarea", PROMPT)
+        visitor.click("#sv-run")  # the visitor's own Run leaves follow mode
+        visitor.wait_for_function("!document.querySelector('#sv-follow input').checked", timeout=30_000)
+        visitor.wait_for_function(FINISHED_LIVE + " && !(" + FOLLOWED + ")", timeout=120_000)
+    finally:
+        for c in contexts:
+            c.close()
+
+
+def test_a_visitor_without_the_key_cannot_present(browser_page, room_url):
+    browser = browser_page.context.browser
+    contexts = [browser.new_context(viewport={"width": 1400, "height": 1000}) for _ in range(2)]
+    try:
+        visitor, watcher = (c.new_page() for c in contexts)
+        for page in (visitor, watcher):
+            page.goto(room_url)
+            page.wait_for_selector("#sv-run", timeout=60_000)
+        visitor.get_by_text("Present to the room").click()
+        visitor.fill("#sv-present-key input", "projector-0000")
+        visitor.click("#sv-present")
+        toast = visitor.wait_for_selector(".toast-body", timeout=30_000)
+        assert "that is not this server's presenter key." in toast.inner_text()
+        assert not visitor.locator("#sv-follow-link a").count()  # no link to follow: not presenting
+        watcher.check("#sv-follow input")
+        watcher.wait_for_function(FOLLOWED, timeout=60_000)
+        before = watcher.inner_text("#sv-live-spec")
+        visitor.fill("#sv-prompt textarea", "it was the one that it was")
+        visitor.click("#sv-run")
+        visitor.wait_for_function(FINISHED_LIVE, timeout=120_000)
+        time.sleep(1)  # several of the follower's looks at the broadcast
+        assert watcher.inner_text("#sv-live-spec") == before  # nothing of the visitor's run reached a follower
+        assert watcher.input_value("#sv-prompt textarea") != "it was the one that it was"
+    finally:
+        for c in contexts:
+            c.close()

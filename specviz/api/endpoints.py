@@ -1,20 +1,23 @@
-"""The named JSON endpoints (/generate, /race, /replay, /share_html, /same_distribution, /load_pair, /info).
+"""The named JSON endpoints (/generate, /race, /replay, /share_html, /same_distribution, /load_pair, /whatif,
+/info).
 
 Their parameters are generated from the settings specs, so each endpoint's signature (what
 gradio_client and `view_api` show: names, types, defaults) and its description (ranges and help)
-follow the spec. Each endpoint validates through the run paths and streams their results as JSON.
+follow the spec; their defaults are the served app's. Each endpoint validates through the run paths and
+streams their results as JSON; a job waiting for the model streams its place first ({"event": "queued"}).
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Literal, get_origin
 
 import gradio as gr
 
+from specviz.analysis.whatif import what_if
 from specviz.api import messages
 from specviz.engine import DecodeConfig
 from specviz.models import PairSpec
@@ -27,8 +30,9 @@ from specviz.runs.pacing import Pace, paced
 from specviz.runs.race import race, replay_race
 from specviz.runs.replay import shipped_traces, trace_data, trace_from_text
 from specviz.runs.session import Session
-from specviz.runs.settings import Setting, fields_of
+from specviz.runs.settings import Setting, fields_of, flat_values
 from specviz.runs.trace import Trace
+from specviz.runs.turns import Waiting
 
 MODEL = "model"  # the concurrency group of everything that runs the pair (the same as the UI's)
 REPLAY = "replay"  # no model, one at a time beside the model's queue (the same as the UI's replays)
@@ -52,26 +56,29 @@ def describe(s: Setting) -> str:
 
 
 def endpoint(fn: Callable, name: str, doc: str, leading: list[tuple[str, type, object]],
-             settings: list[Setting], returns=Iterator[dict]) -> Callable:
-    """`fn(values: dict)` as a function with a real signature: the leading parameters (name, type,
-    default or `inspect.Parameter.empty`), then one per setting. Gradio reads types and defaults
-    from it; the description lists every parameter with its range."""
-    params = [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=t)
-              for n, t, d in leading]
+             settings: list[Setting], returns=Iterator[dict], owned: bool = False) -> Callable:
+    """`fn(values: dict)` as a function with a real signature: the leading parameters (name, type, default or
+    `inspect.Parameter.empty`), then one per setting. Gradio reads types and defaults from it; the description
+    lists every parameter with its range. `owned`: `fn(values, owner)`, the owner being the client's session
+    (Gradio's request comes first in the signature; it is not a parameter of the API)."""
+    params = [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)] * owned
+    params += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=t)
+               for n, t, d in leading]
     params += [inspect.Parameter(s.name, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=s.default,
                                  annotation=api_type(s)) for s in settings]
     signature = inspect.Signature(params, return_annotation=returns)
 
-    def values(args, kwargs) -> dict:
+    def values(args, kwargs) -> tuple:
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
-        return dict(bound.arguments)
+        given = dict(bound.arguments)
+        return (given, getattr(given.pop("request"), "session_hash", None)) if owned else (given,)
 
     def call(*args, **kwargs):
-        return fn(values(args, kwargs))
+        return fn(*values(args, kwargs))
 
     def stream(*args, **kwargs):  # Gradio streams only what a generator function returns
-        yield from fn(values(args, kwargs))
+        yield from fn(*values(args, kwargs))
 
     call = stream if get_origin(returns) is Iterator else call
 
@@ -90,37 +97,49 @@ def decode_settings(values: dict) -> dict:
 
 
 @user_errors
-def generate(session: Session, limits: Limits, values: dict) -> Iterator[dict]:
+def generate(session: Session, limits: Limits, values: dict, owner: str | None = None) -> Iterator[dict]:
     """Speculative decoding, streamed: one {"event": "round", "round": {...}} per round, then
-    {"event": "done", "text", "rounds", "finished", "stats", "meta"}."""
+    {"event": "done", "text", "rounds", "finished", "stats", "meta", "recorded_at"} ("recorded_at": when this
+    server ran the same request, whose recording answered it; null for a live run)."""
     last = None
-    for last in decoding.decode(session, limits, values["prompt"], decode_settings(values)):
+    for item in decoding.decode(session, limits, values["prompt"], decode_settings(values), owner=owner):
+        if isinstance(item, Waiting):
+            yield messages.queued(item)
+            continue
+        last = item
         if last.rounds:
             yield messages.round_event(last.rounds[-1])
     yield messages.run_summary(last)
 
 
 @user_errors
-def race_stream(session: Session, limits: Limits, values: dict, pace: Pace = Pace()) -> Iterator[dict]:
+def race_stream(session: Session, limits: Limits, values: dict, pace: Pace = Pace(), owner: str | None = None
+                ) -> Iterator[dict]:
     """The target alone vs speculative decoding, alternated on one device, each lane timed on its own
-    clock. Streams {"event": "race", "ar": lane, "spec": lane, ...}; the last has "event": "done",
-    "speedup", "identical", "divergence", "stats" and the run as a "trace" (for /share_html or /replay)."""
-    with closing(paced(race(session, limits, values["prompt"], decode_settings(values)), pace.min_interval)) as events:
+    clock. Streams {"event": "race", "ar": lane, "spec": lane, ..., "recorded_at"}; the last has "event": "done",
+    "speedup", "identical", "divergence", "stats" and the run as a "trace" (for /share_html or /replay).
+    "recorded_at": when this server ran the same request, whose recording (its events, at their pace, and its
+    numbers) answers it; null for a live race."""
+    states = race(session, limits, values["prompt"], decode_settings(values), owner=owner)
+    with closing(paced(states, pace.min_interval)) as events:
         for state, show in events:
-            if show:
+            if isinstance(state, Waiting):
+                yield messages.queued(state)
+            elif show:
                 out = messages.race_dict(state)
                 yield out | {"trace": state.trace().to_dict()} if state.done else out
 
 
 @user_errors
-def same_distribution(session: Session, limits: Limits, values: dict) -> Iterator[dict]:
+def same_distribution(session: Session, limits: Limits, values: dict, owner: str | None = None) -> Iterator[dict]:
     """Tokens 1-3 of speculative vs target-alone samples against the target's exact (conditional)
     distributions: per position frequencies, total variation, χ² and PIT p-values, and the whole path's
     PIT test. Streams progress; the last has "event": "done"."""
     experiment = {k: values[k] for k in ("samples", "temperature") if k in values}
-    with closing(sample_distribution(session, limits, values["prompt"], decode_settings(values), experiment)) as rs:
+    with closing(sample_distribution(session, limits, values["prompt"], decode_settings(values), experiment,
+                                     owner)) as rs:
         for result in rs:
-            yield messages.distribution_dict(result)
+            yield messages.queued(result) if isinstance(result, Waiting) else messages.distribution_dict(result)
 
 
 @user_errors
@@ -153,31 +172,50 @@ def load_pair(session: Session, values: dict) -> str:
     return session.name
 
 
-def register(session: Session, limits: Limits, pace: Pace = Pace(),
-             page: Callable[[Trace], str] | None = None) -> None:
+def whatif(acceptance: float, k: int, draft_cost: float, verify_ratio: float = 1.0,
+           target_tokens_per_s: float | None = None, gpu_hour_price: float | None = None) -> dict:
+    """The What if tab's arithmetic, no model: the articles' shortcut K × a beside the expected tokens per round
+    E = (1 − a^(K+1)) / (1 − a) and the speedup E / (K·c + R), with rates and cost when a speed (and a price)
+    is given."""
+    values = (acceptance, k, draft_cost, verify_ratio, target_tokens_per_s, gpu_hour_price)
+    try:
+        return asdict(what_if(*values))
+    except (TypeError, ValueError) as e:  # the calculator names the bad input
+        raise gr.Error(f"{str(e).rstrip('.')}.", print_exception=False) from None
+
+
+def register(session: Session, limits: Limits, pace: Pace = Pace(), page: Callable[[Trace], str] | None = None,
+             defaults: DecodeConfig = DecodeConfig(), examples: Sequence[tuple[str, str]] = ()) -> None:
     """Add the endpoints to the Blocks being built (call inside its context). `page` renders a trace as
-    a shareable HTML page (the UI's, handed in by the server: the adapters do not import each other)."""
-    settings = fields_of(DecodeConfig, limits)
+    a shareable HTML page (the UI's, handed in by the server: the adapters do not import each other);
+    `defaults` are the app's decoding defaults (the parameters' defaults), `examples` its (name, prompt)s."""
+    served = flat_values(defaults)
+    settings = [replace(s, default=served[s.name]) for s in fields_of(DecodeConfig, limits)]
     prompt = [("prompt", str, inspect.Parameter.empty)]
     shared = [s for s in settings if s.name not in ("temperature", "max_new_tokens")]  # the experiment's own
-    timed = [  # these run the pair: one at a time, in the model's queue
-        endpoint(lambda values: generate(session, limits, values), "generate", generate.__doc__, prompt, settings),
-        endpoint(lambda values: race_stream(session, limits, values, pace), "race", race_stream.__doc__, prompt,
-                 settings),
-        endpoint(lambda values: same_distribution(session, limits, values), "same_distribution",
-                 same_distribution.__doc__, prompt, fields_of(DistributionSettings, limits) + shared),
+    timed = [  # these run the pair: one at a time, in the model's queue (runs.turns; Gradio bounds its length)
+        endpoint(lambda values, owner: generate(session, limits, values, owner), "generate", generate.__doc__, prompt,
+                 settings, owned=True),
+        endpoint(lambda values, owner: race_stream(session, limits, values, pace, owner), "race", race_stream.__doc__,
+                 prompt, settings, owned=True),
+        endpoint(lambda values, owner: same_distribution(session, limits, values, owner), "same_distribution",
+                 same_distribution.__doc__, prompt, fields_of(DistributionSettings, limits) + shared, owned=True),
     ]
     if session.allow_switch:  # the operator's choice; otherwise the pair is fixed at start
         timed.append(endpoint(lambda values: load_pair(session, values), "load_pair", load_pair.__doc__,
                               [("draft", str, inspect.Parameter.empty), ("target", str, inspect.Parameter.empty)],
                               [s for s in fields_of(PairSpec) if s.name == "dtype"], returns=str))
     for fn in timed:
-        gr.api(fn, api_name=fn.__name__, api_description=fn.__doc__, concurrency_id=MODEL)
+        gr.api(fn, api_name=fn.__name__, api_description=fn.__doc__, concurrency_id=MODEL,
+               concurrency_limit=limits.max_queue)
 
     def info() -> dict:
-        """The served pair, the limits, the model presets and the shipped traces."""
-        return {"pair": session.name, "limits": asdict(limits), "presets": {k: list(v) for k, v in PRESETS.items()},
-                "shipped_traces": shipped_traces()}
+        """The served pair, the limits, the decoding defaults, the app's examples, the model presets and the
+        shipped traces."""
+        return {"pair": session.name, "limits": asdict(limits), "defaults": served,
+                "examples": [{"name": n, "prompt": p} for n, p in examples],
+                "presets": {k: list(v) for k, v in PRESETS.items()}, "shipped_traces": shipped_traces(),
+                "recorded_answers": session.recordings is not None}
 
     def replay_beside(trace: str) -> Iterator[dict]:
         with session.beside.job():  # a race timed meanwhile notes it
@@ -186,6 +224,7 @@ def register(session: Session, limits: Limits, pace: Pace = Pace(),
     replay_beside.__doc__ = replay.__doc__
     gr.api(replay_beside, api_name="replay", concurrency_id=REPLAY, concurrency_limit=1)
     gr.api(info, api_name="info", concurrency_limit=None, queue=False)
+    gr.api(whatif, api_name="whatif", concurrency_limit=None, queue=False)
     if page is not None:
         def share(trace: str) -> str:
             with session.beside.job():

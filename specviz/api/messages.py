@@ -8,7 +8,15 @@ from specviz.analysis.stats import run_stats
 from specviz.engine import Round
 from specviz.runs.distribution import DistributionResult
 from specviz.runs.race import Lane, RaceState
+from specviz.runs.recorded import iso_time
 from specviz.runs.trace import Trace
+from specviz.runs.turns import Waiting
+
+
+def queued(w: Waiting) -> dict:
+    """A job's place in the model's queue, before its first result: `position` 1 runs next, `ahead` counts the
+    running job too, `estimate_s` (null until a kind ahead was timed) from the measured durations of those jobs."""
+    return {"event": "queued", "position": w.position, "ahead": w.ahead, "estimate_s": w.estimate_s}
 
 
 def round_event(r: Round) -> dict:
@@ -20,7 +28,8 @@ def run_summary(trace: Trace) -> dict:
     rounds = trace.rounds
     return {"event": "done", "text": rounds[-1].text if rounds else "", "rounds": len(rounds),
             "finished": rounds[-1].finished if rounds else None,
-            "stats": run_stats(rounds, trace.ar_steps or None).to_dict(), "meta": asdict(trace.meta)}
+            "stats": run_stats(rounds, trace.ar_steps or None).to_dict(), "meta": asdict(trace.meta),
+            "recorded_at": iso_time(trace.recorded_at)}
 
 
 def lane_dict(lane: Lane) -> dict:
@@ -33,7 +42,8 @@ def race_dict(state: RaceState) -> dict:
     d = state.divergence
     out = {"event": "done" if state.done else "race", "ar": lane_dict(state.ar), "spec": lane_dict(state.spec),
            "speedup": state.speedup, "decode_speedup": state.decode_speedup if state.done else None,
-           "greedy": state.greedy, "divergence": None if d is None else asdict(d), "cpu_shared": state.shared_cpu}
+           "greedy": state.greedy, "divergence": None if d is None else asdict(d), "cpu_shared": state.shared_cpu,
+           "recorded_at": iso_time(state.recorded_at)}  # a recorded answer: when this server ran it
     if state.done:
         out.update(stats=state.stats().to_dict(), identical=state.identical, meta=asdict(state.meta))
     return out

@@ -1,32 +1,34 @@
 """`specviz loadtest`: many users at once against a running app, through its JSON API only.
 
     specviz loadtest --url http://127.0.0.1:7860 --users 20 --seconds 30 [--json OUT] [--pid PID]
+    specviz loadtest --mix workshop --users 30          # a room: bench/workshop.py
 
 Every user is a `gradio_client.Client` of its own (a separate session, like a browser tab), all
 started together. They mix runs, replays and inputs the server must refuse with one clear sentence;
-some users drop a streaming run mid-way. Reported: throughput, queue waits, and every surprise.
+some users drop a streaming run mid-way. Reported: throughput, waits (by kind of request), how the
+queue's estimates compared with the waits that followed, and every surprise. The command: load_command.py.
 """
 
 from __future__ import annotations
 
-import json
 import random
 import re
-import statistics
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 
 import httpx
 from gradio_client import Client
 from gradio_client.utils import QueueError, Status
 
+from specviz.bench.load_summary import by_kind, estimates, percentiles
+
 PROMPT = "the man said that it was good and"
 KINDS = ("generate", "race", "replay", "same_distribution",  # valid; then bad inputs the server must refuse
          "empty_prompt", "zero_k", "unknown_trace", "greedy_distribution")
-QUEUED = {Status.STARTING, Status.JOINING_QUEUE, Status.IN_QUEUE}
 
 
 @dataclass(frozen=True)
@@ -43,9 +45,47 @@ class Record:
     valid: bool
     outcome: str  # "ok", "refused" (bad input, clearly), "dropped" (disconnected on purpose), "error", "queue_full"
     message: str = ""
-    wait: float | None = None  # seconds from submit until the job left the queue
+    wait: float | None = None  # seconds from submit until its first result (a queue update is none) or its end
     rank: int | None = None  # the furthest back in the queue it was seen (0 = next to run)
     seconds: float = 0.0
+    first_token: float | None = None  # seconds from submit until a message carried a token (runs and races)
+    estimate: float | None = None  # the queue's first estimate of the wait, in seconds
+    estimated_wait: float | None = None  # the wait that followed that estimate, in seconds
+    recorded: bool = False  # answered from the server's recording of the same request
+
+
+@dataclass
+class Watch:
+    """What one request's messages said, and when they were seen."""
+
+    start: float
+    result: float | None = None  # the first message that is not a queue update
+    token: float | None = None
+    rank: int | None = None
+    estimate: tuple[float, float] | None = None  # (when, seconds) of the first queue update with an estimate
+    recorded: bool = False
+
+    def see(self, message, now: float) -> None:
+        if not isinstance(message, dict):
+            self.result = self.result or now
+            return
+        if message.get("event") == "queued":
+            self.rank = max(self.rank or 0, message["position"] - 1)
+            if self.estimate is None and message.get("estimate_s") is not None:
+                self.estimate = (now, message["estimate_s"])
+            return
+        self.result = self.result or now
+        self.recorded = self.recorded or bool(message.get("recorded_at"))
+        if self.token is None and tokens(message):
+            self.token = now
+
+
+def tokens(message: dict) -> int:
+    """The tokens a run's or a race's message shows (0 for other messages)."""
+    if message.get("event") == "round":
+        return len(message["round"]["new_token_ids"])
+    lanes = [message.get(k) for k in ("ar", "spec")]
+    return sum(lane["tokens"] for lane in lanes if isinstance(lane, dict))
 
 
 def requests(kinds, trace: str | None, max_new_tokens: int = 8, samples: int = 16) -> list[Request]:
@@ -93,24 +133,32 @@ def judge(request: Request, error: BaseException | None, outputs: list) -> tuple
 
 
 def call(client: Client, request: Request, poll: float, timeout: float) -> Record:
-    """One request, watched from this thread: when it leaves the queue and how far back it stood."""
-    start, wait, rank = time.monotonic(), None, None
-    job = client.submit(api_name=request.api, **request.args)
+    """One request, watched from this thread: how far back in the queue it stood (Gradio's queue, then the
+    model's: its "queued" messages), when its first result and its first token came, and what it was told."""
+    watch = Watch(time.monotonic())
+    job, seen = client.submit(api_name=request.api, **request.args), 0
     while not job.done():
         status = job.status()
         if status.code == Status.IN_QUEUE and status.rank is not None:
-            rank = max(rank or 0, status.rank)
-        if wait is None and status.code not in QUEUED:
-            wait = time.monotonic() - start
-        if time.monotonic() - start > timeout:
+            watch.rank = max(watch.rank or 0, status.rank)
+        outputs, now = job.outputs(), time.monotonic()
+        for m in outputs[seen:]:
+            watch.see(m, now)
+        seen = len(outputs)
+        if now - watch.start > timeout:
             job.cancel()
-            return Record(request.kind, request.expect is None, "error", f"no answer in {timeout} s", wait, rank,
-                          timeout)
+            return Record(request.kind, request.expect is None, "error", f"no answer in {timeout} s", rank=watch.rank,
+                          seconds=timeout)
         time.sleep(poll)
-    outcome, message = judge(request, job.exception(), job.outputs())
-    seconds = time.monotonic() - start  # the wait, too, if it finished between two looks (an upper bound)
-    return Record(request.kind, request.expect is None, outcome, message, seconds if wait is None else wait, rank,
-                  seconds)
+    outputs, end = job.outputs(), time.monotonic()
+    for m in outputs[seen:]:  # those that came between the last look and the end: seen at the end (upper bounds)
+        watch.see(m, end)
+    outcome, message = judge(request, job.exception(), outputs)
+    first = watch.result or end
+    estimate, estimated_wait = (watch.estimate[1], first - watch.estimate[0]) if watch.estimate else (None, None)
+    return Record(request.kind, request.expect is None, outcome, message, first - watch.start, watch.rank,
+                  end - watch.start, None if watch.token is None else watch.token - watch.start, estimate,
+                  estimated_wait, watch.recorded)
 
 
 def positional(parameters: list[dict], values: dict) -> list:
@@ -150,22 +198,20 @@ class LoadResult:
         waits = [r.wait for r in self.records if r.wait is not None]
         outcomes = Counter((r.kind, r.outcome) for r in self.records)
         done = sum(r.valid and r.outcome == "ok" for r in self.records)
+        recorded = Counter(r.kind for r in self.records if r.recorded)
         return {"users": self.users, "seconds": round(self.seconds, 3),
                 "requests": {k: {o: n for (k2, o), n in sorted(outcomes.items()) if k2 == k}
                              for k in sorted({k for k, _ in outcomes})},
                 "throughput": done / self.seconds if self.seconds > 0 else 0.0,
                 "wait_s": percentiles(waits),
+                "wait_by_kind": by_kind(self.records, lambda r: r.wait),
+                "first_token_by_kind": by_kind(self.records, lambda r: r.first_token),
+                "recorded_answers": dict(sorted(recorded.items())),
+                "estimates": estimates(self.records),
                 "max_queue_rank": max((r.rank for r in self.records if r.rank is not None), default=None),
                 "rss_mb": {k: None if v is None else round(v / 2**20, 1)
                            for k, v in (("before", self.rss_before), ("after", self.rss_after))},
                 "errors": [f"{r.kind}: {r.message}" for r in self.records if r.outcome == "error"]}
-
-
-def percentiles(values: list[float]) -> dict:
-    if len(values) < 2:  # statistics.quantiles needs two points
-        return dict.fromkeys(("p50", "p95", "max"), values[0] if values else None)
-    q = statistics.quantiles(values, n=100, method="inclusive")  # q[i]: the (i+1)th percentile
-    return {"p50": q[49], "p95": q[94], "max": max(values)}
 
 
 def rss_bytes(pid: int) -> int:
@@ -174,39 +220,59 @@ def rss_bytes(pid: int) -> int:
     return psutil.Process(pid).memory_info().rss
 
 
+def server_info(url: str) -> dict:
+    probe = Client(url, verbose=False)
+    try:
+        return probe.predict(api_name="/info")
+    finally:
+        probe.close()
+
+
 def run_load(url: str, users: int, seconds: float | None = None, requests_per_user: int | None = None,
              mix=KINDS, disconnect: int = 1, max_new_tokens: int = 8, samples: int = 16,
              disconnect_tokens: int = 256, seed: int = 0, poll: float = 0.02, timeout: float = 120.0,
-             pid: int | None = None) -> LoadResult:
+             pid: int | None = None, plan: Callable[[dict], list[Request]] | None = None,
+             think: float = 0.0) -> LoadResult:
     """`users` users at once, each taking requests round-robin from the seeded shuffle of `mix` until it
     has made `requests_per_user` or `seconds` have passed (whichever first), and `disconnect` more users
-    that each drop one long stream. With `pid`, the server's RSS before and after."""
-    if seconds is None and requests_per_user is None:
+    that each drop one long stream. With `plan` (the server's /info in, requests out), user i makes requests
+    i, i + users, … of the plan instead. `think`: a pause of up to this many seconds (seeded) before each
+    request after a user's first. With `pid`, the server's RSS before and after."""
+    if seconds is None and requests_per_user is None and plan is None:
         raise ValueError("give seconds, requests_per_user or both: otherwise the load never stops")
     url = url.rstrip("/")
-    probe = Client(url, verbose=False)
-    try:
-        trace = next(iter(probe.predict(api_name="/info")["shipped_traces"]), None)
-    finally:
-        probe.close()
-    order = requests(mix, trace, max_new_tokens, samples)
-    random.Random(seed).shuffle(order)
+    info = server_info(url)
+    if plan is not None:
+        order = plan(info)
+        shares = [order[i::users] for i in range(users)]
+    else:
+        order = requests(mix, next(iter(info["shipped_traces"]), None), max_new_tokens, samples)
+        random.Random(seed).shuffle(order)
+        shares = None
     started: list[float] = []  # set by the barrier, once every user has connected
     ended: list[float] = []  # when each user's last request finished (closing a client is no load)
     barrier = threading.Barrier(users + disconnect, action=lambda: started.append(time.monotonic()))
     rss_before = rss_bytes(pid) if pid else None
 
+    def next_request(index: int, made: int) -> Request | None:
+        if shares is not None:
+            return shares[index][made] if made < len(shares[index]) else None
+        if requests_per_user is not None and made >= requests_per_user:
+            return None
+        return order[(index + made) % len(order)]  # from its own place in the mix: every kind in flight at once
+
     def user(index: int) -> list[Record]:
-        client = None
+        client, pauses = None, random.Random(seed * 7919 + index)
         try:
             client = Client(url, verbose=False)
             barrier.wait(timeout)
             out = [drop_stream(url, client, disconnect_tokens, timeout)] if index >= users else []
-            while index < users and (requests_per_user is None or len(out) < requests_per_user):
+            while index < users and (request := next_request(index, len(out))) is not None:
                 if seconds is not None and time.monotonic() - started[0] > seconds:
                     break
-                # user i goes round the mix from its own place in it: every kind is in flight at once
-                out.append(call(client, order[(index + len(out)) % len(order)], poll, timeout))
+                if think and out:  # a visitor reads the answer before the next click
+                    time.sleep(pauses.uniform(0, think))
+                out.append(call(client, request, poll, timeout))
             ended.append(time.monotonic())
             return out
         except Exception as e:  # noqa: BLE001 - a user that fails must not leave the others at the barrier
@@ -220,45 +286,3 @@ def run_load(url: str, users: int, seconds: float | None = None, requests_per_us
         records = [r for rs in pool.map(user, range(users + disconnect)) for r in rs]
     elapsed = max(ended) - started[0] if started and ended else 0.0
     return LoadResult(users, elapsed, records, rss_before, rss_bytes(pid) if pid else None)
-
-
-def table(summary: dict) -> str:
-    w, rss = summary["wait_s"], summary["rss_mb"]
-    lines = [f"{summary['users']} users, {summary['seconds']:.1f} s: {summary['throughput']:.2f} completed runs/s",
-             "queue wait s: " + "  ".join(f"{k} {'-' if v is None else f'{v:.3f}'}" for k, v in w.items())
-             + f"  (furthest back in the queue: {summary['max_queue_rank']})"]
-    lines += [f"server RSS MB: {rss['before']} before, {rss['after']} after"] if rss["before"] is not None else []
-    lines += [f"  {kind:<20} " + "  ".join(f"{o} {n}" for o, n in outcomes.items())
-              for kind, outcomes in summary["requests"].items()]
-    return "\n".join(lines + ([f"error: {e}" for e in summary["errors"]] or ["no unexpected errors"]))
-
-
-def cmd_loadtest(args) -> int:
-    seconds = 30.0 if args.seconds is None and args.requests is None else args.seconds
-    result = run_load(args.url, args.users, seconds, args.requests, disconnect=args.disconnect,
-                      max_new_tokens=args.max_new_tokens, samples=args.samples, seed=args.seed, pid=args.pid,
-                      timeout=args.timeout)
-    summary = result.summary()
-    print(table(summary))
-    if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(summary | {"records": [asdict(r) for r in result.records]}, f, indent=1)
-    return 1 if summary["errors"] else 0
-
-
-def register(sub) -> None:
-    p = sub.add_parser("loadtest", help="many users at once against a running app: throughput, queue waits, errors")
-    p.add_argument("--url", default="http://127.0.0.1:7860")
-    p.add_argument("--users", type=int, default=10)
-    p.add_argument("--seconds", type=float, default=None, help="start no request after this (default: 30, "
-                                                               "or none with --requests)")
-    p.add_argument("--requests", type=int, default=None, help="requests per user")
-    p.add_argument("--disconnect", type=int, default=1, help="more users, each dropping a streaming run mid-way")
-    p.add_argument("--max-new-tokens", type=int, default=16, help="tokens per run (short runs: a test, not a bench)")
-    p.add_argument("--samples", type=int, default=16, help="samples per side of /same_distribution")
-    p.add_argument("--seed", type=int, default=0, help="shuffles the order of the request mix")
-    p.add_argument("--timeout", type=float, default=120.0,
-                   help="seconds a request may take, its queue wait included, before it counts as an error")
-    p.add_argument("--json", default=None, metavar="OUT.json", help="write the summary and every request")
-    p.add_argument("--pid", type=int, default=None, help="the server's process id: its RSS before and after")
-    p.set_defaults(func=cmd_loadtest)

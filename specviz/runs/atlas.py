@@ -30,6 +30,7 @@ from specviz.runs.race import RaceState, race_decoders
 from specviz.runs.session import Session
 from specviz.runs.settings import validate
 from specviz.runs.trace import Trace
+from specviz.runs.turns import quietly
 
 SOURCE = "Atlas"
 
@@ -135,7 +136,9 @@ def run_atlas(session: Session, limits: Limits, prompts: PromptSet, settings, ra
     last when finished. Closing the stream (Stop) releases the pair; then call `close("stopped")`."""
     state = plan(session, limits, prompts, settings, race)
     yield state
-    yield from session.stream(lambda pair: run_all(pair, state, limits.max_seconds))
+    # one request for all its prompts: it waits its turn like any other, without showing the queue
+    yield from quietly(session.stream(lambda pair: run_all(pair, state, limits.max_seconds), kind="atlas",
+                                      work=len(state.jobs)))
 
 
 def prompt_run(run: AtlasRun) -> PromptRun:

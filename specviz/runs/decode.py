@@ -1,6 +1,8 @@
 """Speculative decoding as a run: validate -> take the pair -> rounds, streamed as a growing `Trace`.
 
-A run that outlasts the request's time budget ends with `finished == "budget"`, its rounds kept.
+A run that outlasts the request's time budget ends with `finished == "budget"`, its rounds kept. While
+other jobs hold the model, a run reports its place in the queue (`Waiting`). A request this server has
+already run to the end, greedy or from a fixed seed, is answered from that run's recording (`recorded`).
 
 `decode` streams a whole run; `step` advances a paused one by one round (the app's step mode).
 Closing a stream (Stop) closes the engine's generator and releases the pair.
@@ -9,24 +11,55 @@ Closing a stream (Stop) closes the engine's generator and releases the pair.
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Generator, Iterator
 from dataclasses import dataclass
 
 from specviz.engine import Round, speculative_generate
+from specviz.engine.events import round_from_dict
 from specviz.runs.job import prepare
 from specviz.runs.limits import Limits, budget
+from specviz.runs.pacing import pacer
+from specviz.runs.recorded import COMPLETE, Recording, clock_time, key_of, recording
 from specviz.runs.session import Session
-from specviz.runs.trace import Trace
+from specviz.runs.trace import RunMeta, Trace
+from specviz.runs.turns import Waiting
 
 
-def decode(session: Session, limits: Limits, prompt, settings, source: str = "Run") -> Iterator[Trace]:
-    """The same Trace after each round; first, before the pair is taken, with no rounds yet."""
+def decode(session: Session, limits: Limits, prompt, settings, source: str = "Run", owner: str | None = None
+           ) -> Iterator[Trace | Waiting]:
+    """The same Trace after each round; first, before the pair is taken, with no rounds yet; between the
+    two, a `Waiting` while other jobs are ahead in the queue (`owner`: the browser session asking)."""
     job = prepare(session, limits, prompt, settings)
+    key = key_of(session, "run", job.prompt, job.config)
+    if (found := session.recordings.get(key) if key else None) is not None:
+        with session.beside.job():  # no model, but CPU: a race timed meanwhile says so
+            yield from replay_run(found, job.meta, source)
+        return
     trace = Trace(job.meta, source=source)
     yield trace
     rounds = session.stream(lambda pair: speculative_generate(pair, job.ids, job.config,
-                                                               should_stop=budget(limits.max_seconds)))
+                                                               should_stop=budget(limits.max_seconds)),
+                            kind="run", work=job.config.max_new_tokens, owner=owner)
     for r in rounds:
+        if isinstance(r, Waiting):
+            yield r
+            continue
+        trace.rounds.append(r)
+        if key is not None and r.finished in COMPLETE:  # before the last yield: a consumer may stop there
+            session.recordings.put(key, recording([x.to_dict() for x in trace.rounds]))
+        yield trace
+
+
+def replay_run(found: Recording, meta: RunMeta, source: str, sleep=time.sleep) -> Iterator[Trace]:
+    """A recorded run's rounds at their recorded pace (the first after its prompt's reading), as a growing
+    Trace labelled with when the run ran."""
+    trace = Trace(meta, source=f"{source}, recorded at {clock_time(found.recorded_at)} on this server",
+                  recorded_at=found.recorded_at)
+    yield trace
+    wait = pacer(1.0, sleep=sleep)
+    for r in map(round_from_dict, found.items):
+        wait(r.prefill_time + r.draft_time + r.verify_time + r.overhead_time)
         trace.rounds.append(r)
         yield trace
 
@@ -58,7 +91,7 @@ class Stepper:
         return not self.done and inspect.getgeneratorstate(self.events) == inspect.GEN_CLOSED
 
 
-def step(session: Session, limits: Limits, stepper: Stepper | None, prompt, settings
+def step(session: Session, limits: Limits, stepper: Stepper | None, prompt, settings, owner: str | None = None
          ) -> tuple[Stepper, Round | None]:
     """Advance by one round: a new run starts when there is none, the last one finished or was closed, or
     the prompt, settings or pair changed. Returns the stepper and the new round (None: the run had ended)."""
@@ -73,7 +106,7 @@ def step(session: Session, limits: Limits, stepper: Stepper | None, prompt, sett
         stepper = Stepper(events, Trace(job.meta, source="Step mode"), key, session.generation, notice=notice)
     else:
         stepper.notice = ""
-    with session.using():
+    with session.turn("step", owner), session.using():
         r = next(stepper.events, None)
         stepper.done = r is None or r.finished is not None
         if stepper.done:

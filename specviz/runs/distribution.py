@@ -24,6 +24,7 @@ from specviz.runs.limits import Limits, budget
 from specviz.runs.proof import ProofSettings, prove
 from specviz.runs.session import Session
 from specviz.runs.settings import validate
+from specviz.runs.turns import Waiting
 
 POSITIONS = 3
 FULL_SAMPLES_UP_TO = 256  # prompt tokens: longer prompts get proportionally fewer samples (see `samples_for`)
@@ -81,10 +82,10 @@ def compare_position(spec_p: PositionResult, ar_p: PositionResult, both: PooledP
                               spec, ar, spec_p, ar_p)
 
 
-def sample_distribution(session: Session, limits: Limits, prompt, settings: dict, experiment: dict
-                        ) -> Iterator[DistributionResult]:
-    """Validate, then yield both samplers' results after each batch of paths.
-    `settings`: the decoding settings (their temperature is the experiment's)."""
+def sample_distribution(session: Session, limits: Limits, prompt, settings: dict, experiment: dict,
+                        owner: str | None = None) -> Iterator[DistributionResult | Waiting]:
+    """Validate, then yield both samplers' results after each batch of paths (before them, a `Waiting` while
+    other jobs are ahead in the queue). `settings`: the decoding settings (their temperature is the experiment's)."""
     exp = validate(DistributionSettings, experiment, limits)
     job = prepare(session, limits, prompt, {**settings, "temperature": exp.temperature})
     if job.config.sampling.greedy:
@@ -92,8 +93,12 @@ def sample_distribution(session: Session, limits: Limits, prompt, settings: dict
     samples, note = samples_for(exp.samples, len(job.ids), limits)
     proof = ProofSettings(samples=samples, length=POSITIONS, controls=False, control_samples=samples)
     decode = job.pair.tokenizer.decode
-    runs = session.stream(lambda pair: prove(pair, job.ids, job.config, proof, should_stop=budget(limits.max_seconds)))
+    runs = session.stream(lambda pair: prove(pair, job.ids, job.config, proof, should_stop=budget(limits.max_seconds)),
+                          kind="distribution", work=samples, owner=owner)
     for progress in runs:
+        if isinstance(progress, Waiting):
+            yield progress
+            continue
         spec_v, ar_v = progress.verdicts
         positions = [compare_position(s, a, both, decode)
                      for s, a, both in zip(spec_v.positions, ar_v.positions, progress.pooled)]

@@ -7,7 +7,9 @@ compute, and neither lane is charged for the other's turns. Which lane takes the
 alternates from race to race, so whatever the first forward after a pause costs (caches gone cold)
 falls on each lane as often.
 
-Replay uses the same loop with the times recorded in a trace instead of a stopwatch.
+Replay uses the same loop with the times recorded in a trace instead of a stopwatch. A race this server has
+already run to the end, greedy or from a fixed seed, is answered from its recording (`recorded`): the same
+events in the same order, each charged the seconds its lane was charged then, at that pace.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ from dataclasses import dataclass, field
 from specviz.analysis.divergence import Divergence, first_divergence
 from specviz.analysis.stats import RunStats, ratio, run_stats
 from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
-from specviz.engine.events import Finish
+from specviz.engine.events import Finish, round_from_dict, step_from_dict
 from specviz.runs.job import prepare
 from specviz.runs.limits import Limits, budget
+from specviz.runs.pacing import pacer
+from specviz.runs.recorded import COMPLETE, Recording, key_of, recording
 from specviz.runs.session import Session
 from specviz.runs.trace import RunMeta, Trace
+from specviz.runs.turns import Waiting
 
 Timed = Callable[[Iterator], tuple[object | None, float]]
 
@@ -98,6 +103,7 @@ class RaceState:
     divergence: Divergence | None = None
     recorded: bool = False  # a replay: the clocks are the times a trace recorded
     shared_cpu: bool = False  # another job (a replay, a page rendered) ran on the CPU during the race
+    recorded_at: float | None = None  # a recorded answer: when this server ran it (epoch seconds), timed as live
 
     @property
     def greedy(self) -> bool:
@@ -152,11 +158,16 @@ class RaceState:
             self.divergence = first_divergence(self.spec.events, self.ar.events)
 
 
+def race_state(meta: RunMeta, **kwargs) -> RaceState:
+    """A race before its first event."""
+    return RaceState(Lane("ar", "Target alone (autoregressive)"), Lane("spec", "Speculative decoding"), meta,
+                     **kwargs)
+
+
 def alternate(ar_events: Iterator[Step], spec_events: Iterator[Round], meta: RunMeta, timed: Timed,
               recorded: bool = False, first: str = "spec") -> Iterator[RaceState]:
     """Alternate the two event streams, always advancing the lane whose own clock is behind (on a tie, `first`)."""
-    state = RaceState(Lane("ar", "Target alone (autoregressive)"), Lane("spec", "Speculative decoding"), meta,
-                      recorded=recorded)
+    state = race_state(meta, recorded=recorded)
     iterators = {"ar": ar_events, "spec": spec_events}
     try:
         while not state.done:
@@ -175,29 +186,72 @@ def alternate(ar_events: Iterator[Step], spec_events: Iterator[Round], meta: Run
                 close()
 
 
+def taping(timed: Timed, tape: list) -> Timed:
+    """`timed`, noting each event with the seconds its lane is charged, in the order they run."""
+    def timed_and_taped(it: Iterator):
+        event, seconds = timed(it)
+        if event is not None:
+            tape.append(("ar" if isinstance(event, Step) else "spec", event, seconds))
+        return event, seconds
+    return timed_and_taped
+
+
 def race_decoders(pair, prompt_ids: list[int], config: DecodeConfig, meta: RunMeta,
                   timer: Callable[[], float] = time.perf_counter, first: str = "spec",
-                  should_stop: Callable[[], Finish] = lambda: None) -> Iterator[RaceState]:
-    """Race the real decoders on the same prompt and settings (same seed for both)."""
+                  should_stop: Callable[[], Finish] = lambda: None, tape: list | None = None) -> Iterator[RaceState]:
+    """Race the real decoders on the same prompt and settings (same seed for both); `tape` collects the events."""
+    timed = stopwatch(timer) if tape is None else taping(stopwatch(timer), tape)
     return alternate(autoregressive_generate(pair, prompt_ids, config, should_stop=should_stop),
                      speculative_generate(pair, prompt_ids, config, should_stop=should_stop),
-                     meta, stopwatch(timer), first=first)
+                     meta, timed, first=first)
 
 
-def race(session: Session, limits: Limits, prompt, settings) -> Iterator[RaceState]:
-    """Validate, take the pair, race: the state after every event of either lane. Past the request's time
-    budget each lane ends at its next event (`finished == "budget"`)."""
+def race(session: Session, limits: Limits, prompt, settings, owner: str | None = None
+         ) -> Iterator[RaceState | Waiting]:
+    """Validate, take the pair, race: the state after every event of either lane (a `Waiting` while other jobs
+    are ahead in the queue; `owner`: the browser session asking). Past the request's time budget each lane ends
+    at its next event (`finished == "budget"`). A recorded request streams its recording instead."""
     job = prepare(session, limits, prompt, settings)
+    key = key_of(session, "race", job.prompt, job.config)
+    if (found := session.recordings.get(key) if key else None) is not None:
+        return beside(session, replay_recorded(found, job.meta))
     first = "spec" if session.next_race() % 2 == 0 else "ar"
 
     def run(pair) -> Iterator[RaceState]:
         started = session.beside.started
         stop = budget(limits.max_seconds)
-        with closing(race_decoders(pair, job.ids, job.config, job.meta, first=first, should_stop=stop)) as states:
+        tape = [] if key is not None else None
+        with closing(race_decoders(pair, job.ids, job.config, job.meta, first=first, should_stop=stop,
+                                   tape=tape)) as states:
             for state in states:
                 state.shared_cpu = state.shared_cpu or session.beside.since(started)
+                if tape is not None and state.done and {state.ar.finished, state.spec.finished} <= set(COMPLETE):
+                    items = [(lane, event.to_dict(), seconds) for lane, event, seconds in tape]
+                    session.recordings.put(key, recording(items, state.shared_cpu))
                 yield state
-    return session.stream(run)
+    return session.stream(run, kind="race", work=job.config.max_new_tokens, owner=owner)
+
+
+def beside(session: Session, states: Iterator) -> Iterator:
+    """A stream that runs beside the model's queue (no model, some CPU): a race timed meanwhile says so."""
+    with session.beside.job(), closing(states):
+        yield from states
+
+
+def replay_recorded(found: Recording, meta: RunMeta, sleep=time.sleep) -> Iterator[RaceState]:
+    """A recorded race: at once the state before any event (labelled), then every event in the order it ran,
+    each after the seconds its lane was charged then, so the clocks, rates and verdict are that run's."""
+    state = race_state(meta, recorded_at=found.recorded_at, shared_cpu=found.shared_cpu)
+    yield state
+    wait = pacer(1.0, sleep=sleep)
+    for lane, event, seconds in found.items:
+        wait(seconds)
+        if lane == "ar":
+            state.ar.add(step_from_dict(event), seconds)
+        else:
+            state.spec.add(round_from_dict(event), seconds)
+        state.check_divergence()
+        yield state
 
 
 def replay_race(trace: Trace) -> Iterator[RaceState]:

@@ -1,7 +1,8 @@
 """The served model pair: who holds it, how it is switched, and the lock that guards it.
 
 Created by whoever serves (`specviz serve`, a test) and handed to the run paths; nothing here is
-module-level state. `stream` lends the pair to one run at a time.
+module-level state. `stream` lends the pair to one run at a time, in turn (`turns.Turns`, the queue), and
+`recordings` (off unless given) keeps the answers of runs a request fixes (`recorded.Recordings`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,9 @@ from specviz.models.memory import check_fits
 from specviz.models.pair import OUT_OF_MEMORY, release_memory
 from specviz.models.presets import PRESETS
 from specviz.runs.errors import InputError
+from specviz.runs.recorded import Recordings
 from specviz.runs.settings import checked_values
+from specviz.runs.turns import Turns
 
 Loader = Callable[..., ModelPair]
 
@@ -95,7 +98,8 @@ class Session:
 
     def __init__(self, pair: ModelPair | None = None, spec: PairSpec | None = None, *,
                  loader: Loader = load_pair, allow_any_model: bool = True, allow_switch: bool = False,
-                 fits: Callable[[PairSpec], None] = check_fits, busy_timeout: float = 120.0):
+                 fits: Callable[[PairSpec], None] = check_fits, busy_timeout: float = 120.0,
+                 recordings: Recordings | None = None):
         self.pair, self.spec = pair, spec
         self.origin = spec
         self.loader = loader
@@ -111,6 +115,8 @@ class Session:
         self.clock = time.monotonic
         self.races = itertools.count()  # which lane starts a race alternates (runs/race.py)
         self.beside = BesideQueue()  # jobs run beside the model queue: a race timed meanwhile says so
+        self.turns = Turns()  # the model's queue: each job's place and estimated wait
+        self.recordings = recordings  # answers of complete runs whose request fixes them (None: off)
 
     def next_race(self) -> int:
         return next(self.races)
@@ -143,11 +149,28 @@ class Session:
             raise InputError("no model pair is loaded: pick one under 'Model pair' and press Load.")
         return self.pair
 
-    def stream(self, events_of: Callable[[ModelPair], Iterator]) -> Iterator:
-        """Run an event stream while holding the pair. Closing this generator between two events (Stop)
-        closes the engine's generator and releases the lock at once."""
-        with self.using() as pair:
-            yield from events_of(pair)
+    def stream(self, events_of: Callable[[ModelPair], Iterator], kind: str = "run", work: float = 1.0,
+               owner: str | None = None) -> Iterator:
+        """Wait for the model's turn (a `Waiting` while other jobs are ahead), then run an event stream holding
+        the pair. Closing this generator while it waits leaves the queue; between two events (Stop) it closes
+        the engine's generator and releases the pair at once. `owner`: see `Turns` (one waiting job each)."""
+        with self.turns.turn(kind, work, owner) as ticket:
+            yield from self.turns.wait(ticket)
+            with self.using() as pair:
+                yield from events_of(pair)
+
+    @contextmanager
+    def turn(self, kind: str, owner: str | None = None) -> Iterator[None]:
+        """The model's turn for a job that shows no queue (a step): waits like any other, silently, at most
+        `busy_timeout` seconds."""
+        with self.turns.turn(kind, owner=owner) as ticket:
+            waiting = self.turns.wait(ticket)
+            start = self.clock()
+            for _ in waiting:
+                if self.clock() - start > self.busy_timeout:
+                    waiting.close()
+                    raise InputError("the model is busy with other runs; try again when they have finished.")
+            yield
 
     @contextmanager
     def using(self) -> Iterator[ModelPair]:

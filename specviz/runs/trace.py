@@ -59,6 +59,7 @@ class Trace:
     rounds: list[Round] = field(default_factory=list)
     ar_steps: list[Step] = field(default_factory=list)
     source: str = "run"  # what made it ("Run", "Race", "Replay of x.json"); not saved
+    recorded_at: float | None = None  # a recorded answer: when the run it replays ran (epoch seconds); not saved
 
     @property
     def finished(self):

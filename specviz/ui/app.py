@@ -23,14 +23,16 @@ from specviz.runs.replay import shipped_traces
 from specviz.runs.session import Session
 from specviz.runs.settings import flat_values
 from specviz.ui import handlers as h
-from specviz.ui import atlas, live, render, teach, tree_view, whatif
+from specviz.runs.broadcast import Broadcast
+from specviz.runs.room import is_presenter
+from specviz.ui import atlas, follow, live, render, teach, tree_view, whatif
 from specviz.ui.controls import controls
 from specviz.ui.examples import EXAMPLES
 from specviz.ui.figures import drilldown_figure, empty_figure, race_figure, stats_figure
 from specviz.ui.views import MainView, RaceView
 from specviz.ui.wiring import Buttons, Wiring
 
-APP_CSS = render.CSS + tree_view.CSS + live.CSS + atlas.CSS + """
+APP_CSS = render.CSS + tree_view.CSS + live.CSS + atlas.CSS + follow.CSS + """
 .sv-header { display: flex; align-items: baseline; gap: 6px 16px; flex-wrap: wrap; padding: 0 4px; }
 .sv-header h1 { margin: 0; font-size: 22px; }
 .sv-tagline { font-size: 15px; }
@@ -55,7 +57,7 @@ TOGGLE_PRESENTER = ("() => { document.body.classList.toggle('sv-presenter'); "
                     "setTimeout(() => window.dispatchEvent(new Event('resize')), 50); }")
 
 
-def prompt_area() -> tuple[gr.Textbox, Buttons, gr.Button]:
+def prompt_area(following: bool = False) -> tuple[gr.Textbox, Buttons, gr.Button, gr.Checkbox | None]:
     prompt = gr.Textbox(label="Prompt", show_label=False, placeholder="Prompt", lines=2, max_lines=12,
                         value=EXAMPLES[0][1], elem_id="sv-prompt")
     with gr.Row(equal_height=True):
@@ -67,8 +69,11 @@ def prompt_area() -> tuple[gr.Textbox, Buttons, gr.Button]:
         examples = gr.Dropdown([name for name, _ in EXAMPLES], value=EXAMPLES[0][0], show_label=False,
                                container=False, elem_id="sv-examples", scale=2, min_width=150, label="Examples")
         presenter = gr.Button("Presenter", elem_id="sv-presenter-btn", scale=1, min_width=90)
+        # only where someone can present (the operator set a presenter key)
+        box = gr.Checkbox(False, label="Follow the presenter", elem_id="sv-follow", container=False, scale=1,
+                          min_width=120) if following else None
     examples.input(lambda name: dict(EXAMPLES).get(name, gr.skip()), [examples], [prompt], api_visibility="private")
-    return prompt, buttons, presenter
+    return prompt, buttons, presenter, box
 
 
 def live_tab() -> dict:
@@ -171,19 +176,45 @@ def settings_panel(limits: Limits, defaults: DecodeConfig) -> dict:
         return controls(DecodeConfig, limits, flat_values(defaults))
 
 
+def presenting_events(demo: gr.Blocks, key: str, parts: dict, presenting: gr.State, link: gr.HTML) -> None:
+    """The key, typed once in the presenter's browser, is kept there (encrypted in its storage) and checked
+    again on every page load; a wrong key is one sentence. Visitors never see it."""
+    stored = gr.BrowserState(None, storage_key="specviz-presenter-key")
+
+    def on_present(given, request: gr.Request):
+        if not is_presenter(key, given):
+            gr.Warning(follow.WRONG_KEY)
+            return gr.skip(), gr.skip(), gr.skip(), ""
+        return True, given, gr.HTML(follow.follow_link(request), visible=True), ""
+
+    def on_restore(kept, request: gr.Request):
+        ok = is_presenter(key, kept)
+        return ok, gr.HTML(follow.follow_link(request), visible=True) if ok else gr.skip()
+
+    # queued (at once: no limit), so that a wrong key comes back as a toast
+    parts["button"].click(on_present, [parts["key"]], [presenting, stored, link, parts["key"]],
+                          api_visibility="private", concurrency_limit=None, concurrency_id="present")
+    demo.load(on_restore, [stored], [presenting, link], api_visibility="private", queue=False)
+
+
 def build_app(session: Session, limits: Limits = Limits(), options: h.Options = h.Options(),
-              defaults: DecodeConfig = DecodeConfig()) -> gr.Blocks:
+              defaults: DecodeConfig = DecodeConfig(), presenter_key: str | None = None) -> gr.Blocks:
+    """`presenter_key`: the browser it is entered in presents (its Live runs stream to every follower);
+    without one, nobody presents and there is nothing to follow."""
     # analytics_enabled=False: no telemetry and no version check calling home (whatever the environment says)
     # delete_cache: Gradio's copies of exported files go after an hour too, checked hourly
     with gr.Blocks(title="specviz: speculative decoding, visible", analytics_enabled=False, fill_width=True,
                    delete_cache=(3600, 3600)) as demo:
         header = gr.HTML(render.header_html(session.name, pair_bytes(session.pair)))
+        # the presenter's page: where the room follows (shown once the key is entered)
+        link = gr.HTML("", elem_id="sv-follow-link", visible=False) if presenter_key is not None else None
+        presenting = gr.State(False)  # set by the presenter key only: a visitor cannot broadcast
         # what a visitor's session holds is let go when it ends: the paused run's caches, the exported files
         record, stepper = gr.State(None), gr.State(None, delete_callback=h.reset_step)
         exports = gr.State([], delete_callback=h.remove_files)
         with gr.Row(equal_height=False):
             with gr.Column(scale=4, min_width=520):
-                prompt, buttons, presenter = prompt_area()
+                prompt, buttons, presenter, box = prompt_area(following=presenter_key is not None)
                 with gr.Tabs(elem_id="sv-tabs") as tabs:
                     live_parts, decode, race = live_tab(), decode_tab(), race_tab()
                     dist, replay = distribution_tab(limits), replay_tab()
@@ -193,13 +224,15 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options = 
             with gr.Column(scale=1, min_width=290, elem_id="sv-side"):
                 pair = pair_panel(session) if session.allow_switch else None  # the operator's choice
                 settings = settings_panel(limits, defaults)
+                present = follow.presenter_controls() if presenter_key is not None else None
                 with gr.Row():
                     export_btn = gr.Button("Export trace (JSON)", elem_id="sv-export-btn", min_width=100)
                     share_btn = gr.Button("Share as HTML", elem_id="sv-share-btn", min_width=100)
                 export_file = gr.File(label="last run", interactive=False, visible=False, elem_id="sv-export")
         wiring = Wiring(session, limits, options, prompt, list(settings), record, tabs,
                         outputs_of(MainView, {**decode, "record": record}),
-                        outputs_of(RaceView, {**race, "record": record}), outputs_of(live.LiveView, live_parts))
+                        outputs_of(RaceView, {**race, "record": record}), outputs_of(live.LiveView, live_parts),
+                        presenting, Broadcast() if presenter_key is not None else None)
         runs = wiring.runs(buttons, decode["show_rejected"], list(settings.values()), stepper)
         runs += wiring.replays(replay, decode["show_rejected"])
         runs.append(wiring.distribution(dist, list(settings.values())))
@@ -207,6 +240,10 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options = 
         if pair is not None:
             runs.append(wiring.loading(pair, header))
         buttons.stop.click(None, None, None, cancels=runs)
+        if presenter_key is not None:
+            presenting_events(demo, presenter_key, present, presenting, link)
+            wiring.following(box, follow.Followers(), [buttons.run.click, prompt.submit, buttons.rounds.click,
+                                                       buttons.step.click, buttons.stop.click], demo.load)
         wiring.browsing(decode)
         whatif.wire(what_if, record)
         presenter.click(lambda: gr.Tabs(selected="live"), None, [tabs], js=TOGGLE_PRESENTER, api_visibility="private")

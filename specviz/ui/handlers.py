@@ -7,6 +7,7 @@ keeps serving. Only run results are read, never tensors.
 
 from __future__ import annotations
 
+import functools
 import os
 import queue
 import tempfile
@@ -20,6 +21,7 @@ from pathlib import Path
 import gradio as gr
 
 from specviz.runs import decode as decoding
+from specviz.runs.broadcast import Broadcast
 from specviz.runs import trace as tracefile
 from specviz.runs.distribution import sample_distribution
 from specviz.runs.errors import translating
@@ -30,14 +32,32 @@ from specviz.runs import replay as replays
 from specviz.runs.replay import trace_data
 from specviz.runs.session import Session
 from specviz.runs.trace import Trace
-from specviz.ui import figures, render
-from specviz.ui.live import LiveView, live_view
+from specviz.runs.turns import Replaced, Waiting
+from specviz.ui import figures, render, teach
+from specviz.ui.live import LiveView, live_view, waiting_view
 from specviz.ui.share import share_html
 from specviz.ui.views import (
     DistributionView, MainView, RaceView, distribution_view, drill, main_view, race_view, round_index,
 )
 
 user_errors = translating(lambda message: gr.Error(message, print_exception=False))  # no traceback in the log
+
+
+def replaceable(fn):
+    """A job whose place in the queue its own session's newer one took ends quietly: the newer one shows."""
+    @functools.wraps(fn)
+    def gen(*args, **kwargs):
+        try:
+            yield from fn(*args, **kwargs)
+        except Replaced:
+            return
+    return gen
+
+
+def waiting_main(w: Waiting) -> MainView:
+    """The Decode tab while a run waits for the model: its place in the caption, the rest as it was."""
+    return MainView(tokens=gr.skip(), caption=teach.queue_line(w), pq=gr.skip(), rounds=gr.skip(),
+                    positions=gr.skip(), drill=gr.skip(), stats=gr.skip(), stats_fig=gr.skip(), record=gr.skip())
 
 
 @dataclass(frozen=True)
@@ -49,13 +69,17 @@ class Options:
 
 
 @user_errors
+@replaceable
 def run(session: Session, limits: Limits, prompt, settings: dict, show_rejected: bool = True,
-        options: Options = Options()) -> Iterator[MainView]:
-    """Stream a speculative run round by round."""
+        options: Options = Options(), owner: str | None = None) -> Iterator[MainView]:
+    """Stream a speculative run round by round (before it, its place in the queue while it waits)."""
     tokens_html = render.RoundsHtml()
-    with closing(paced(decoding.decode(session, limits, prompt, settings), options.pace.min_interval)) as events:
+    runs = decoding.decode(session, limits, prompt, settings, owner=owner)
+    with closing(paced(runs, options.pace.min_interval)) as events:
         for trace, show in events:
-            if show:
+            if isinstance(trace, Waiting):
+                yield waiting_main(trace)
+            elif show:
                 yield main_view(trace, show_rejected=show_rejected, live=bool(trace.rounds) and not trace.finished,
                                 tokens_html=tokens_html)
 
@@ -73,11 +97,12 @@ def pick_position(record: Trace | None, round_number, position):
 
 
 @user_errors
+@replaceable
 def step(session: Session, limits: Limits, stepper: decoding.Stepper | None, prompt, settings: dict,
-         show_rejected: bool = True, options: Options = Options()
+         show_rejected: bool = True, options: Options = Options(), owner: str | None = None
          ) -> Iterator[tuple[MainView, decoding.Stepper | None]]:
     """One round per call, shown in three captioned stages: draft → verify → accept/correct."""
-    stepper, new = decoding.step(session, limits, stepper, prompt, settings)
+    stepper, new = decoding.step(session, limits, stepper, prompt, settings, owner)
     if stepper.notice:
         gr.Warning(stepper.notice)
     stages = ("draft", "verify", "done") if new is not None else ("done",)
@@ -101,31 +126,49 @@ class LiveUpdate:
 
 
 @user_errors
-def live(session: Session, limits: Limits, prompt, settings: dict, options: Options = Options()
-         ) -> Iterator[LiveUpdate]:
-    """Both lanes on one screen as they run; the finished race also fills the Race and Decode tabs."""
+@replaceable
+def live(session: Session, limits: Limits, prompt, settings: dict, options: Options = Options(),
+         owner: str | None = None, broadcast: Broadcast | None = None) -> Iterator[LiveUpdate]:
+    """Both lanes on one screen as they run; the finished race also fills the Race and Decode tabs. While the
+    run waits for the model, its place in the queue. With `broadcast` (the presenter's run), every state is
+    published to the followers too."""
+    states = racing.race(session, limits, prompt, settings, owner=owner)
+    if broadcast is not None:
+        states = broadcast.publishing(states)
+    with closing(paced(states, options.pace.min_interval)) as events:
+        yield from live_updates(events)
+
+
+def live_updates(events: Iterator[tuple]) -> Iterator[LiveUpdate]:
+    """(state or Waiting, show) pairs as the Live view's updates, each round rendered once."""
     plotted = 0  # rounds the p/q plot has seen
     tokens_html = render.RoundsHtml()
-    with closing(paced(racing.race(session, limits, prompt, settings), options.pace.min_interval)) as states:
-        for state, show in states:
-            if not show:
-                continue
-            rounds = len(state.spec.events)
-            view = live_view(state, plot=rounds > plotted, tokens_html=tokens_html)
-            plotted = rounds
-            if state.done:
-                details = race_view(state)
-                yield LiveUpdate(view, details, main_view(details.record))
-            else:
-                yield LiveUpdate(view)
+    for state, show in events:
+        if isinstance(state, Waiting):
+            yield LiveUpdate(waiting_view(state))
+        elif show:
+            yield live_update(state, tokens_html, plot=len(state.spec.events) > plotted)
+            plotted = len(state.spec.events)
+
+
+def live_update(state: racing.RaceState, tokens_html, plot: bool = True) -> LiveUpdate:
+    view = live_view(state, plot=plot, tokens_html=tokens_html)
+    if not state.done:
+        return LiveUpdate(view)
+    details = race_view(state)
+    return LiveUpdate(view, details, main_view(details.record))
 
 
 @user_errors
-def same_distribution(session: Session, limits: Limits, prompt, settings: dict, experiment: dict
-                      ) -> Iterator[DistributionView]:
-    with closing(sample_distribution(session, limits, prompt, settings, experiment)) as results:
+@replaceable
+def same_distribution(session: Session, limits: Limits, prompt, settings: dict, experiment: dict,
+                      owner: str | None = None) -> Iterator[DistributionView]:
+    with closing(sample_distribution(session, limits, prompt, settings, experiment, owner)) as results:
         for result in results:
-            yield distribution_view(result)
+            if isinstance(result, Waiting):
+                yield DistributionView(gr.skip(), teach.queue_line(result))
+            else:
+                yield distribution_view(result)
 
 
 @user_errors

@@ -80,7 +80,8 @@ def speed_html(state: RaceState) -> str:
     why = (f'<span class="sv-live-why">{escape(sentence(e))}</span>{economics_html(e, state.meta)}'
            if e else "")
     notes = "".join(f'<span class="sv-live-why">{escape(n)}</span>'
-                    for n in teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished)))
+                    for n in teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished),
+                                                state.recorded_at))
     return f'<div class="sv-live-speed">{verdict}{nums}{why}{notes}</div>'
 
 
@@ -114,6 +115,13 @@ def live_view(state: RaceState, plot: bool = True, tokens_html=render.rounds_htm
 WAITING = "Press Run: speculative decoding and the target alone decode the same prompt, each on its own clock."
 STARTING = ("Reading the prompt (prefill): the speculative lane runs it through both models, then drafts its first "
             "round; the target alone follows on its own clock.")
+
+
+def waiting_view(w) -> LiveView:
+    """While the run waits for the model (`runs.turns.Waiting`): its place and estimated wait; the rest stays."""
+    return LiveView(speed=f'<div class="sv-live-speed"><span class="sv-live-x">…</span><span class="sv-live-why '
+                          f'sv-live-queue">{escape(teach.queue_line(w))}</span></div>',
+                    spec=gr.skip(), ar=gr.skip(), pq=gr.skip())
 
 
 def live_blank(starting: bool = False) -> LiveView:

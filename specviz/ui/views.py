@@ -15,6 +15,7 @@ from specviz.analysis.stats import run_stats
 from specviz.engine.events import CORRECTION, REJECTED, EmittedToken, Round
 from specviz.runs.distribution import DistributionResult
 from specviz.runs.race import RaceState
+from specviz.runs.recorded import clock_time
 from specviz.runs.trace import Trace
 from specviz.ui import figures, render, teach
 from specviz.ui.tree_view import tree_html
@@ -136,6 +137,7 @@ def race_result(state: RaceState) -> str:
     s = state.speedup
     times, word = (s, "faster") if s >= 1 else (1 / s, "slower")  # 0.5× faster reads as 2.00× slower
     how = f"as recorded on {state.meta.recorded_on}" if state.recorded else "measured on each lane's own clock"
+    how += f" at {clock_time(state.recorded_at)} on this server" if state.recorded_at is not None else ""
     lines = [f'<span class="sv-speedup">Speculative decoding: {times:.2f}× {word}</span> '
              f"({state.spec.tokens_per_s:.1f} vs {state.ar.tokens_per_s:.1f} tokens/s, {how})"]
     if state.greedy:
@@ -149,7 +151,7 @@ def race_result(state: RaceState) -> str:
                 f"there is {gap(d.target_top2_gap)} (target alone) / {gap(d.spec_top2_gap)} (verify pass): a "
                 "near-tie that low precision can flip when the target scores K+1 tokens at once instead of one. "
                 "The rule is exact; the arithmetic of a batched forward is not bit-identical.")
-    lines += teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished))
+    lines += teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished), state.recorded_at)
     return "\n\n".join(lines)
 
 

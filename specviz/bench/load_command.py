@@ -1,0 +1,75 @@
+"""`specviz loadtest`: the command (the load itself: loadtest.py; the workshop's mix: workshop.py)."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+
+from specviz.bench.loadtest import run_load
+from specviz.bench.workshop import BAD, workshop_requests
+
+
+def numbers(values: dict) -> str:
+    return "  ".join(f"{k} {'-' if v is None else f'{v:.2f}' if isinstance(v, float) else v}"
+                     for k, v in values.items())
+
+
+def table(summary: dict) -> str:
+    w, rss = summary["wait_s"], summary["rss_mb"]
+    lines = [f"{summary['users']} users, {summary['seconds']:.1f} s: {summary['throughput']:.2f} completed runs/s",
+             "wait s (until the first result): " + numbers(w)
+             + f"  (furthest back in the queue: {summary['max_queue_rank']})"]
+    lines += [f"  {kind:<20} wait {numbers(v)}" for kind, v in summary["wait_by_kind"].items()]
+    lines += [f"  {kind:<20} first token {numbers(v)}" for kind, v in summary["first_token_by_kind"].items()]
+    lines += [f"recorded answers: {summary['recorded_answers'] or 'none'}"]
+    e = summary["estimates"]
+    if e["n"]:
+        lines.append(f"queue estimates: {e['n']} waits of a second or more, {e['within_2x']:.0%} within a factor of "
+                     f"2 of the estimate; real ÷ estimated: {numbers(e['real_to_estimate'])}")
+    lines += [f"server RSS MB: {rss['before']} before, {rss['after']} after"] if rss["before"] is not None else []
+    lines += [f"  {kind:<20} " + "  ".join(f"{o} {n}" for o, n in outcomes.items())
+              for kind, outcomes in summary["requests"].items()]
+    return "\n".join(lines + ([f"error: {e}" for e in summary["errors"]] or ["no unexpected errors"]))
+
+
+def cmd_loadtest(args) -> int:
+    plan, requests = None, args.requests
+    if args.mix == "workshop":  # every user makes its share of one seeded plan, a few bad inputs among them
+        requests = requests or 2
+        bad = max(len(BAD), args.users // 5)
+        plan = lambda info: workshop_requests(info, args.users * requests, args.seed, bad)  # noqa: E731
+    seconds = 30.0 if args.seconds is None and requests is None else args.seconds
+    result = run_load(args.url, args.users, seconds, requests, disconnect=args.disconnect,
+                      max_new_tokens=args.max_new_tokens, samples=args.samples, seed=args.seed, pid=args.pid,
+                      timeout=args.timeout, plan=plan, think=args.think)
+    summary = result.summary()
+    print(table(summary))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(summary | {"records": [asdict(r) for r in result.records]}, f, indent=1)
+    return 1 if summary["errors"] else 0
+
+
+def register(sub) -> None:
+    p = sub.add_parser("loadtest", help="many users at once against a running app: throughput, waits, errors")
+    p.add_argument("--url", default="http://127.0.0.1:7860")
+    p.add_argument("--users", type=int, default=10)
+    p.add_argument("--mix", choices=("test", "workshop"), default="test",
+                   help="test: runs, races, replays, same distribution and bad inputs in turn (short runs); "
+                        "workshop: a room's clicks (60%% examples at the app's defaults, 25%% own prompts, 10%% "
+                        "replays and What if, 5%% same distribution) plus bad inputs")
+    p.add_argument("--seconds", type=float, default=None, help="start no request after this (default: 30, "
+                                                               "or none with --requests or the workshop mix)")
+    p.add_argument("--requests", type=int, default=None, help="requests per user (the workshop mix: 2)")
+    p.add_argument("--think", type=float, default=0.0,
+                   help="seconds a user may pause (drawn 0..this, seeded) before each request after its first")
+    p.add_argument("--disconnect", type=int, default=1, help="more users, each dropping a streaming run mid-way")
+    p.add_argument("--max-new-tokens", type=int, default=16,
+                   help="tokens per run of the test mix (short runs: a test, not a bench)")
+    p.add_argument("--samples", type=int, default=16, help="samples per side of /same_distribution (test mix)")
+    p.add_argument("--seed", type=int, default=0, help="shuffles the order of the request mix")
+    p.add_argument("--timeout", type=float, default=120.0,
+                   help="seconds a request may take, its queue wait included, before it counts as an error")
+    p.add_argument("--json", default=None, metavar="OUT.json", help="write the summary and every request")
+    p.add_argument("--pid", type=int, default=None, help="the server's process id: its RSS before and after")
+    p.set_defaults(func=cmd_loadtest)

@@ -1,0 +1,162 @@
+"""The honest queue: model jobs take turns, first come first served, and a waiting job knows its place
+and about how long it will wait, from the measured durations of the jobs ahead of it.
+
+    with turns.turn("race", work=48, owner=session_hash) as ticket:
+        for waiting in turns.wait(ticket):  # a `Waiting` when the place or the estimate changes
+            ...
+        ...  # this job's turn: nobody else holds the model until the block ends
+
+A browser session keeps one waiting job: a second one from the same `owner` replaces the first, whose
+`wait` raises `Replaced`. Created by whoever serves (a `Session` holds one); no module-level state.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Callable, Iterator
+from contextlib import closing, contextmanager
+from dataclasses import dataclass, field
+
+from specviz.runs.errors import InputError
+
+REFRESH_SECONDS = 1.0  # a waiting job hears from the queue at least this often (its estimate counts down)
+KEPT = 20  # durations remembered per kind of job: recent ones, so the estimate follows the load
+
+
+class Replaced(InputError):
+    """A newer request from the same browser session took this waiting one's place."""
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """Where a job stands in the queue, as its stream reports it (before any result)."""
+
+    position: int  # 1: next to run once the job holding the model ends
+    ahead: int  # jobs ahead of this one, the one holding the model included
+    estimate_s: float | None  # seconds until this job gets the model; None while a kind ahead was never timed
+    finished: None = None  # like a Round's: a waiting job has not ended (pacing reads it)
+
+
+@dataclass(eq=False)
+class Ticket:
+    kind: str  # "run", "race", "distribution", "step", "atlas"
+    work: float  # the kind's unit of size: new tokens for runs and races, samples, prompts
+    owner: str | None  # the browser session (or API client) it came from; None: never replaced
+    joined: float
+    started: float | None = None  # when it got the model
+    replaced: bool = False
+
+
+@dataclass
+class Durations:
+    """Measured seconds per unit of work, by kind of job: the last `KEPT` of each."""
+
+    rates: dict[str, deque] = field(default_factory=lambda: defaultdict(lambda: deque(maxlen=KEPT)))
+    seconds: deque = field(default_factory=lambda: deque(maxlen=KEPT))  # whole jobs, any kind
+
+    def add(self, kind: str, work: float, seconds: float) -> None:
+        self.rates[kind].append(seconds / max(work, 1e-9))
+        self.seconds.append(seconds)
+
+    def expected(self, kind: str, work: float) -> float | None:
+        """The median rate of this kind times the work; a kind never timed yet counts as a median job."""
+        if self.rates.get(kind):
+            return statistics.median(self.rates[kind]) * work
+        return statistics.median(self.seconds) if self.seconds else None
+
+
+class Turns:
+    """The model's queue. `queue[0]` holds the model once it has `started`; the others wait in order."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic, refresh: float = REFRESH_SECONDS):
+        self.clock, self.refresh = clock, refresh
+        self.queue: list[Ticket] = []
+        self.durations = Durations()
+        self.changed = threading.Condition()  # a plain lock inside: Gradio may resume a stream on another thread
+
+    @contextmanager
+    def turn(self, kind: str, work: float = 1.0, owner: str | None = None) -> Iterator[Ticket]:
+        """Join the queue; leave it when the block ends. A job that ended normally after holding the model is
+        timed for the estimates (one stopped or failed part-way would make them lie)."""
+        ticket = self.join(kind, work, owner)
+        ok = False
+        try:
+            yield ticket
+            ok = True
+        finally:
+            self.leave(ticket, timed=ok)
+
+    def join(self, kind: str, work: float, owner: str | None) -> Ticket:
+        with self.changed:
+            for old in self.queue:
+                if owner is not None and old.owner == owner and old.started is None:
+                    old.replaced = True
+            self.queue = [t for t in self.queue if not t.replaced]
+            ticket = Ticket(kind, work, owner, self.clock())
+            self.queue.append(ticket)
+            self.changed.notify_all()
+            return ticket
+
+    def leave(self, ticket: Ticket, timed: bool = False) -> None:
+        with self.changed:
+            if ticket in self.queue:
+                self.queue.remove(ticket)
+            if timed and ticket.started is not None:
+                self.durations.add(ticket.kind, ticket.work, self.clock() - ticket.started)
+            self.changed.notify_all()
+
+    def wait(self, ticket: Ticket) -> Iterator[Waiting]:
+        """Until `ticket` holds the model: a `Waiting` whenever its place changes, and every `refresh` seconds
+        (the estimate counts down). Raises `Replaced` if a newer job of the same owner took its place."""
+        place, told = None, -self.refresh
+        with self.changed:
+            while True:
+                if ticket.replaced:
+                    raise Replaced("a newer request from the same browser session took this one's place in the "
+                                   "queue.")
+                if self.queue and self.queue[0] is ticket:
+                    ticket.started = self.clock()
+                    return
+                now = self.waiting(ticket)
+                since = time.monotonic() - told
+                if (now.position, now.ahead) != place or since >= self.refresh:
+                    place, told = (now.position, now.ahead), time.monotonic()
+                    self.changed.release()  # never yield holding the lock: the consumer may take its time
+                    try:
+                        yield now
+                    finally:
+                        self.changed.acquire()
+                else:
+                    self.changed.wait(self.refresh - since)
+
+    def waiting(self, ticket: Ticket) -> Waiting:
+        """Where `ticket` stands now (call holding `changed`)."""
+        i = self.queue.index(ticket)
+        ahead = self.queue[:i]
+        running = [t for t in ahead if t.started is not None]
+        return Waiting(position=i + 1 - len(running), ahead=i, estimate_s=self.estimate(ahead))
+
+    def estimate(self, ahead: list[Ticket]) -> float | None:
+        """The expected durations of the jobs ahead, less what the running one has already done (at least a
+        second of it is left: a job past its estimate is still running)."""
+        total = 0.0
+        for t in ahead:
+            expected = self.durations.expected(t.kind, t.work)
+            if expected is None:
+                return None
+            total += expected if t.started is None else max(expected - (self.clock() - t.started), 1.0)
+        return total
+
+    def __len__(self) -> int:
+        return len(self.queue)
+
+
+def quietly(stream: Iterator) -> Iterator:
+    """A run's stream without its `Waiting` updates, for a consumer that shows no queue (it still waits)."""
+    with closing(stream):  # closing this closes the run at once, not whenever the collector gets to it
+        for item in stream:
+            if not isinstance(item, Waiting):
+                yield item
