@@ -14,6 +14,7 @@ import os
 import platform
 import sys
 from dataclasses import replace
+from datetime import datetime, timezone
 from pathlib import Path
 from typing import get_args
 
@@ -218,7 +219,10 @@ def cmd_bench(args) -> int:
                             "applied": spec_pair.draft is not pair.draft,
                             "step": type(spec_pair.draft).__name__},
             "hf_drafts": list(assistants), "prompts": str(args.prompts or "specviz/data/prompts.jsonl"),
-            "target_quant": spec.target_quant, "kernels": spec.kernels}
+            "target_quant": spec.target_quant, "kernels": spec.kernels,
+            # when and how it ran: the docs' benchmark pages name both (scripts/docs.py renders the flags as a command)
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+            "args": {k: v for k, v in vars(args).items() if k != "func"}}
     report = build_report(bench, cost, device=str(pair.device), dtype=str(pair.dtype).removeprefix("torch."),
                           meta=meta, cost_stall=cost_stall, untuned_cost=untuned_cost,
                           anchors=anchors(cost, cost_pair, bandwidth, tuning), llamacpp=llamacpp)
