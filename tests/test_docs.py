@@ -1,0 +1,234 @@
+"""The docs site: its generated pages are what scripts/docs.py makes, the reference pages follow the settings specs
+and the endpoints, and every number on a benchmark page is a value of a JSON report the page read.
+
+(`make test` also builds the site with `mkdocs build --strict`: broken links, missing pages and anchors fail there.)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+# the templates whose every number must come from a report (other templates mix in constants of the method, such as
+# a test's sample counts; their measured numbers come from reports all the same)
+STRICT = ("benchmarks.md", "lessons.md", "history.md", "_headline.md")
+
+
+def load_generator():
+    spec = importlib.util.spec_from_file_location("specviz_docs_script", ROOT / "scripts" / "docs.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # (its dataclasses look their module up)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def gen():
+    return load_generator()
+
+
+@pytest.fixture(scope="module")
+def parser(gen):
+    return gen.build_parser()
+
+
+@pytest.fixture(scope="module")
+def endpoints(gen):
+    return gen.served_endpoints()
+
+
+# ---- numbers on a page, and where they may come from --------------------------------------------------------------
+
+DATE = re.compile(r"\b\d{4}-\d{2}-\d{2}\b")
+VERSION = re.compile(r"\b\d+\.\d+\.\d+\b")
+RUN = re.compile(r"\d[\d,.]*\d|\d")
+
+
+def numbers(text: str) -> list[tuple[str, str]]:
+    """(number, unit) for every number a reader would take as one: not digits inside a word (bf16, T1, top-2,
+    cpu2_zen4, Qwen2.5), not inside a link's target; dates and versions are returned whole (unit "text")."""
+    text = re.sub(r"<!--.*?-->", "", text, flags=re.S)
+    text = re.sub(r"\]\([^)]*\)", "]", text)  # link targets: file names
+    out = [(m, "text") for m in DATE.findall(text) + VERSION.findall(text)]
+    text = VERSION.sub(" ", DATE.sub(" ", text))
+    for m in RUN.finditer(text):
+        before, after = text[m.start() - 2:m.start()], text[m.end():m.end() + 3]
+        if re.search(r"\w$", before) or re.match(r"\w", after) or re.fullmatch(r"\w[-−]", before):
+            continue  # part of a word
+        run = m.group()
+        unit = next((u for u in ("%", " %", " ms", " GB") if after.startswith(u)), "").strip()
+        parts = [run.replace(",", "")] if re.fullmatch(r"\d{1,3}(,\d{3})+(\.\d+)?", run) else run.split(",")
+        out += [(p, unit) for p in parts if p and p != "."]
+    return out
+
+
+def report_values(paths: list[Path]) -> tuple[list[float], set[str]]:
+    """Every number in these reports: numeric values, lengths of lists, and the numbers written inside strings and
+    keys (a command's flags, a setting's name such as `k=8 c=0.4`, a version)."""
+    values, texts = [], set()
+
+    def walk(x):
+        if isinstance(x, bool) or x is None:
+            return
+        if isinstance(x, (int, float)):
+            values.append(float(x))
+        elif isinstance(x, str):
+            texts.update(re.findall(r"\d+(?:\.\d+)*", x))
+            texts.update(DATE.findall(x))
+        elif isinstance(x, dict):
+            for k, v in x.items():
+                walk(str(k))
+                walk(v)
+        elif isinstance(x, list):
+            values.append(float(len(x)))
+            for v in x:
+                walk(v)
+
+    for path in paths:
+        walk(json.loads(path.read_text(encoding="utf-8")))
+    return values, texts
+
+
+def found(number: str, unit: str, values: list[float], texts: set[str]) -> bool:
+    if number in texts or number.lstrip("0") in texts:
+        return True
+    if unit == "text":
+        return False
+    shown = float(number)
+    digits = len(number.split(".")[1]) if "." in number else 0
+    scales = {"%": [100.0], "ms": [1.0, 1000.0], "GB": [1.0, 1e-9]}.get(unit, [1.0])
+    for v in values:
+        for scale in scales:
+            x = abs(v) * scale
+            if digits == 0 and not unit:
+                if x == shown:  # a count or a setting is shown whole: no rounding
+                    return True
+            elif abs(round(x, digits) - shown) < 1e-9 or f"{x:.{digits}f}" == number:
+                return True
+    return False
+
+
+# ---- the tests ----------------------------------------------------------------------------------------------------
+
+def test_committed_pages_are_what_the_generator_makes(gen, parser, endpoints):
+    stale = gen.stale(gen.pages(parser, endpoints))
+    assert not stale, (f"{', '.join(str(p.relative_to(ROOT)) for p in stale)}: not what scripts/docs.py makes; "
+                       "run `make docs` (or .venv/bin/python scripts/docs.py) and commit the pages")
+
+
+def test_the_cli_and_api_references_follow_a_spec_field(gen, parser, endpoints, monkeypatch):
+    """Change a settings spec's field (its help and its default) in place: both reference pages change with it."""
+    from specviz.engine import DecodeConfig
+
+    before_cli, before_api = gen.cli_page(parser), gen.api_page(endpoints)
+    assert "| `--k` | `K` | `8` | tokens drafted per round" in before_cli
+    field = DecodeConfig.__pydantic_fields__["top_n"]
+    monkeypatch.setattr(field, "description", "candidates a test asked for")
+    monkeypatch.setattr(field, "default", 7)
+    after_cli, after_api = gen.cli_page(gen.build_parser()), gen.api_page(gen.served_endpoints())
+    assert after_cli != before_cli and after_api != before_api
+    assert re.search(r"\| `--top-n` \| `TOP_N` \| `7` \| candidates a test asked for \(1\.\.50; default: 7\) \|",
+                     after_cli)
+    # (the API's defaults are the served app's, `register(defaults=...)`; its help is the spec's)
+    assert re.search(r"\| `top_n` \| int \| `\d+` \| between 1 and 50: candidates a test asked for \|", after_api)
+    changed = {line for line in after_cli.splitlines()} - set(before_cli.splitlines())
+    assert changed and all("--top-n" in line for line in changed)  # every command that takes it, and nothing else
+
+
+def test_every_command_and_flag_is_on_the_cli_page(gen, parser):
+    page = gen.cli_page(parser)
+
+    def walk(path, p):
+        for action in p._actions:
+            for option in action.option_strings:
+                if option not in ("-h", "--help"):
+                    assert f"`{option}`" in page, f"{' '.join(path)} {option} is missing from the CLI reference"
+        for name, _, sub in gen.subcommands(p):
+            assert f"## `{' '.join([*path, name])}`" in page or f"### `{' '.join([*path, name])}`" in page
+            walk([*path, name], sub)
+
+    walk([parser.prog], parser)
+
+
+def test_every_endpoint_and_parameter_is_on_the_api_page(gen, endpoints):
+    import inspect
+
+    page = gen.api_page(endpoints)
+    assert {e.name for e in endpoints} >= {"generate", "race", "same_distribution", "load_pair", "replay", "info",
+                                           "whatif", "share_html"}
+    for e in endpoints:
+        assert f"## `/{e.name}`" in page
+        for name in inspect.signature(e.fn).parameters:
+            if name != "request":
+                assert f"| `{name}` |" in page, f"/{e.name}: {name} is missing"
+
+
+@pytest.mark.parametrize("template", STRICT)
+def test_no_number_is_typed_into_a_benchmark_template(gen, template):
+    """In a benchmark template, every number is printed by an expression that reads a report: outside {{ }},
+    {% %} and {# #} there is none (words with digits, such as bf16 or T1, are words)."""
+    source = (gen.TEMPLATES / template).read_text(encoding="utf-8")
+    literal = re.sub(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", " ", source, flags=re.S)
+    typed = [n for n, _ in numbers(literal)]
+    assert not typed, f"{template}: numbers typed by hand: {typed}"
+
+
+@pytest.mark.parametrize("template", STRICT)
+def test_every_number_on_a_benchmark_page_is_a_report_value(gen, template):
+    """Each number the page shows is a value of one of the reports it read, at the precision shown (or that value
+    in % / ms / GB), or is written in one of their strings (a command, a setting's name, a date)."""
+    rendered = gen.render(template, docs="")
+    assert rendered.reports, f"{template} read no report"
+    values, texts = report_values(rendered.reports)
+    shown = numbers(rendered.text)
+    assert len(shown) > 20
+    missing = [f"{n}{u if u != 'text' else ''}" for n, u in shown if not found(n, u, values, texts)]
+    assert not missing, f"{template}: numbers in no report it read: {missing}"
+
+
+def test_the_number_check_catches_a_number_no_report_holds(gen):
+    rendered = gen.render("_headline.md", docs="")
+    values, texts = report_values(rendered.reports)
+    assert found("1.80", "", values, texts) and found("68", "%", [0.6835], set())
+    assert not found("2.52", "", values, texts)  # the speedup the README once derived over the untuned baseline
+    assert not found("1977", "", values, texts)
+    assert numbers("bf16 at T1 on top-2, K = 8, 1,153 tokens, 68% of 3.09 GB") == [
+        ("8", ""), ("1153", ""), ("68", "%"), ("3.09", "GB")]
+
+
+def test_every_run_is_named_by_its_own_metadata(gen):
+    """The paragraph under a benchmark table takes the machine, the date, the command and the settings from the
+    report itself."""
+    for template in STRICT:
+        for path in gen.render(template, docs="").reports:
+            if path.parent == gen.REPORTS["data"]:
+                continue  # the package's fitted predictor, read for its coefficients: not a run
+            report = json.loads(path.read_text(encoding="utf-8"))
+            meta = report["meta"]
+            assert meta.get("date") and meta.get("machine", {}).get("cpu"), f"{path.name}: no date or machine"
+            text = gen.about(report, path.name)
+            assert meta["date"] in text and meta["machine"]["cpu"] in text
+            if meta.get("command"):
+                assert meta["command"] in text
+
+
+def test_a_new_bench_report_names_its_command_from_the_flags_it_ran_with(gen):
+    meta = {"args": {"k": "6,8", "confidence": "0.3,0.4", "compare_hf": True, "reps": 1, "json": "out.json"}}
+    assert gen.command_of(meta) == "specviz bench --compare-hf --json out.json --k 6,8 --confidence 0.3,0.4"
+
+
+def test_the_readme_headline_is_a_generated_region(gen):
+    """The README's small table (once the README has the markers) is the headline partial, rendered afresh: a stale
+    copy between the markers is replaced."""
+    text = "intro\n<!-- docs.py: _headline.md -->\n| stale | 9.99× |\n<!-- /docs.py -->\nafter\n"
+    out = gen.with_regions(text, docs="docs/")
+    assert "9.99" not in out and out.startswith("intro\n<!-- docs.py: _headline.md -->\n")
+    assert out.endswith("<!-- /docs.py -->\nafter\n")
+    assert "(docs/benchmarks.md)" in out and "**1.80×** [1.43, 2.24]" in out
+    assert gen.with_regions(out, docs="docs/") == out
