@@ -170,9 +170,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from specviz.runs.session import Session
     from specviz.runs.settings import flat_values
     from specviz.server import build_server, launch  # gradio: only when serving
+    from specviz.engines.policy import EngineError, EnginePolicy
+    from specviz.ui.handlers import Options
     from specviz.ui.examples import EXAMPLES
 
     room = room_of(values_of(args, Room))
+    engines = tuple(args.allow_engine or ())
+    try:
+        EnginePolicy(allowed=engines)  # a bad URL stops the start, in one sentence
+    except EngineError as e:
+        print(f"specviz: bad flag: --allow-engine: {e}", file=sys.stderr)
+        return 2
     given = {k: v for k, v in values_of(args, Limits).items() if v is not None}  # the limits flags given
     limits = validate(Limits, room_limits(given, room))  # fail at start-up, not on the first click
     defaults = validate(DecodeConfig, values_of(args, DecodeConfig), CLI_LIMITS)
@@ -185,7 +193,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
                       recordings=recordings)
     print(f"specviz: loading {spec.label}…", flush=True)
     session.load(spec.draft, spec.target, spec.dtype, status=lambda line: print(f"  {line}", flush=True))
-    demo = build_server(session, limits, defaults=defaults, presenter_key=room.presenter_key)
+    demo = build_server(session, limits, Options(engines=engines), defaults=defaults, presenter_key=room.presenter_key)
     if session.allow_switch:
         models = "any model" if session.allow_any_model else "the presets and the pair above only"
         switching = f"pair switching on: visitors may load {models}"
@@ -200,6 +208,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
           + ("; a presenter key is set" if room.presenter_key else "; nobody presents (--presenter-key)"), flush=True)
     if not is_loopback(args.host):
         print("specviz: bound beyond loopback: anyone who can reach this port can run the models.", flush=True)
+    print("specviz: engines visitors may race: " + (", ".join(engines) if engines else "none (--allow-engine URL)"),
+          flush=True)
     if recordings is not None:  # a warm-up that is also a recording: the first click on an example streams at once
         record_examples(session, limits, [prompt for _, prompt in EXAMPLES], flat_values(defaults),
                         log=lambda line: print(f"specviz: {line}", flush=True))
@@ -225,6 +235,10 @@ def add_serve(sub) -> None:
                    help="with --allow-pair-switch: let visitors load any hub id, folder or .gguf, not only the "
                         "presets and the pair served at start (default: on when --host is a loopback address, "
                         "off otherwise)")
+    p.add_argument("--allow-engine", action="extend", nargs="+", metavar="URL",
+                   help="an engine's base URL (llama.cpp's llama-server, vLLM, SGLang) visitors may race in the "
+                        "Engines tab; nothing else is fetched (none by default; `specviz engines llamacpp` starts "
+                        "a local pair)")
     add_options(p.add_argument_group("models"), PairSpec)
     add_options(p.add_argument_group("decoding (the app opens with these)"), DecodeConfig, Limits())
     add_options(p.add_argument_group("limits (per request)"), Limits)
@@ -236,6 +250,7 @@ def add_serve(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from specviz.bench import command as bench, load_command, prove, whatif
+    from specviz.engines import command as engines
 
     parser = argparse.ArgumentParser(prog="specviz", description="See speculative decoding work.")
     parser.add_argument("-v", "--verbose", action="store_true")
@@ -261,6 +276,7 @@ def build_parser() -> argparse.ArgumentParser:
     prove.register(sub)
     whatif.register(sub)
     load_command.register(sub)
+    engines.add_engines_parser(sub)
     return parser
 
 

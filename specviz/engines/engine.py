@@ -10,6 +10,7 @@ would be counted too). Requests run one at a time, so in a race nothing of specv
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import httpx
@@ -20,7 +21,7 @@ from specviz.engines.adapter import Adapter, Get, json_of, owner
 from specviz.engines.policy import EngineError, EnginePolicy, base_url, display
 from specviz.engines.prometheus import difference, read_counters
 from specviz.engines.results import EngineInfo, RequestResult, combine, from_counters
-from specviz.engines.stream import chat_body, measure
+from specviz.engines.stream import chat_body, content_of, measure
 from specviz.engines.transport import get_text, stream_events
 
 ADAPTERS = (llamacpp.ADAPTER, vllm.ADAPTER, sglang.ADAPTER)
@@ -75,16 +76,37 @@ def counters_now(client: httpx.Client, policy: EnginePolicy, engine: Engine):
     return None if text is None else read_counters(text, engine.info.counters)
 
 
-def complete(client: httpx.Client, policy: EnginePolicy, engine: Engine, prompt: str,
-             config: DecodeConfig) -> RequestResult:
-    """Stream one completion of `prompt` (a user message) at `config`'s length and sampling."""
+@dataclass(frozen=True)
+class Partial:
+    """The text streamed so far, while a completion is under way (for a view that shows it growing)."""
+
+    text: str
+    tokens: int
+
+
+def completing(client: httpx.Client, policy: EnginePolicy, engine: Engine, prompt: str,
+               config: DecodeConfig) -> Iterator[Partial | RequestResult]:
+    """Stream one completion of `prompt` (a user message) at `config`'s length and sampling: a `Partial` as each
+    piece of text arrives, then the `RequestResult`, timed from the same arrival times as `complete`'s."""
     body = chat_body(prompt, config, engine.info.model, engine.adapter.extra_body(config))
     before = counters_now(client, policy, engine) if engine.info.counters else None
     started = time.perf_counter()
-    timed = list(stream_events(client, policy, engine.url + CHAT_PATH, body, started))
+    timed, text, pieces = [], "", 0
+    for arrived, event in stream_events(client, policy, engine.url + CHAT_PATH, body, started):
+        timed.append((arrived, event))
+        if piece := content_of(event):
+            text, pieces = text + piece, pieces + 1
+            yield Partial(text, pieces)
     streamed = measure(started, timed, time.perf_counter())
     after = counters_now(client, policy, engine) if before is not None else None
     diff = from_counters(difference(before, after)) if after is not None else None
     stats = combine(engine.adapter.per_request(streamed.events), diff)
-    return RequestResult(streamed.text, streamed.tokens, streamed.ttft_s, streamed.decode_tokens_per_s,
-                         streamed.decode_s, streamed.total_s, stats)
+    yield RequestResult(streamed.text, streamed.tokens, streamed.ttft_s, streamed.decode_tokens_per_s,
+                        streamed.decode_s, streamed.total_s, stats)
+
+
+def complete(client: httpx.Client, policy: EnginePolicy, engine: Engine, prompt: str,
+             config: DecodeConfig) -> RequestResult:
+    """Stream one completion of `prompt` (a user message) at `config`'s length and sampling, and time it."""
+    *_, result = completing(client, policy, engine, prompt, config)
+    return result

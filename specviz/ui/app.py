@@ -25,14 +25,14 @@ from specviz.runs.settings import flat_values
 from specviz.ui import handlers as h
 from specviz.runs.broadcast import Broadcast
 from specviz.runs.room import is_presenter
-from specviz.ui import atlas, follow, live, render, teach, tree_view, whatif
+from specviz.ui import atlas, engines, follow, live, render, teach, tree_view, whatif
 from specviz.ui.controls import controls
 from specviz.ui.examples import EXAMPLES
 from specviz.ui.figures import drilldown_figure, empty_figure, race_figure, stats_figure
 from specviz.ui.views import MainView, RaceView
 from specviz.ui.wiring import Buttons, Wiring
 
-APP_CSS = render.CSS + tree_view.CSS + live.CSS + atlas.CSS + follow.CSS + """
+APP_CSS = render.CSS + tree_view.CSS + live.CSS + atlas.CSS + engines.CSS + follow.CSS + """
 .sv-header { display: flex; align-items: baseline; gap: 6px 16px; flex-wrap: wrap; padding: 0 4px; }
 .sv-header h1 { margin: 0; font-size: 22px; }
 .sv-tagline { font-size: 15px; }
@@ -221,6 +221,7 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options = 
                     formulas_tab()
                     what_if = whatif.whatif_tab(limits.max_k)
                     atlas_parts = atlas.atlas_tab()
+                    engine_parts = engines.engines_tab(options.engines, limits)
             with gr.Column(scale=1, min_width=290, elem_id="sv-side"):
                 pair = pair_panel(session) if session.allow_switch else None  # the operator's choice
                 settings = settings_panel(limits, defaults)
@@ -237,6 +238,7 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options = 
         runs += wiring.replays(replay, decode["show_rejected"])
         runs.append(wiring.distribution(dist, list(settings.values())))
         runs.append(wiring.atlas_runs(atlas_parts, list(settings.values()), exports))
+        runs.append(engines.wire(engine_parts, prompt, options.engines, limits))
         if pair is not None:
             runs.append(wiring.loading(pair, header))
         buttons.stop.click(None, None, None, cancels=runs)

@@ -66,6 +66,7 @@ class Options:
 
     pace: Pace = Pace()
     trace_dir: Path | None = None  # a temp dir by default
+    engines: tuple[str, ...] = ()  # the engine URLs the operator allowed (serve --allow-engine): the Engines tab's
 
 
 @user_errors

@@ -1,0 +1,81 @@
+"""The Engines tab: its handler on the replay of a recorded llama-server pair, and the tab in a real browser against
+the real llama-server pair where this machine has llama.cpp's build and the embedded GGUF files (else the replay)."""
+
+from __future__ import annotations
+
+import shutil
+
+import gradio as gr
+import pytest
+from test_engines import pair_for_this_machine, replay_pair
+
+from specviz.engines.policy import EnginePolicy
+from specviz.models import PairSpec
+from specviz.models.tiny import tiny_pair
+from specviz.runs.limits import Limits
+from specviz.runs.pacing import Pace
+from specviz.runs.session import Session
+from specviz.server import build_server, launch
+from specviz.ui.engines import NO_ENGINE, race_engines
+from specviz.ui.handlers import Options
+
+CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
+
+
+def test_the_tab_streams_both_lanes_then_the_engines_own_acceptance():
+    with replay_pair() as (spec, plain):
+        views = list(race_engines(EnginePolicy(allowed=(spec, plain)), Limits(), spec, plain, "hi", 8, 0.0))
+    streaming = [v for v in views if "streaming:" in v.spec or "streaming:" in v.plain]
+    assert len(streaming) >= 2  # the text grew in view, event by event
+    last = views[-1]
+    assert "8 tokens:" in last.spec and "8 tokens:" in last.plain and "tokens/s decoding" in last.spec
+    # the recorded request drafted 5 in 2 rounds, all accepted: 3.5 tokens per verify round
+    assert "accepted 5 of 5 drafted tokens (100%)" in last.summary and "3.50" in last.summary
+    assert "Measured:" in last.summary and "c decides it" in last.summary
+    assert list(last.positions.data[0].y) == [1.0, 0.5, 0.5, 0.5]  # rounds that accepted each position
+
+
+def test_an_engine_not_allowed_or_none_allowed_is_one_sentence():
+    with replay_pair() as (spec, plain):
+        with pytest.raises(gr.Error, match="is not allowed: only the engines the operator listed are") as e:
+            list(race_engines(EnginePolicy(allowed=(spec,)), Limits(), spec, "http://10.0.0.1:8000", "hi", 8, 0.0))
+        assert "Traceback" not in str(e.value)
+        with pytest.raises(gr.Error, match="No engine is allowed on this server"):
+            list(race_engines(EnginePolicy(), Limits(), spec, plain, "hi", 8, 0.0))
+        with pytest.raises(gr.Error, match="the prompt is empty"):
+            list(race_engines(EnginePolicy(allowed=(spec, plain)), Limits(), spec, plain, "  ", 8, 0.0))
+        with pytest.raises(gr.Error, match="must be between"):
+            list(race_engines(EnginePolicy(allowed=(spec, plain)), Limits(), spec, plain, "hi", 0, 0.0))
+    assert "--allow-engine" in NO_ENGINE
+
+
+@pytest.mark.browser
+def test_the_engines_tab_races_the_llamacpp_pair_in_a_browser():
+    """The app served with the two engines allowed; a visitor opens the tab and races them on the prompt."""
+    from playwright.sync_api import sync_playwright
+
+    with pair_for_this_machine() as (spec, plain, mode):
+        session = Session(tiny_pair(), PairSpec("tiny", "tiny"))
+        demo = build_server(session, Limits(), Options(Pace(0.05, 0.0), engines=(spec, plain)))
+        _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
+        try:
+            with sync_playwright() as p:
+                browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=CHROMIUM_ARGS)
+                page = browser.new_page(viewport={"width": 1400, "height": 1000})
+                page.goto(url)
+                page.wait_for_selector("#sv-run", timeout=60_000)
+                page.fill("#sv-prompt textarea", "Write a haiku about the sea.")
+                page.get_by_role("tab", name="Engines").click()
+                page.locator("#sv-engines-tokens input[type=number]").fill("16")
+                page.locator("#sv-engines-tokens input[type=number]").press("Enter")
+                page.click("#sv-engines-run")
+                page.wait_for_function("document.querySelector('#sv-engines-summary')?.innerText.includes('Measured')",
+                                       timeout=240_000)
+                spec_lane, plain_lane = (page.inner_text(f"#sv-engines-{lane}-lane") for lane in ("spec", "plain"))
+                summary = page.inner_text("#sv-engines-summary")
+                browser.close()
+        finally:
+            demo.close()
+    print(mode, "|", spec_lane.replace("\n", " "), "|", plain_lane.replace("\n", " "), "|", summary)
+    assert "tokens/s decoding" in spec_lane and "tokens/s decoding" in plain_lane
+    assert "drafted tokens" in summary and "tokens per verify round" in summary
