@@ -380,10 +380,11 @@ def test_remote_code_runs_only_for_the_pair_named_at_start_with_the_flag():
 
 def test_serve_binds_loopback_by_default_and_passes_its_limits(monkeypatch):
     seen = {}
-    monkeypatch.setattr(server_module, "build_server", lambda session, limits, defaults, **room: seen.update(
-        session=session, limits=limits, defaults=defaults, room=room))
+    monkeypatch.setattr(server_module, "build_server", lambda session, limits, options=None, *, defaults, **room:
+                        seen.update(session=session, limits=limits, defaults=defaults, room=room))
     monkeypatch.setattr(server_module, "launch", lambda demo, host, port, state_session_capacity, **kw: seen.update(
         host=host, port=port, sessions=state_session_capacity, launch=kw))
+    monkeypatch.setattr("specviz.runs.room.record_examples", lambda *a, **kw: None)  # no warm-up behind the test
     # --k given: the default K (8) is above this --max-k
     argv = ["serve", "--draft", "tiny", "--target", "tiny", "--max-new-tokens", "16", "--max-new-tokens-limit", "32",
             "--k", "4", "--max-k", "6", "--max-prompt-tokens", "100", "--max-prompt-chars", "900", "--max-samples", "50",

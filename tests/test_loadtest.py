@@ -165,3 +165,70 @@ def test_judge_wants_done_for_valid_and_one_clear_sentence_for_bad():
     assert judge(bad, ValueError("The prompt is empty. Try again."), [])[0] == "error"  # two sentences
     assert judge(bad, ValueError("something went wrong."), [])[0] == "error"  # does not say what
     assert judge(bad, ValueError("the prompt is empty."), [{"event": "round"}])[0] == "error"  # after a result
+
+
+# ---------------------------------------------------------------- a workshop (issue 31)
+
+WORKSHOP_USERS = 30
+
+
+@pytest.fixture
+def workshop_server():
+    """The app in-process as `specviz serve --room` serves it (recorded answers, the examples recorded after
+    loading), on the tiny pair slowed to 10 ms a target forward, so that the model's time, not the test's own
+    threads, makes the waits (as on the real pair, where a race holds the model ~15 s)."""
+    from specviz.engine import DecodeConfig
+    from specviz.models import PairSpec
+    from specviz.models.tiny import tiny_pair
+    from specviz.runs.limits import Limits
+    from specviz.runs.recorded import Recordings
+    from specviz.runs.room import ROOM_LIMITS, record_examples
+    from specviz.runs.session import Session
+    from specviz.runs.settings import flat_values
+    from specviz.server import build_server, launch
+    from specviz.ui.examples import EXAMPLES
+
+    session = Session(tiny_pair(), PairSpec("tiny", "tiny", draft_quant="none"), recordings=Recordings(2**26))
+    forward = session.pair.target.forward
+
+    def slow(*args, **kwargs):
+        time.sleep(0.01)
+        return forward(*args, **kwargs)
+
+    session.pair.target.forward = slow
+    limits, defaults = Limits(**ROOM_LIMITS), DecodeConfig(max_new_tokens=ROOM_LIMITS["max_new_tokens"])
+    demo = build_server(session, limits, defaults=defaults)
+    _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True, limits=limits)
+    try:
+        record_examples(session, limits, [p for _, p in EXAMPLES], flat_values(defaults)).join(120)
+        assert len(session.recordings) == len(EXAMPLES)
+        yield url
+    finally:
+        demo.close()
+
+
+def test_a_workshop_of_thirty_examples_stream_at_once_every_request_is_served_the_estimates_hold(workshop_server):
+    from specviz.bench.workshop import BAD, workshop_requests
+
+    bad = len(BAD) + 1
+    result = run_load(workshop_server, WORKSHOP_USERS, disconnect=1, timeout=REQUEST_SECONDS * 2, poll=0.05,
+                      plan=lambda info: workshop_requests(info, 2 * WORKSHOP_USERS, seed=0, bad=bad))
+    s = result.summary()
+    print({k: s[k] for k in ("wait_by_kind", "first_token_by_kind", "estimates", "requests")})
+    assert s["errors"] == []
+    records = result.records
+    assert len(records) == 2 * WORKSHOP_USERS + bad + 1
+    valid = [r for r in records if r.valid and r.kind != "disconnect"]
+    assert [r.outcome for r in valid] == ["ok"] * len(valid)  # nothing lost
+    assert {r.kind for r in valid} == {"example", "own", "replay", "whatif", "distribution"}
+    for r in (r for r in records if not r.valid):
+        assert r.outcome == "refused" and one_sentence(r.message), r
+    assert [r.outcome for r in records if r.kind == "disconnect"] == ["dropped"]
+    examples = [r for r in valid if r.kind == "example"]
+    assert all(r.recorded for r in examples) and not [r for r in valid if r.kind == "own" and r.recorded]
+    assert not [r for r in examples if r.estimate is not None]  # an example click never waits for the model...
+    waits = s["wait_by_kind"]
+    assert waits["example"]["p95"] < waits["own"]["p50"] / 4  # ...and streams at once while own prompts wait
+    assert s["max_queue_rank"] >= 5  # the own prompts really queued (the real pair's 2 s: the README's room)
+    e = s["estimates"]  # each waiting job's first estimate against the wait that followed it
+    assert e["n"] >= 5 and e["within_2x"] >= 0.8 and 0.5 <= e["real_to_estimate"]["p50"] <= 2.0, e

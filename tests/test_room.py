@@ -197,6 +197,19 @@ def test_a_job_that_leaves_while_waiting_frees_its_place():
     assert len(session.turns) == 0
 
 
+def test_the_same_request_recorded_while_another_waited_is_answered_from_the_recording():
+    session = recording_session()
+    with session.turns.turn("race", owner="holder") as t:
+        next(session.turns.wait(t), None)
+        first, second = (racing.race(session, Limits(), PROMPT, SETTINGS, owner=o) for o in ("a", "b"))
+        assert isinstance(next(first), Waiting) and isinstance(next(second), Waiting)  # both wait behind
+    live = final(first)  # its turn: it runs, and records
+    calls = counting(session)
+    again = final(second)
+    assert not calls and again.recorded_at is not None and lanes(again) == lanes(live)
+    assert len(session.turns.durations.rates["race"]) == 2  # the holder and the first: the second never ran
+
+
 def gated(session: Session):
     """Hold the next model job inside a target forward until the gate opens."""
     gate, held, forward = threading.Event(), threading.Event(), session.pair.target.forward
@@ -294,8 +307,8 @@ def served(monkeypatch, argv) -> dict:
     from specviz import server as server_module
 
     seen = {}
-    monkeypatch.setattr(server_module, "build_server", lambda session, limits, defaults, **room: seen.update(
-        session=session, limits=limits, defaults=defaults, room=room))
+    monkeypatch.setattr(server_module, "build_server", lambda session, limits, options=None, *, defaults, **room:
+                        seen.update(session=session, limits=limits, defaults=defaults, room=room))
     monkeypatch.setattr(server_module, "launch", lambda demo, **kw: seen.update(launch=kw))
     monkeypatch.setattr("specviz.runs.room.record_examples", lambda *a, **k: seen.update(warm=a))
     assert main(["serve", "--draft", "tiny", "--target", "tiny", *argv]) == 0

@@ -45,7 +45,7 @@ def workshop_requests(info: dict, n: int, seed: int = 0, bad: int = 0) -> list[R
                                {"prompt": own_prompt(i), "samples": samples, "temperature": 1.0}))
         else:  # What if (or a replay with no shipped trace to replay)
             out.append(Request("whatif", "/whatif", {"acceptance": round(rng.uniform(0.3, 0.9), 2),
-                                                     "k": rng.randint(2, 8), "draft_cost": 0.1}))
+                                                     "k": rng.randint(2, 8), "draft_cost": 0.1}, streams=False))
     for j in range(bad):
         out.insert(rng.randrange(len(out) + 1), bad_request(BAD[j % len(BAD)], info))
     return out

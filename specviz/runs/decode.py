@@ -20,7 +20,7 @@ from specviz.engine.events import round_from_dict
 from specviz.runs.job import prepare
 from specviz.runs.limits import Limits, budget
 from specviz.runs.pacing import pacer
-from specviz.runs.recorded import COMPLETE, Recording, clock_time, key_of, recording
+from specviz.runs.recorded import COMPLETE, Recording, clock_time, key_of, Meanwhile, recording
 from specviz.runs.session import Session
 from specviz.runs.trace import RunMeta, Trace
 from specviz.runs.turns import Waiting
@@ -38,9 +38,10 @@ def decode(session: Session, limits: Limits, prompt, settings, source: str = "Ru
         return
     trace = Trace(job.meta, source=source)
     yield trace
+    found = Meanwhile(session.recordings, key)
     rounds = session.stream(lambda pair: speculative_generate(pair, job.ids, job.config,
                                                                should_stop=budget(limits.max_seconds)),
-                            kind="run", work=job.config.max_new_tokens, owner=owner)
+                            kind="run", work=job.config.max_new_tokens, owner=owner, needed=found.missing)
     for r in rounds:
         if isinstance(r, Waiting):
             yield r
@@ -49,6 +50,9 @@ def decode(session: Session, limits: Limits, prompt, settings, source: str = "Ru
         if key is not None and r.finished in COMPLETE:  # before the last yield: a consumer may stop there
             session.recordings.put(key, recording([x.to_dict() for x in trace.rounds]))
         yield trace
+    if found.recording is not None:  # recorded while this one waited: answered from it
+        with session.beside.job():
+            yield from replay_run(found.recording, job.meta, source)
 
 
 def replay_run(found: Recording, meta: RunMeta, source: str, sleep=time.sleep) -> Iterator[Trace]:

@@ -26,7 +26,7 @@ from specviz.engine.events import Finish, round_from_dict, step_from_dict
 from specviz.runs.job import prepare
 from specviz.runs.limits import Limits, budget
 from specviz.runs.pacing import pacer
-from specviz.runs.recorded import COMPLETE, Recording, key_of, recording
+from specviz.runs.recorded import COMPLETE, Recording, key_of, Meanwhile, recording
 from specviz.runs.session import Session
 from specviz.runs.trace import RunMeta, Trace
 from specviz.runs.turns import Waiting
@@ -215,6 +215,12 @@ def race(session: Session, limits: Limits, prompt, settings, owner: str | None =
     key = key_of(session, "race", job.prompt, job.config)
     if (found := session.recordings.get(key) if key else None) is not None:
         return beside(session, replay_recorded(found, job.meta))
+    return raced(session, limits, job, key, owner)
+
+
+def raced(session: Session, limits: Limits, job, key, owner: str | None) -> Iterator[RaceState | Waiting]:
+    """The race on the model, in its turn; if the same request was recorded while this one waited (many
+    visitors clicking one example at once), that recording instead, the model left to the next job."""
     first = "spec" if session.next_race() % 2 == 0 else "ar"
 
     def run(pair) -> Iterator[RaceState]:
@@ -229,7 +235,11 @@ def race(session: Session, limits: Limits, prompt, settings, owner: str | None =
                     items = [(lane, event.to_dict(), seconds) for lane, event, seconds in tape]
                     session.recordings.put(key, recording(items, state.shared_cpu))
                 yield state
-    return session.stream(run, kind="race", work=job.config.max_new_tokens, owner=owner)
+
+    found = Meanwhile(session.recordings, key)
+    yield from session.stream(run, kind="race", work=job.config.max_new_tokens, owner=owner, needed=found.missing)
+    if found.recording is not None:
+        yield from beside(session, replay_recorded(found.recording, job.meta))
 
 
 def beside(session: Session, states: Iterator) -> Iterator:

@@ -102,6 +102,21 @@ class Recordings:
         return len(self.kept)
 
 
+@dataclass
+class Meanwhile:
+    """Looks, when a job's turn comes, for the same request recorded while it waited (many visitors clicking
+    one example at once): `missing()` (the run is still needed) is `Session.stream`'s `needed`."""
+
+    recordings: Recordings | None
+    key: RecordingKey | None
+    recording: Recording | None = None
+
+    def missing(self) -> bool:
+        if self.key is not None and self.recordings is not None:
+            self.recording = self.recordings.get(self.key)
+        return self.recording is None
+
+
 def clock_time(recorded_at: float) -> str:
     """When a recording was made, as a visitor reads a clock: '10:42' (the server's local time)."""
     return time.strftime("%H:%M", time.localtime(recorded_at))

@@ -70,14 +70,14 @@ def record_examples(session: Session, limits: Limits, prompts: Sequence[str], se
     warm-up that is also a recording, so the first click on an example streams at once. Each waits its turn
     in the queue, so a visitor's click meanwhile waits as it would behind any other run."""
     def work() -> None:
-        start, done = time.monotonic(), 0
+        start, before = time.monotonic(), len(session.recordings or ())
         for prompt in prompts:
             try:
                 for _ in race(session, limits, prompt, settings, owner=WARM_UP):
                     pass
-                done += 1
             except USER_ERRORS as e:  # an example too long for these limits: the others still run
                 log(f"an example was not recorded: {e}")
+        done = len(session.recordings or ()) - before  # a race cut by the time budget is not recorded
         log(f"recorded {done} of {len(prompts)} examples in {time.monotonic() - start:.0f} s")
 
     thread = threading.Thread(target=work, name="specviz-record-examples", daemon=True)

@@ -89,8 +89,11 @@ def _setting(name: str, info, limits) -> Setting:
     extra = info.json_schema_extra or {}
     limit = extra.get("limit")
     hi = getattr(limits, limit) if limit and limits is not None else bounds.get("le")
+    default = info.get_default(call_default_factory=True)
+    if limit and limits is not None and isinstance(default, (int, float)):
+        default = min(default, hi)  # a server with a lower limit (a room) offers its limit
     return Setting(name=name, path=(name,), label=info.title or name, help=info.description or "", kind=kind,
-                   default=info.get_default(call_default_factory=True), lo=bounds.get("ge", bounds.get("gt")),
+                   default=default, lo=bounds.get("ge", bounds.get("gt")),
                    hi=hi, lo_open="gt" in bounds, choices=choices, optional=optional, step=extra.get("step"),
                    min_nonzero=extra.get("min_nonzero"), must=extra.get("must"), limit=limit)
 

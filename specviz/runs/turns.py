@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from specviz.runs.errors import InputError
 
 REFRESH_SECONDS = 1.0  # a waiting job hears from the queue at least this often (its estimate counts down)
-KEPT = 20  # durations remembered per kind of job: recent ones, so the estimate follows the load
+KEPT = 9  # durations remembered per kind of job: the recent ones, so that the estimate follows the load
 
 
 class Replaced(InputError):

@@ -24,8 +24,10 @@ def control(s: Setting, value=None, prefix: str = "sv-set-") -> gr.components.Co
         return gr.Textbox(value=value or "", **common)
     step = s.step or SLIDER_STEPS[s.kind]
     lo = s.lo + step if s.lo_open else s.lo  # a slider cannot exclude its end
-    if s.hi is not None and not s.optional:
-        return gr.Slider(lo, s.hi, value=value, step=step, **common)
+    if s.hi is not None and not s.optional and lo < s.hi:
+        return gr.Slider(lo, s.hi, value=min(max(value, lo), s.hi), step=step, **common)
+    if s.hi is not None and lo >= s.hi:  # the server's limit leaves one value (a room's 16 samples): shown, not chosen
+        return gr.Number(s.hi, minimum=s.hi, maximum=s.hi, interactive=False, **common)
     return gr.Number(value, minimum=lo, maximum=s.hi, precision=0 if s.kind is int else None, **common)
 
 
