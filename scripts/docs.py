@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 TEMPLATES = DOCS / "templates"
 REPORTS = {"bench": ROOT / "assets" / "bench", "proof": ROOT / "assets" / "proof", "atlas": ROOT / "assets" / "atlas",
-           "data": ROOT / "specviz" / "data"}  # data: the package's fitted models (the acceptance predictor)
+           "engines": ROOT / "assets" / "engines", "data": ROOT / "specviz" / "data"}  # data: the package's fitted models (the acceptance predictor)
 REGION = re.compile(r"^(<!-- docs\.py: (?P<partial>[\w.-]+) -->\n)(?P<body>.*?)^(<!-- /docs\.py -->)", re.S | re.M)
 
 
@@ -340,7 +340,9 @@ def about(report: dict, path_hint: str = "") -> str:
         f"{machine['described']}: `{machine.get('cpu')}`" if machine.get("described") else f"`{machine.get('cpu')}`",
         f"{machine.get('cpu_count')} cores",
         *([f"torch {machine['torch']}", f"transformers {machine['transformers']}"] if "torch" in machine else [])])
-    if "summary" in report:
+    if "engines" in report:
+        settings = engines_settings(report)
+    elif "summary" in report:
         settings = bench_settings(report)
     elif "runs" in report and "samples" in meta:
         settings = proof_settings(meta)
@@ -351,6 +353,14 @@ def about(report: dict, path_hint: str = "") -> str:
              f"*Command*: `{command}`." if command else "*Command*: not recorded.",
              f"*Report*: [`{path_hint}`]({path_hint})." if path_hint else ""]
     return " ".join(line for line in lines if line)
+
+
+def engines_settings(report: dict) -> str:
+    meta, engines = report["meta"], report["engines"]
+    lanes = "; ".join(f"{lane}: {e['kind']} serving `{Path(e['model'] or '?').name}`"
+                      + (f" with K = {e['k']}" if e.get("k") else "") for lane, e in engines.items())
+    return (f"{lanes}; {sampling_text(meta['decoding'])}, {meta['decoding']['max_new_tokens']} new tokens, "
+            f"{report['summary']['prompts']} prompts × {meta['repeats']} repetitions in a shuffled order")
 
 
 def bench_settings(report: dict) -> str:
@@ -397,6 +407,7 @@ def environment(used: list[Path]):
         return lambda name: load_report(kind, name, used)
 
     env.globals.update(bench=reader("bench"), proof=reader("proof"), atlas=reader("atlas"), data=reader("data"),
+                       engines=reader("engines"),
                        limit_options=limit_options,
                        about=lambda report: about(report, report.source.relative_to(ROOT).as_posix()))
     env.filters.update(f=f, x=times, ci=interval, pct=percent, seq=seq, by_kind=by_kind, p=pvalue,

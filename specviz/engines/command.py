@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import os
 import platform
+import shlex
 import signal
 import sys
 import time
@@ -142,7 +143,8 @@ def cmd_race(args) -> int:
     report = build_report(summary, infos, tuple(runs), {
         "machine": machine(), "prompts": args.prompts or "specviz/data/prompts.jsonl", "repeats": args.repeats,
         "warmup": args.warmup, "decoding": {k: getattr(config, k, None) for k in ("max_new_tokens", "seed")}
-        | {k: getattr(config.sampling, k) for k in ("temperature", "top_k", "top_p")}, "when": time.time()})
+        | {k: getattr(config.sampling, k) for k in ("temperature", "top_k", "top_p")}, "when": time.time(),
+        "date": time.strftime("%Y-%m-%d"), "command": "specviz " + shlex.join(sys.argv[1:])})
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
         print(f"wrote {args.json}")
