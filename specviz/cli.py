@@ -163,10 +163,8 @@ def allow_any_model(args: argparse.Namespace) -> bool:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from dataclasses import replace
-
     from specviz.runs.recorded import Recordings
-    from specviz.runs.room import Room, record_examples, room_limits, room_of
+    from specviz.runs.room import Room, record_examples, room_defaults, room_limits, room_of
     from specviz.runs.session import Session
     from specviz.runs.settings import flat_values
     from specviz.server import build_server, launch  # gradio: only when serving
@@ -183,9 +181,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         return 2
     given = {k: v for k, v in values_of(args, Limits).items() if v is not None}  # the limits flags given
     limits = validate(Limits, room_limits(given, room))  # fail at start-up, not on the first click
-    defaults = validate(DecodeConfig, values_of(args, DecodeConfig), CLI_LIMITS)
-    if room.room:  # the app's defaults shrink to fit the room's limits
-        defaults = replace(defaults, max_new_tokens=min(defaults.max_new_tokens, limits.max_new_tokens))
+    defaults = room_defaults(validate(DecodeConfig, values_of(args, DecodeConfig), CLI_LIMITS), room, limits)
     defaults = validate(DecodeConfig, flat_values(defaults), limits)
     spec = validate(PairSpec, values_of(args, PairSpec))
     recordings = Recordings(room.recorded_mb * 2**20) if room.recorded else None

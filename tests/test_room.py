@@ -319,15 +319,16 @@ def test_serve_room_sets_tighter_limits_prints_them_and_a_flag_given_wins(monkey
     seen = served(monkeypatch, ["--room", "--presenter-key", KEY])
     limits = seen["limits"]
     assert (limits.max_new_tokens, limits.max_samples, limits.max_seconds) == tuple(ROOM_LIMITS.values())
-    assert seen["defaults"].max_new_tokens == 48  # the app opens within the room's limits
+    assert seen["defaults"].max_new_tokens == 24  # the app opens at the room's default
     assert seen["room"] == {"presenter_key": KEY} and seen["session"].recordings is not None
     assert [len(p) > 0 for p in seen["warm"][2]] == [True] * 5  # the app's examples, recorded after loading
     out = capsys.readouterr().out
     assert "a room: 48 new tokens" in out and "16 samples per side, 30 s per request" in out
     assert "recorded answers on (64 MB)" in out and "a presenter key is set" in out
     assert KEY not in out  # the key is never printed
-    seen = served(monkeypatch, ["--room", "--max-seconds", "60", "--no-recorded"])
+    seen = served(monkeypatch, ["--room", "--max-seconds", "60", "--no-recorded", "--max-new-tokens", "40"])
     assert seen["limits"].max_seconds == 60 and seen["limits"].max_new_tokens == 48
+    assert seen["defaults"].max_new_tokens == 40  # a decoding flag given wins too
     assert seen["session"].recordings is None and "warm" not in seen
     seen = served(monkeypatch, [])
     assert seen["limits"] == Limits() and seen["defaults"].max_new_tokens == 64
@@ -348,7 +349,8 @@ def test_the_examples_are_recorded_in_the_background_and_a_click_meanwhile_waits
     visitor = final(racing.race(session, Limits(), "a visitor's own prompt", SETTINGS, owner="visitor"))
     thread.join(60)
     assert not thread.is_alive() and len(session.recordings) == 4
-    assert joined.count(WARM_UP) == 3 and "visitor" in joined and visitor.spec.finished == "length"
+    assert joined.count(WARM_UP) == 4 and "visitor" in joined and visitor.spec.finished == "length"
+    assert len(session.turns.durations.rates["distribution"]) == 1  # timed once: the estimates know its cost
     calls = counting(session)
     assert final(racing.race(session, Limits(), prompts[1], SETTINGS)).recorded_at and not calls
 

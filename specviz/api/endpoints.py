@@ -224,7 +224,7 @@ def register(session: Session, limits: Limits, pace: Pace = Pace(), page: Callab
     replay_beside.__doc__ = replay.__doc__
     gr.api(replay_beside, api_name="replay", concurrency_id=REPLAY, concurrency_limit=1)
     gr.api(info, api_name="info", concurrency_limit=None, queue=False)
-    gr.api(whatif, api_name="whatif", concurrency_limit=None, queue=False)
+    gr.api(whatif, api_name="whatif", concurrency_id="whatif", concurrency_limit=None)  # queued, never waits
     if page is not None:
         def share(trace: str) -> str:
             with session.beside.job():

@@ -41,7 +41,7 @@ def cmd_loadtest(args) -> int:
     seconds = 30.0 if args.seconds is None and requests is None else args.seconds
     result = run_load(args.url, args.users, seconds, requests, disconnect=args.disconnect,
                       max_new_tokens=args.max_new_tokens, samples=args.samples, seed=args.seed, pid=args.pid,
-                      timeout=args.timeout, plan=plan, think=args.think)
+                      timeout=args.timeout, plan=plan, think=args.think, poll=args.poll)
     summary = result.summary()
     print(table(summary))
     if args.json:
@@ -70,6 +70,9 @@ def register(sub) -> None:
     p.add_argument("--seed", type=int, default=0, help="shuffles the order of the request mix")
     p.add_argument("--timeout", type=float, default=120.0,
                    help="seconds a request may take, its queue wait included, before it counts as an error")
+    p.add_argument("--poll", type=float, default=0.05,
+                   help="seconds between a user's looks at its request (the waits' resolution; each look costs the "
+                        "load test's own CPU, which a 2-core server shares)")
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the summary and every request")
     p.add_argument("--pid", type=int, default=None, help="the server's process id: its RSS before and after")
     p.set_defaults(func=cmd_loadtest)

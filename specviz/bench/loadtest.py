@@ -269,6 +269,8 @@ def run_load(url: str, users: int, seconds: float | None = None, requests_per_us
         client, pauses = None, random.Random(seed * 7919 + index)
         try:
             client = Client(url, verbose=False)
+            # the session opened (Gradio builds its state at its first queued event), as a browser's is on load
+            client.predict(0.5, 1, 0.0, api_name="/whatif")
             barrier.wait(timeout)
             out = [drop_stream(url, client, disconnect_tokens, timeout)] if index >= users else []
             while index < users and (request := next_request(index, len(out))) is not None:

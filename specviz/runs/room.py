@@ -8,19 +8,25 @@ import hmac
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
+from specviz.engine import DecodeConfig
+from specviz.runs.distribution import DistributionSettings, sample_distribution
 from specviz.runs.errors import USER_ERRORS, InputError
 from specviz.runs.limits import Limits
 from specviz.runs.race import race
 from specviz.runs.session import Session
-from specviz.runs.settings import checked_values
+from specviz.runs.settings import checked_values, fields_of
 
-# A workshop on a 2-core CPU: a race of 48 tokens holds the model ~15 s, so thirty visitors' own prompts get
-# through in minutes, not a quarter of an hour (README, Running it for a room)
+# A workshop on a 2-core CPU (README, Running it for a room): what one request may ask at most, and what the app
+# opens at. The default sets what most clicks cost: a race of 24 tokens holds the model about half as long as one
+# of 48, and thirty visitors' own prompts wait on the sum of them
 ROOM_LIMITS = {"max_new_tokens": 48, "max_samples": 16, "max_seconds": 30}
+ROOM_DEFAULTS = {"max_new_tokens": 24}
+MIN_SAMPLES = next(s.lo for s in fields_of(DistributionSettings) if s.name == "samples")  # the test's smallest
 MIN_KEY = 8  # characters: a presenter key is a password typed once, not a PIN to guess
 
 
@@ -29,7 +35,9 @@ class Room:
     room: bool = Field(False, title="room",
                        description="tighter limits for a room of visitors sharing one machine: "
                                    + ", ".join(f"{k} {v}" for k, v in ROOM_LIMITS.items())
-                                   + " (a limit given as a flag wins); the decoding defaults shrink to fit")
+                                   + " (a limit given as a flag wins), and the app opens at "
+                                   + ", ".join(f"{k} {v}" for k, v in ROOM_DEFAULTS.items())
+                                   + " (a decoding flag given wins)")
     recorded: bool = Field(True, title="recorded answers",
                            description="answer a request this server already ran to the end (greedy, or sampled "
                                        "from a fixed seed: the same tokens) from that run's recording, streamed at "
@@ -56,6 +64,15 @@ def room_limits(given: dict, room: Room) -> dict:
     return ({**ROOM_LIMITS} if room.room else {}) | given
 
 
+def room_defaults(defaults: DecodeConfig, room: Room, limits: Limits) -> DecodeConfig:
+    """The app's decoding defaults: in a room, the room's where the flags left the spec's own, within the limits."""
+    if not room.room:
+        return defaults
+    spec = DecodeConfig()
+    chosen = replace(defaults, **{k: v for k, v in ROOM_DEFAULTS.items() if getattr(defaults, k) == getattr(spec, k)})
+    return replace(chosen, max_new_tokens=min(chosen.max_new_tokens, limits.max_new_tokens))
+
+
 def is_presenter(key: str | None, given) -> bool:
     """Does `given` (typed in a browser) match the operator's key? Compared in constant time."""
     return bool(key) and isinstance(given, str) and hmac.compare_digest(given.strip().encode(), key.strip().encode())
@@ -65,10 +82,12 @@ WARM_UP = "warm-up"  # the queue's owner of the background runs
 
 
 def record_examples(session: Session, limits: Limits, prompts: Sequence[str], settings: dict,
-                    log: Callable[[str], None] = lambda line: None) -> threading.Thread:
+                    log: Callable[[str], None] = lambda line: None, calibrate: bool = True) -> threading.Thread:
     """Race each prompt once at `settings` (the app's defaults) in the background, as a visitor's Run would: a
     warm-up that is also a recording, so the first click on an example streams at once. Each waits its turn
-    in the queue, so a visitor's click meanwhile waits as it would behind any other run."""
+    in the queue, so a visitor's click meanwhile waits as it would behind any other run. Then (`calibrate`)
+    one same-distribution test of the smallest size, so that the queue's first estimates know its cost too
+    (a room's first jobs would otherwise wait behind one priced as a median job, several times too cheap)."""
     def work() -> None:
         start, before = time.monotonic(), len(session.recordings or ())
         for prompt in prompts:
@@ -79,6 +98,13 @@ def record_examples(session: Session, limits: Limits, prompts: Sequence[str], se
                 log(f"an example was not recorded: {e}")
         done = len(session.recordings or ()) - before  # a race cut by the time budget is not recorded
         log(f"recorded {done} of {len(prompts)} examples in {time.monotonic() - start:.0f} s")
+        if calibrate and prompts:
+            try:
+                for _ in sample_distribution(session, limits, prompts[0], settings,
+                                             {"samples": MIN_SAMPLES, "temperature": 1.0}, owner=WARM_UP):
+                    pass
+            except USER_ERRORS as e:
+                log(f"the same-distribution test was not timed: {e}")
 
     thread = threading.Thread(target=work, name="specviz-record-examples", daemon=True)
     thread.start()

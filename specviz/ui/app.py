@@ -249,6 +249,10 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options = 
         wiring.browsing(decode)
         whatif.wire(what_if, record)
         presenter.click(lambda: gr.Tabs(selected="live"), None, [tabs], js=TOGGLE_PRESENTER, api_visibility="private")
+        # Gradio builds a visitor's session state (every component's config copied: tens of ms of CPU here) at its
+        # first queued event: let that be the page's load, spread over the minutes a room takes to open it, not
+        # the click they all make at once
+        demo.load(lambda: None, None, None, api_visibility="private", concurrency_id="open", concurrency_limit=None)
 
         def on_export(rec, paths, html):
             path = h.export(rec, options, html)
