@@ -186,6 +186,16 @@ def test_a_second_request_from_the_same_session_takes_the_waiting_ones_place():
     assert turns.queue[0] is running and turns.queue[-1] is mine
 
 
+def test_the_presenters_job_goes_ahead_of_the_waiting_ones_never_of_the_running_one():
+    turns = Turns()
+    running = turns.join("race", 1, "visitor-0")
+    next(turns.wait(running), None)
+    visitors = [turns.join("race", 1, f"visitor-{i}") for i in (1, 2)]
+    presenter = turns.join("race", 1, "presenter", first=True)
+    assert turns.queue == [running, presenter, *visitors]
+    assert next(turns.wait(presenter)).position == 1 and next(turns.wait(visitors[0])).position == 2
+
+
 def test_a_job_that_leaves_while_waiting_frees_its_place():
     session = recording_session()
     with session.turns.turn("race", owner="other") as holder:
@@ -344,7 +354,7 @@ def test_the_examples_are_recorded_in_the_background_and_a_click_meanwhile_waits
     prompts = [f"{PROMPT} {i}" for i in range(3)]
     joined = []
     join = session.turns.join
-    session.turns.join = lambda kind, work, owner: joined.append(owner) or join(kind, work, owner)
+    session.turns.join = lambda kind, work, owner, first: joined.append(owner) or join(kind, work, owner, first)
     thread = record_examples(session, Limits(), prompts, SETTINGS)
     visitor = final(racing.race(session, Limits(), "a visitor's own prompt", SETTINGS, owner="visitor"))
     thread.join(60)

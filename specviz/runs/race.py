@@ -206,19 +206,21 @@ def race_decoders(pair, prompt_ids: list[int], config: DecodeConfig, meta: RunMe
                      meta, timed, first=first)
 
 
-def race(session: Session, limits: Limits, prompt, settings, owner: str | None = None
+def race(session: Session, limits: Limits, prompt, settings, owner: str | None = None, first: bool = False
          ) -> Iterator[RaceState | Waiting]:
     """Validate, take the pair, race: the state after every event of either lane (a `Waiting` while other jobs
-    are ahead in the queue; `owner`: the browser session asking). Past the request's time budget each lane ends
-    at its next event (`finished == "budget"`). A recorded request streams its recording instead."""
+    are ahead in the queue; `owner`: the browser session asking; `first`: the presenter's, ahead of the waiting).
+    Past the request's time budget each lane ends at its next event (`finished == "budget"`). A recorded request
+    streams its recording instead."""
     job = prepare(session, limits, prompt, settings)
     key = key_of(session, "race", job.prompt, job.config)
     if (found := session.recordings.get(key) if key else None) is not None:
         return beside(session, replay_recorded(found, job.meta))
-    return raced(session, limits, job, key, owner)
+    return raced(session, limits, job, key, owner, first)
 
 
-def raced(session: Session, limits: Limits, job, key, owner: str | None) -> Iterator[RaceState | Waiting]:
+def raced(session: Session, limits: Limits, job, key, owner: str | None, first_in_line: bool = False
+          ) -> Iterator[RaceState | Waiting]:
     """The race on the model, in its turn; if the same request was recorded while this one waited (many
     visitors clicking one example at once), that recording instead, the model left to the next job."""
     first = "spec" if session.next_race() % 2 == 0 else "ar"
@@ -237,7 +239,8 @@ def raced(session: Session, limits: Limits, job, key, owner: str | None) -> Iter
                 yield state
 
     found = Meanwhile(session.recordings, key)
-    yield from session.stream(run, kind="race", work=job.config.max_new_tokens, owner=owner, needed=found.missing)
+    yield from session.stream(run, kind="race", work=job.config.max_new_tokens, owner=owner, needed=found.missing,
+                              first=first_in_line)
     if found.recording is not None:
         yield from beside(session, replay_recorded(found.recording, job.meta))
 

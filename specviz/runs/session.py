@@ -150,12 +150,12 @@ class Session:
         return self.pair
 
     def stream(self, events_of: Callable[[ModelPair], Iterator], kind: str = "run", work: float = 1.0,
-               owner: str | None = None, needed: Callable[[], bool] = lambda: True) -> Iterator:
+               owner: str | None = None, needed: Callable[[], bool] = lambda: True, first: bool = False) -> Iterator:
         """Wait for the model's turn (a `Waiting` while other jobs are ahead), then run an event stream holding
         the pair, unless it is no longer `needed` then (the same request was recorded meanwhile). Closing this
         generator while it waits leaves the queue; between two events (Stop) it closes the engine's generator
-        and releases the pair at once. `owner`: see `Turns` (one waiting job each)."""
-        with self.turns.turn(kind, work, owner) as ticket:
+        and releases the pair at once. `owner`, `first`: see `Turns` (one waiting job each; the presenter's first)."""
+        with self.turns.turn(kind, work, owner, first) as ticket:
             yield from self.turns.wait(ticket)
             if not needed():
                 ticket.started = None  # it never ran: no duration for the estimates

@@ -7,7 +7,8 @@ and about how long it will wait, from the measured durations of the jobs ahead o
         ...  # this job's turn: nobody else holds the model until the block ends
 
 A browser session keeps one waiting job: a second one from the same `owner` replaces the first, whose
-`wait` raises `Replaced`. Created by whoever serves (a `Session` holds one); no module-level state.
+`wait` raises `Replaced`. The presenter's job goes `first` (the room is watching it): ahead of those waiting,
+never ahead of the one running. Created by whoever serves (a `Session` holds one); no module-level state.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class Ticket:
     joined: float
     started: float | None = None  # when it got the model
     replaced: bool = False
+    first: bool = False  # the presenter's: ahead of every job waiting without it
 
 
 @dataclass
@@ -78,10 +80,10 @@ class Turns:
         self.changed = threading.Condition()  # a plain lock inside: Gradio may resume a stream on another thread
 
     @contextmanager
-    def turn(self, kind: str, work: float = 1.0, owner: str | None = None) -> Iterator[Ticket]:
+    def turn(self, kind: str, work: float = 1.0, owner: str | None = None, first: bool = False) -> Iterator[Ticket]:
         """Join the queue; leave it when the block ends. A job that ended normally after holding the model is
         timed for the estimates (one stopped or failed part-way would make them lie)."""
-        ticket = self.join(kind, work, owner)
+        ticket = self.join(kind, work, owner, first)
         ok = False
         try:
             yield ticket
@@ -89,14 +91,15 @@ class Turns:
         finally:
             self.leave(ticket, timed=ok)
 
-    def join(self, kind: str, work: float, owner: str | None) -> Ticket:
+    def join(self, kind: str, work: float, owner: str | None, first: bool = False) -> Ticket:
         with self.changed:
             for old in self.queue:
                 if owner is not None and old.owner == owner and old.started is None:
                     old.replaced = True
             self.queue = [t for t in self.queue if not t.replaced]
-            ticket = Ticket(kind, work, owner, self.clock())
-            self.queue.append(ticket)
+            ticket = Ticket(kind, work, owner, self.clock(), first=first)
+            ahead = [t for t in self.queue if t.started is not None or t.first] if first else self.queue
+            self.queue.insert(len(ahead), ticket)
             self.changed.notify_all()
             return ticket
 

@@ -131,9 +131,9 @@ class LiveUpdate:
 def live(session: Session, limits: Limits, prompt, settings: dict, options: Options = Options(),
          owner: str | None = None, broadcast: Broadcast | None = None) -> Iterator[LiveUpdate]:
     """Both lanes on one screen as they run; the finished race also fills the Race and Decode tabs. While the
-    run waits for the model, its place in the queue. With `broadcast` (the presenter's run), every state is
-    published to the followers too."""
-    states = racing.race(session, limits, prompt, settings, owner=owner)
+    run waits for the model, its place in the queue. With `broadcast` (the presenter's run: it goes ahead of
+    the waiting ones, the room is watching), every state is published to the followers too."""
+    states = racing.race(session, limits, prompt, settings, owner=owner, first=broadcast is not None)
     if broadcast is not None:
         states = broadcast.publishing(states)
     with closing(paced(states, options.pace.min_interval)) as events:

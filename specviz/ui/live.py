@@ -28,6 +28,7 @@ CSS = """
 .sv-live-nums { font-size: 13px; color: var(--body-text-color-subdued); }
 .sv-live-nums b { color: var(--body-text-color); }
 .sv-live-why { flex-basis: 100%; font-size: 13px; line-height: 1.35; }
+.sv-live-recorded { flex-basis: 100%; font-size: 13px; font-weight: 600; color: #2563eb; }
 .sv-live-economics summary { cursor: pointer; }
 .sv-live-lane h4 { margin: 0 0 4px; font-size: 13px; display: flex; justify-content: space-between; }
 .sv-live-lane .sv-scroll { height: 170px; max-height: none; justify-content: flex-end; }
@@ -80,8 +81,9 @@ def speed_html(state: RaceState) -> str:
     why = (f'<span class="sv-live-why">{escape(sentence(e))}</span>{economics_html(e, state.meta)}'
            if e else "")
     notes = "".join(f'<span class="sv-live-why">{escape(n)}</span>'
-                    for n in teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished),
-                                                state.recorded_at))
+                    for n in teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished)))
+    if state.recorded_at is not None:  # plainly, under the verdict: these numbers were measured before
+        nums = f'<span class="sv-live-recorded">{escape(teach.recorded_note(state.recorded_at))}</span>' + nums
     return f'<div class="sv-live-speed">{verdict}{nums}{why}{notes}</div>'
 
 

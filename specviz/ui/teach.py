@@ -208,10 +208,9 @@ def stats_markdown(s: RunStats, source: str) -> str:
     ])
 
 
-def race_caveats(shared_cpu: bool, finishes: tuple, recorded_at: float | None = None) -> list[str]:
-    """What a reader of a race's numbers must know: it is a recorded answer, another job shared the CPU, or the
-    budget cut it short."""
-    out = [recorded_note(recorded_at)] if recorded_at is not None else []
+def race_caveats(shared_cpu: bool, finishes: tuple) -> list[str]:
+    """What a reader of a race's numbers must know: another job shared the CPU, or the budget cut it short."""
+    out = []
     if shared_cpu:
         out.append("⚠ Another job (a replay, or a page being rendered) used the CPU during this race: both clocks "
                    "may include some of its time, so the speedup is less certain than usual.")
@@ -229,11 +228,11 @@ def queue_line(w) -> str:
     """A job's place in the model's queue (`runs.turns.Waiting`), and how long it will likely wait."""
     when = (f"about {duration(w.estimate_s)} (from the measured durations of the jobs ahead)"
             if w.estimate_s is not None else "no estimate yet: no job like those ahead has finished")
-    return (f"⏳ Waiting for the model: number {w.position} in line, {w.ahead} ahead of you (the one running "
+    return (f"Waiting for the model: number {w.position} in line, {w.ahead} ahead of you (the one running "
             f"included); {when}. Run again to change your request: it takes this one's place.")
 
 
 def recorded_note(recorded_at: float) -> str:
     """What a recorded answer is, in one sentence a visitor can trust."""
-    return (f"⏺ Recorded at {clock_time(recorded_at)} on this server: the same request (prompt, settings, seed, "
+    return (f"Recorded at {clock_time(recorded_at)} on this server: the same request (prompt, settings, seed, "
             "pair) ran then, and these are that run's events and numbers, streamed at its pace.")

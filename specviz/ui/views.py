@@ -151,7 +151,8 @@ def race_result(state: RaceState) -> str:
                 f"there is {gap(d.target_top2_gap)} (target alone) / {gap(d.spec_top2_gap)} (verify pass): a "
                 "near-tie that low precision can flip when the target scores K+1 tokens at once instead of one. "
                 "The rule is exact; the arithmetic of a batched forward is not bit-identical.")
-    lines += teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished), state.recorded_at)
+    lines += [teach.recorded_note(state.recorded_at)] if state.recorded_at is not None else []
+    lines += teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished))
     return "\n\n".join(lines)
 
 
