@@ -19,9 +19,10 @@ OWN = ("Write a haiku about {}.", "Describe {} in two sentences.", "Write a Pyth
 BAD = ("empty_prompt", "zero_k", "unknown_trace", "greedy_distribution", "too_many_tokens")
 
 
-def own_prompt(n: int) -> str:
-    """The n-th visitor prompt: all different, so none is answered from a recording."""
-    return OWN[n % len(OWN)].format(TOPICS[n // len(OWN) % len(TOPICS)]) + f" (visitor request {n})"
+def own_prompt(n: int, seed: int = 0) -> str:
+    """The n-th visitor prompt of a seeded plan: all different, and different from another seed's, so none is
+    answered from a recording (a second load test against the same server included)."""
+    return OWN[n % len(OWN)].format(TOPICS[n // len(OWN) % len(TOPICS)]) + f" (visitor request {seed}-{n})"
 
 
 def workshop_requests(info: dict, n: int, seed: int = 0, bad: int = 0) -> list[Request]:
@@ -37,12 +38,12 @@ def workshop_requests(info: dict, n: int, seed: int = 0, bad: int = 0) -> list[R
         if kind == "example":
             out.append(Request("example", "/race", {"prompt": rng.choice(examples)}))
         elif kind == "own":
-            out.append(Request("own", "/race", {"prompt": own_prompt(i)}))
+            out.append(Request("own", "/race", {"prompt": own_prompt(i, seed)}))
         elif kind == "replay" and trace is not None:
             out.append(Request("replay", "/replay", {"trace": trace}))
         elif kind == "distribution":
             out.append(Request("distribution", "/same_distribution",
-                               {"prompt": own_prompt(i), "samples": samples, "temperature": 1.0}))
+                               {"prompt": own_prompt(i, seed), "samples": samples, "temperature": 1.0}))
         else:  # What if (or a replay with no shipped trace to replay)
             out.append(Request("whatif", "/whatif", {"acceptance": round(rng.uniform(0.3, 0.9), 2),
                                                      "k": rng.randint(2, 8), "draft_cost": 0.1}, streams=False))
