@@ -10,7 +10,7 @@ from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
 SERVED = ("assets/screenshots/*.png", "assets/bench/*.json", "assets/proof/*.json", "assets/proof/*.html",
-          "assets/atlas/*.json")
+          "assets/atlas/*.json", "assets/engines/*.json")
 
 
 def on_files(files, config):
