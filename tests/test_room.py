@@ -171,6 +171,29 @@ def test_the_queue_gives_each_waiting_job_its_place_and_an_estimate_from_the_job
     assert next(turns.wait(second)).estimate_s == 1.0
 
 
+def test_the_estimate_counts_the_measured_hand_off_before_each_job_yet_to_start():
+    now = [0.0]
+    turns = Turns(clock=lambda: now[0])
+    holder = turns.join("race", 10, None)
+    next(turns.wait(holder), None)
+    after = turns.join("race", 10, None)  # waits while the first holds the model
+    now[0] += 5.0
+    turns.leave(holder, timed=True)  # 0.5 s a token
+    now[0] += 2.0  # its thread wakes 2 s after the model was freed (a busy server)
+    assert next(turns.wait(after), None) is None
+    assert turns.durations.handoff() == 2.0
+    now[0] += 5.0
+    turns.leave(after, timed=True)
+    now[0] += 60.0  # nobody waited: idle time is no hand-off
+    late = turns.join("race", 10, None)
+    assert next(turns.wait(late), None) is None and turns.durations.handoff() == pytest.approx(1.0)  # (2 + 0) / 2
+    waiting = turns.join("race", 4, None)
+    # the running job's 5 s left, then a hand-off to this one: 5 + 1
+    assert next(turns.wait(waiting)).estimate_s == pytest.approx(5.0 + 1.0)
+    behind = turns.join("race", 4, None)
+    assert next(turns.wait(behind)).estimate_s == pytest.approx(5.0 + 1.0 + 2.0 + 1.0)  # + that one's 2 s and hand-off
+
+
 def test_a_second_request_from_the_same_session_takes_the_waiting_ones_place():
     turns = Turns()
     running = turns.join("race", 1, "someone")

@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import json
+import shlex
+import sys
+import time
 from dataclasses import asdict
 
+from specviz.bench.command import machine
 from specviz.bench.loadtest import run_load
 from specviz.bench.workshop import BAD, workshop_requests
 
@@ -44,9 +48,11 @@ def cmd_loadtest(args) -> int:
                       timeout=args.timeout, plan=plan, think=args.think, poll=args.poll)
     summary = result.summary()
     print(table(summary))
-    if args.json:
+    if args.json:  # named like every report: when, how, on what, against which server
+        meta = {"date": time.strftime("%Y-%m-%d"), "command": "specviz " + shlex.join(sys.argv[1:]),
+                "machine": machine(), "server": result.server}
         with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(summary | {"records": [asdict(r) for r in result.records]}, f, indent=1)
+            json.dump({"meta": meta} | summary | {"records": [asdict(r) for r in result.records]}, f, indent=1)
     return 1 if summary["errors"] else 0
 
 

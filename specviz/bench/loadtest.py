@@ -196,6 +196,7 @@ class LoadResult:
     records: list[Record] = field(default_factory=list)
     rss_before: int | None = None
     rss_after: int | None = None
+    server: dict = field(default_factory=dict)  # what /info said: the pair, the limits, the app's defaults
 
     def summary(self) -> dict:
         waits = [r.wait for r in self.records if r.wait is not None]
@@ -291,4 +292,5 @@ def run_load(url: str, users: int, seconds: float | None = None, requests_per_us
     with ThreadPoolExecutor(users + disconnect) as pool:
         records = [r for rs in pool.map(user, range(users + disconnect)) for r in rs]
     elapsed = max(ended) - started[0] if started and ended else 0.0
-    return LoadResult(users, elapsed, records, rss_before, rss_bytes(pid) if pid else None)
+    server = {k: info.get(k) for k in ("pair", "limits", "defaults", "recorded_answers")}
+    return LoadResult(users, elapsed, records, rss_before, rss_bytes(pid) if pid else None, server)

@@ -58,10 +58,16 @@ class Durations:
 
     rates: dict[str, deque] = field(default_factory=lambda: defaultdict(lambda: deque(maxlen=KEPT)))
     seconds: deque = field(default_factory=lambda: deque(maxlen=KEPT))  # whole jobs, any kind
+    # from the model freed to the next waiting job holding it: its thread wakes while streams and other
+    # requests share the CPU; under a room's load this adds up over a queue of jobs
+    handoffs: deque = field(default_factory=lambda: deque(maxlen=KEPT))
 
     def add(self, kind: str, work: float, seconds: float) -> None:
         self.rates[kind].append(seconds / max(work, 1e-9))
         self.seconds.append(seconds)
+
+    def handoff(self) -> float:
+        return statistics.median(self.handoffs) if self.handoffs else 0.0
 
     def expected(self, kind: str, work: float) -> float | None:
         """The median rate of this kind times the work; a kind never timed yet counts as a median job."""
@@ -77,6 +83,7 @@ class Turns:
         self.clock, self.refresh = clock, refresh
         self.queue: list[Ticket] = []
         self.durations = Durations()
+        self.freed: float | None = None  # when the last job holding the model let it go
         self.changed = threading.Condition()  # a plain lock inside: Gradio may resume a stream on another thread
 
     @contextmanager
@@ -107,8 +114,10 @@ class Turns:
         with self.changed:
             if ticket in self.queue:
                 self.queue.remove(ticket)
-            if timed and ticket.started is not None:
-                self.durations.add(ticket.kind, ticket.work, self.clock() - ticket.started)
+            if ticket.started is not None:
+                self.freed = self.clock()
+                if timed:
+                    self.durations.add(ticket.kind, ticket.work, self.freed - ticket.started)
             self.changed.notify_all()
 
     def wait(self, ticket: Ticket) -> Iterator[Waiting]:
@@ -122,6 +131,8 @@ class Turns:
                                    "queue.")
                 if self.queue and self.queue[0] is ticket:
                     ticket.started = self.clock()
+                    if self.freed is not None:  # idle time before this job joined is no hand-off
+                        self.durations.handoffs.append(ticket.started - max(self.freed, ticket.joined))
                     return
                 now = self.waiting(ticket)
                 since = time.monotonic() - told
@@ -144,8 +155,9 @@ class Turns:
 
     def estimate(self, ahead: list[Ticket]) -> float | None:
         """The expected durations of the jobs ahead, less what the running one has already done (at least a
-        second of it is left: a job past its estimate is still running)."""
-        total = 0.0
+        second of it is left: a job past its estimate is still running), and a hand-off before each job that
+        has yet to start, this one's own included."""
+        total = self.durations.handoff() * (1 + sum(t.started is None for t in ahead))
         for t in ahead:
             expected = self.durations.expected(t.kind, t.work)
             if expected is None:
