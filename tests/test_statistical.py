@@ -35,9 +35,10 @@ The samplers.
 - trees (3,000 runs) and int4 / int8 targets (3,000 runs each), the same way.
 Each is compared with the exact marginals by a chi-square test (bins with expected count < 5
 pooled) and the total-variation distance; a sequence the target cannot produce rejects outright.
-Every configuration has a negative control: the same runs, the same statistic and the same verdict
-(`consistent`), with the rule patched to accept every draft (for trees: the known trap of treating the
-draft's top candidates as sampled), and the verdict must fail. `test_mutants.py` shows subtler bugs of the
+Every configuration has a negative control: its runs (an eighth as many, `CONTROL_SHARE`), statistic and
+verdict (`consistent`), with the rule patched to accept every draft (for trees: the known trap of treating the
+draft's top candidates as sampled): the verdict must fail, and by a margin no correct sampler reaches at any size
+(`detected`). A fixed error's chi-square grows with the runs, so what an eighth detects, all of them detect. `test_mutants.py` shows subtler bugs of the
 rule and of the round loops caught by the same statistics.
 """
 
@@ -208,6 +209,19 @@ def consistent(stats: dict, min_p: float, max_tv: float) -> bool:
     return stats["impossible"] == 0 and min(stats["p"]) > min_p and max(stats["tv"]) < max_tv
 
 
+CONTROL_SHARE = 8  # a control runs 1/8 of its test's runs: it fails by far (p < 1e-300 measured), and power grows
+
+
+def control(n: int) -> int:
+    return n // CONTROL_SHARE
+
+
+def detected(stats: dict, min_p: float, max_tv: float) -> bool:
+    """A negative control's verdict: it fails the test's own (`consistent`), and position 1's chi-square is below
+    1e-13, which a correct sampler reaches by chance about once in 10^13 runs of the test."""
+    return not consistent(stats, min_p, max_tv) and stats["p"][0] < 1e-13
+
+
 def tv_bound(joint: dict[tuple, float], n: int, quantile: float = 0.999, reps: int = 2_000) -> float:
     """The largest per-position TV that n perfect samples of `joint` stay under with probability `quantile`,
     by drawing them (seeded): a bound set by the distribution and the sample size, not by hand."""
@@ -287,14 +301,12 @@ def test_speculative_generate_samples_the_target_distribution(pair, sampling, dr
 
 @pytest.mark.parametrize("sampling,drafter,n,max_tv,min_p", END_TO_END)
 def test_negative_control_end_to_end(pair, monkeypatch, sampling, drafter, n, max_tv, min_p):
-    """Each configuration's own runs, statistic and verdict, with every draft accepted: the verdict fails, and by
-    far (measured at position 1: p below 1e-300 in all three, TV 0.29 at temperature 1, 0.37 warped, where 697 of
-    the 3,000 sequences are ones the warped target cannot produce, and 0.93 hybrid)."""
+    """An eighth of each configuration's runs, its statistic and verdict, with every draft accepted: detected by
+    far (printed: position 1's p and TV, and how many sequences the target cannot produce)."""
     always_accept(monkeypatch)
-    stats, _ = end_to_end_of(pair, sampling, drafter, n)
-    print("always accept,", sampling, drafter, n, stats)
-    assert not consistent(stats, min_p, max_tv), stats
-    assert stats["p"][0] < 1e-13, stats
+    stats, _ = end_to_end_of(pair, sampling, drafter, control(n))
+    print("always accept,", sampling, drafter, control(n), stats)
+    assert detected(stats, min_p, max_tv), stats
 
 
 @pytest.fixture(scope="module")
@@ -328,10 +340,9 @@ def test_self_speculation_samples_the_target_distribution(self_pair):
 
 def test_negative_control_self_speculation(self_pair, monkeypatch):
     always_accept(monkeypatch)
-    stats = end_to_end_stats(self_pair, SELF_RUNS, "self")
+    stats = end_to_end_stats(self_pair, control(SELF_RUNS), "self")
     print("always accept, self drafter", stats)
-    assert not consistent(stats, 1e-3, tv_bound(exact_joint(tables(self_pair.target, TEMPERATURE_1)), SELF_RUNS))
-    assert stats["p"][0] < 1e-6 and stats["tv"][0] > 0.15, stats
+    assert detected(stats, 1e-3, tv_bound(exact_joint(tables(self_pair.target, TEMPERATURE_1)), control(SELF_RUNS)))
 
 
 CROSS_RUNS = 2_000
@@ -373,10 +384,9 @@ def test_a_draft_of_another_family_samples_the_target_distribution(cross_pair):
 
 def test_negative_control_another_family(cross_pair, monkeypatch):
     always_accept(monkeypatch)
-    stats = end_to_end_stats(cross_pair, CROSS_RUNS)
+    stats = end_to_end_stats(cross_pair, control(CROSS_RUNS))
     print("always accept, another family", stats)
-    assert not consistent(stats, 1e-3, 0.05)
-    assert stats["p"][0] < 1e-6 and stats["tv"][0] > 0.1, stats
+    assert detected(stats, 1e-3, 0.05), stats
 
 
 TREE_RUNS = 3_000
@@ -425,11 +435,10 @@ def test_tree_speculation_samples_the_target_distribution(pair):
 
 def test_negative_control_tree_children_treated_as_sampled(pair):
     """The trap the issue warns of must fail the same runs' verdict."""
-    samples, _ = tree_samples(pair, TREE_RUNS, rule=as_if_drawn_from_q)
+    samples, _ = tree_samples(pair, control(TREE_RUNS), rule=as_if_drawn_from_q)
     stats = statistics(samples, exact_joint(tables(pair.target, TEMPERATURE_1)))
     print("tree, children treated as drawn from q", stats)
-    assert not consistent(stats, 1e-3, 0.045)
-    assert stats["p"][0] < 1e-6 and stats["tv"][0] > 0.05, stats
+    assert detected(stats, 1e-3, 0.045), stats
 
 
 @pytest.fixture(scope="module")
@@ -472,7 +481,6 @@ def test_the_quantized_target_is_a_distribution_of_its_own(quantized_pairs, pair
 @pytest.mark.parametrize("quant", ["int4", "int8"])
 def test_negative_control_quantized_target(quantized_pairs, monkeypatch, quant):
     always_accept(monkeypatch)
-    stats = end_to_end_stats(quantized_pairs[quant], QUANT_RUNS)
+    stats = end_to_end_stats(quantized_pairs[quant], control(QUANT_RUNS))
     print("always accept,", quant, "target", stats)
-    assert not consistent(stats, 1e-3, 0.05)
-    assert stats["p"][0] < 1e-6 and stats["tv"][0] > 0.05, stats
+    assert detected(stats, 1e-3, 0.05), stats
