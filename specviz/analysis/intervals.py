@@ -1,5 +1,5 @@
-"""Bootstrap 95 % intervals over prompts, the way `specviz bench` computes its speedups' (bench/report.py,
-`speedup_ci95`): rows (prompts) resampled with replacement, each row kept whole (a prompt's lanes ran back to
+"""Bootstrap 95 % intervals over prompts, for `specviz bench`'s speedups (bench/report.py, `speedup_ci95`) and
+the engines' races: rows (prompts) resampled with replacement, each row kept whole (a prompt's lanes ran back to
 back, so they are paired), the statistic a ratio of totals, 4999 resamples, percentile interval, a fixed seed.
 Below 3 rows there is no interval: too few prompts to say how much the number would move.
 """

@@ -10,8 +10,6 @@ from __future__ import annotations
 import itertools
 import json
 import logging
-import os
-import platform
 import sys
 from dataclasses import replace
 from datetime import datetime, timezone
@@ -25,6 +23,7 @@ from specviz.engine.drafters import drafter_problem
 from specviz.engine.early_exit import EarlyExit
 from specviz.models import PairSpec
 from specviz.runs.limits import CLI_LIMITS
+from specviz.runs.machine import machine as base_machine
 from specviz.runs.options import add_options, several_values, values_of
 from specviz.runs.settings import validate
 
@@ -123,17 +122,9 @@ def machine() -> dict:
     import torch
     import transformers
 
-    cpu = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
-            "torch": torch.__version__, "transformers": transformers.__version__, "python": platform.python_version(),
-            "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
+    return base_machine() | {"torch_threads": torch.get_num_threads(), "torch": torch.__version__,
+                             "transformers": transformers.__version__,
+                             "gpu": torch.cuda.get_device_name() if torch.cuda.is_available() else None}
 
 
 def cmd_bench(args) -> int:

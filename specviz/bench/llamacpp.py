@@ -34,6 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specviz.bench.noise import stall_between, stall_seconds
+from specviz.engines.llama_server import flag_names, has_flag
+from specviz.engines.policy import EngineError
 
 PREFIX = "specviz bench: --compare-llamacpp:"
 BINARIES = ("llama-bench", "llama-speculative-simple")  # (llama-server is built too, but not run here)
@@ -113,26 +115,14 @@ def parse_version(text: str) -> str | None:
     return m[1] + (f", build {m[2]}, commit {m[3]}" if m[2] else "")
 
 
-def _has_flag(help_text: str, flag: str) -> bool:
-    return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text) is not None
-
-
 def speculative_flags(help_text: str) -> dict:
-    """The names this llama-speculative-simple accepts: 2025 builds renamed --draft-max/--draft-min/--draft-p-min to
-    --spec-draft-n-max/-n-min/-p-min (the old names now only say 'removed'), and need --spec-type draft-simple,
-    without which a draft model is loaded but never drafts."""
-    def pick(*names):
-        return next((n for n in names if _has_flag(help_text, n)), None)
-
-    flags = {"n_max": pick("--spec-draft-n-max", "--draft-max"), "n_min": pick("--spec-draft-n-min", "--draft-min"),
-             "p_min": pick("--spec-draft-p-min", "--draft-p-min")}
-    if flags["n_max"] is None:
-        raise LlamaCppOutputError("this llama-speculative-simple accepts neither --spec-draft-n-max nor --draft-max "
-                                  "(per its --help), so specviz cannot set K.")
-    flags["type"] = ["--spec-type", "draft-simple"] if _has_flag(help_text, "--spec-type") and \
-        "draft-simple" in help_text else []
+    """The names this llama-speculative-simple accepts (`engines.llama_server.flag_names`), and --no-escape."""
+    try:
+        flags = flag_names(help_text, "llama-speculative-simple")
+    except EngineError as e:
+        raise LlamaCppOutputError(str(e)) from None
     # the prompt carries the template's newlines as text: llama.cpp must not rewrite '\n' sequences in it
-    flags["no_escape"] = ["--no-escape"] if _has_flag(help_text, "--no-escape") else []
+    flags["no_escape"] = ["--no-escape"] if has_flag(help_text, "--no-escape") else []
     return flags
 
 

@@ -13,10 +13,10 @@ from collections.abc import Sequence
 from dataclasses import asdict
 
 import numpy as np
-from scipy import stats as scipy_stats
 
-from specviz.analysis.divergence import first_divergence
 from specviz.analysis.acceptance import calibration
+from specviz.analysis.divergence import first_divergence
+from specviz.analysis.intervals import ci95, ratio_of_ratios
 from specviz.analysis.predict import CostModel, best_k, predicted_speedup, predicted_speedup_for_rounds
 from specviz.analysis.stats import SpecStats, ratio, spec_stats, tree_acceptance
 from specviz.bench.runner import AR, AR_HF, UNTUNED, Bench, PromptResult, setting_name
@@ -51,16 +51,10 @@ def totals(results: Sequence[PromptResult], method: str) -> tuple[np.ndarray, np
     return np.array(tokens, float), np.array(seconds, float)
 
 
-def speedup_ci95(results: Sequence[PromptResult], method: str, base: str, n: int = 4999) -> list[float] | None:
+def speedup_ci95(results: Sequence[PromptResult], method: str, base: str) -> list[float] | None:
     """Bootstrap percentile interval of rate(method) / rate(base) over prompts; None below 3 prompts."""
-    if len(results) < 3:
-        return None
-    def statistic(tok, sec, base_tok, base_sec, axis=-1):
-        return (tok.sum(axis) / sec.sum(axis)) / (base_tok.sum(axis) / base_sec.sum(axis))
-    data = (*totals(results, method), *totals(results, base))
-    ci = scipy_stats.bootstrap(data, statistic, paired=True, vectorized=True, n_resamples=n, method="percentile",
-                               rng=np.random.default_rng(0)).confidence_interval
-    return [_round(ci.low), _round(ci.high)]
+    ci = ci95((*totals(results, method), *totals(results, base)), ratio_of_ratios)
+    return [_round(ci[0]), _round(ci[1])] if ci else None
 
 
 def pooled_spec(results: Sequence[PromptResult], method: str) -> SpecStats:

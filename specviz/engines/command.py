@@ -12,8 +12,6 @@ alone, the target with its draft) and prints the race command for them.
 from __future__ import annotations
 
 import json
-import os
-import platform
 import shlex
 import signal
 import sys
@@ -28,6 +26,7 @@ from specviz.engines.race import DRAFT, PLAIN, SPEC, Prompt, iter_race
 from specviz.engines.transport import make_client
 from specviz.runs.errors import InputError
 from specviz.runs.limits import CLI_LIMITS
+from specviz.runs.machine import machine
 from specviz.runs.options import add_options, options_of, values_of
 from specviz.runs.settings import validate
 
@@ -85,18 +84,7 @@ def load_prompts(path: str | None, limit: int | None) -> tuple[list[Prompt], tup
     from specviz.runs.atlas_input import read_file, read_prompts
 
     found = read_file(path, CLI_LIMITS) if path else read_prompts(*shipped_prompts(), CLI_LIMITS)
-    prompts = [Prompt(p.id, p.prompt, p.kind) for p in found.prompts][:limit]
-    return prompts, found.problems
-
-
-def machine() -> dict:
-    cpu = platform.processor() or platform.machine()
-    try:
-        cpu = next(line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                   if line.startswith("model name"))
-    except (OSError, StopIteration):
-        pass
-    return {"cpu": cpu, "cpu_count": os.cpu_count(), "python": platform.python_version()}
+    return list(found.prompts[:limit]), found.problems
 
 
 def describe(i) -> str:

@@ -60,18 +60,27 @@ def has_flag(help_text: str, flag: str) -> bool:
     return re.search(rf"(?<![\w-]){re.escape(flag)}(?![\w-])", help_text) is not None
 
 
-def draft_flags(help_text: str, k: int, p_min: float) -> list[str]:
-    """This build's names for: draft with the model, at most K tokens per round, stop below p_min."""
+def flag_names(help_text: str, tool: str) -> dict:
+    """The names this llama.cpp tool accepts for drafting: 2025 builds renamed --draft-max/--draft-min/--draft-p-min
+    to --spec-draft-n-max/-n-min/-p-min (the old names now only say 'removed'), and need --spec-type draft-simple,
+    without which a draft model is loaded but never drafts."""
     def pick(*names):
         return next((n for n in names if has_flag(help_text, n)), None)
 
-    n_max = pick("--spec-draft-n-max", "--draft-max")
-    if n_max is None:
-        raise EngineError("this llama-server accepts neither --spec-draft-n-max nor --draft-max (per its --help), "
-                          "so specviz cannot set K.")
-    p_flag = pick("--spec-draft-p-min", "--draft-p-min")
-    kind = ["--spec-type", "draft-simple"] if has_flag(help_text, "--spec-type") and "draft-simple" in help_text else []
-    return [*kind, n_max, str(k), *([p_flag, f"{p_min:g}"] if p_flag else [])]
+    flags = {"n_max": pick("--spec-draft-n-max", "--draft-max"), "n_min": pick("--spec-draft-n-min", "--draft-min"),
+             "p_min": pick("--spec-draft-p-min", "--draft-p-min"),
+             "type": ["--spec-type", "draft-simple"] if has_flag(help_text, "--spec-type") and
+             "draft-simple" in help_text else []}
+    if flags["n_max"] is None:
+        raise EngineError(f"this {tool} accepts neither --spec-draft-n-max nor --draft-max (per its --help), so "
+                          "specviz cannot set K.")
+    return flags
+
+
+def draft_flags(help_text: str, k: int, p_min: float) -> list[str]:
+    """This build's names for: draft with the model, at most K tokens per round, stop below p_min."""
+    f = flag_names(help_text, "llama-server")
+    return [*f["type"], f["n_max"], str(k), *([f["p_min"], f"{p_min:g}"] if f["p_min"] else [])]
 
 
 def commands(binary: Path, target: Path, draft: Path, port: int, k: int, p_min: float, threads: int, ctx: int,

@@ -19,16 +19,10 @@ from specviz.engine.config import DecodeConfig
 from specviz.engines.engine import Engine, complete
 from specviz.engines.policy import EnginePolicy
 from specviz.engines.results import RequestResult
+from specviz.runs.atlas_input import AtlasPrompt as Prompt  # a prompt file's line: id, prompt, kind
 
 SPEC, PLAIN, DRAFT = "speculative", "target alone", "draft alone"
 WARMUP_TOKENS = 8
-
-
-@dataclass(frozen=True)
-class Prompt:
-    id: str
-    text: str
-    kind: str = "other"
 
 
 @dataclass(frozen=True)
@@ -58,11 +52,7 @@ def iter_race(client: httpx.Client, policy: EnginePolicy, lanes: dict[str, Engin
     short = replace(config, max_new_tokens=min(WARMUP_TOKENS, config.max_new_tokens))
     for engine in lanes.values():
         for _ in range(warmup):
-            complete(client, policy, engine, prompts[0].text, short)
+            complete(client, policy, engine, prompts[0].prompt, short)
     for i, (repeat, prompt, lane) in enumerate(race_order(prompts, list(lanes), repeats, seed)):
-        yield Run(prompt, repeat, lane, i, complete(client, policy, lanes[lane], prompt.text, config))
+        yield Run(prompt, repeat, lane, i, complete(client, policy, lanes[lane], prompt.prompt, config))
 
-
-def run_race(client: httpx.Client, policy: EnginePolicy, lanes: dict[str, Engine], prompts: Sequence[Prompt],
-             config: DecodeConfig, repeats: int = 1, seed: int | None = 0, warmup: int = 1) -> tuple[Run, ...]:
-    return tuple(iter_race(client, policy, lanes, prompts, config, repeats, seed, warmup))

@@ -100,15 +100,6 @@ def get_text(client: httpx.Client, policy: EnginePolicy, url: str) -> str | None
         return b"".join(checked_chunks(response, url, policy, started)).decode("utf-8", "replace")
 
 
-def get_json(client: httpx.Client, policy: EnginePolicy, url: str):
-    """A GET's JSON body; None when the endpoint is absent or its body is not JSON (a probe, not a contract)."""
-    text = get_text(client, policy, url)
-    try:
-        return None if text is None else json.loads(text)
-    except ValueError:
-        return None
-
-
 def sse_data(chunks: Iterable[tuple[float, bytes]]) -> Iterator[tuple[float, str]]:
     """(arrival time, payload) of each `data:` line, from (arrival time, bytes) chunks; stops at [DONE]."""
     pending = b""

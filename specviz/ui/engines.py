@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from html import escape
 
 import gradio as gr
-import httpx
 import plotly.graph_objects as go
 
 from specviz.engine import DecodeConfig
@@ -23,6 +22,7 @@ from specviz.engines.policy import EngineError, EnginePolicy, display
 from specviz.engines.race import PLAIN, SPEC, Prompt, Run
 from specviz.engines.results import RequestResult
 from specviz.engines.summary import RaceSummary, summarise
+from specviz.engines.transport import make_client
 from specviz.runs.limits import Limits
 from specviz.runs.settings import validate
 from specviz.ui.figures import empty_figure
@@ -95,9 +95,8 @@ def positions_figure(s: RaceSummary | None) -> go.Figure:
     return fig
 
 
-def race_engines(policy: EnginePolicy, limits: Limits, spec_url, plain_url, prompt, max_new_tokens, temperature,
-                 client_of=lambda policy: httpx.Client(timeout=httpx.Timeout(policy.read_s, connect=policy.connect_s),
-                                                        follow_redirects=False)) -> Iterator[EnginesView]:
+def race_engines(policy: EnginePolicy, limits: Limits, spec_url, plain_url, prompt, max_new_tokens, temperature
+                 ) -> Iterator[EnginesView]:
     """Both lanes, one request at a time in a random order, each view as text arrives; then the summary."""
     if not policy.allowed:
         raise gr.Error(NO_ENGINE, print_exception=False)
@@ -107,7 +106,7 @@ def race_engines(policy: EnginePolicy, limits: Limits, spec_url, plain_url, prom
         if not text:
             raise EngineError("the prompt is empty: type one above.")
         urls = {SPEC: str(spec_url or ""), PLAIN: str(plain_url or "")}
-        with client_of(policy) as client:
+        with make_client(policy) as client:  # the CLI's client: no proxy from the environment
             lanes = {lane: connect(client, policy, url) for lane, url in urls.items()}
             shown = {SPEC: "waiting for its turn…", PLAIN: "waiting for its turn…"}
             texts = {SPEC: "", PLAIN: ""}

@@ -69,17 +69,16 @@ class FollowViews:
     def __init__(self):
         self.lock = threading.Lock()
         self.version, self.run, self.update = 0, 0, None
-        self.tokens_html, self.plotted = render.RoundsHtml(), 0
+        self.tokens_html = render.RoundsHtml()
 
     def update_for(self, published: Published) -> LiveUpdate:
         with self.lock:
             if published.version != self.version:
                 state = published.state
                 if published.run != self.run:
-                    self.run, self.tokens_html, self.plotted = published.run, render.RoundsHtml(), 0
+                    self.run, self.tokens_html = published.run, render.RoundsHtml()
                 # every follower needs the bars, even one who joined after the round they show was drawn
                 update = live_update(state, self.tokens_html, plot=bool(state.spec.events))
-                self.plotted = len(state.spec.events)
                 self.version, self.update = published.version, replace(
                     update, live=replace(update.live, speed=FOLLOWING + update.live.speed))
             return self.update
