@@ -97,7 +97,10 @@ async def follow(broadcast: Broadcast, followers: Followers, views: FollowViews,
                 seen = published.version
                 prompt = published.state.meta.prompt if published.run != run else gr.skip()
                 run = published.run
-                yield await anyio.to_thread.run_sync(views.update_for, published), prompt
+                update = await anyio.to_thread.run_sync(views.update_for, published)
+                if not followers.following(owner, n):  # left (its own Run) while the view was built: a late
+                    break  # "Following the presenter" would overwrite the visitor's own run
+                yield update, prompt
             await asyncio.sleep(poll)
     finally:
         followers.end(owner, n)
