@@ -266,6 +266,8 @@ def room_url():
         demo.close()
 
 
+# two pages at once: a wait polls on a timer, since the page not in front may get no animation frames (the
+# default polling) in headless Chromium
 SEEN_ROUNDS = """() => { window.svSeen = []; new MutationObserver(() => {
     const n = document.querySelectorAll('#sv-live-spec .sv-round').length;
     if (window.svSeen[window.svSeen.length - 1] !== n) window.svSeen.push(n); })
@@ -287,14 +289,14 @@ def test_a_visitor_follows_the_presenters_run_and_sees_its_rounds_appear(browser
         assert link.endswith("/?follow=1") and KEY not in presenter.content()
 
         visitor.goto(link)  # the link the presenter's page shows: following at once
-        visitor.wait_for_function(FOLLOWED, timeout=60_000)
+        visitor.wait_for_function(FOLLOWED, polling=250, timeout=60_000)
         assert visitor.is_checked("#sv-follow input")
 
         visitor.evaluate(SEEN_ROUNDS)  # the round counts the visitor's Live view goes through
         presenter.fill("#sv-prompt textarea", "she said that it was the one")
         presenter.click("#sv-run")
-        presenter.wait_for_function(FINISHED_LIVE, timeout=120_000)
-        visitor.wait_for_function(FINISHED_LIVE, timeout=60_000)
+        presenter.wait_for_function(FINISHED_LIVE, polling=250, timeout=120_000)
+        visitor.wait_for_function(FINISHED_LIVE, polling=250, timeout=60_000)
         seen = visitor.evaluate("window.svSeen")
         assert len([n for n in seen if n > 0]) >= 3, seen  # the rounds arrived one update after another
         assert visitor.inner_text("#sv-live-spec") == presenter.inner_text("#sv-live-spec")
@@ -307,8 +309,8 @@ def test_a_visitor_follows_the_presenters_run_and_sees_its_rounds_appear(browser
         visitor.get_by_role("tab", name="Live").click()
         visitor.fill("#sv-prompt textarea", PROMPT)
         visitor.click("#sv-run")  # the visitor's own Run leaves follow mode
-        visitor.wait_for_function("!document.querySelector('#sv-follow input').checked", timeout=30_000)
-        visitor.wait_for_function(FINISHED_LIVE + " && !(" + FOLLOWED + ")", timeout=120_000)
+        visitor.wait_for_function("!document.querySelector('#sv-follow input').checked", polling=250, timeout=30_000)
+        visitor.wait_for_function(FINISHED_LIVE + " && !(" + FOLLOWED + ")", polling=250, timeout=120_000)
     finally:
         for c in contexts:
             c.close()
