@@ -128,6 +128,9 @@ class Wiring:
             yield (gr.Tabs(selected="live"), *as_tuple(blank), *[gr.skip()] * (len(outs) - 5))
             async for update, prompt in follow(broadcast, followers, views, request.session_hash):
                 yield (*self.live_tuple(update), prompt)
+            # Gradio applies a stream's last output again when it completes: after the visitor left (its own
+            # Run), that would put the presenter's view back over the visitor's run
+            yield (gr.skip(),) * len(outs)
 
         def on_leave(request: gr.Request):
             followers.stop(request.session_hash)
