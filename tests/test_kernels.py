@@ -180,8 +180,8 @@ def test_greedy_speculation_on_a_quantized_tuned_target_equals_it_alone(quant, d
 
 def test_the_settings_tune_by_default_and_plain_keeps_the_kernels_as_loaded():
     loader = lambda *a, **k: tiny_pair()  # noqa: E731
-    served = load_spec(PairSpec("tiny", "tiny", draft_quant="none"), loader=loader)
-    plain = load_spec(PairSpec("tiny", "tiny", draft_quant="none", kernels="plain"), loader=loader)
+    served = load_spec(PairSpec("tiny", "tiny", draft_quant="none", step="eager"), loader=loader)
+    plain = load_spec(PairSpec("tiny", "tiny", draft_quant="none", kernels="plain", step="eager"), loader=loader)
     assert any(isinstance(m, TunedLinear) for m in served.target.modules())
     assert any(isinstance(m, TunedLinear) for m in served.draft.modules())  # one dispatcher: the draft's too
     assert not any(isinstance(m, TunedLinear) for m in [*plain.target.modules(), *plain.draft.modules()])

@@ -10,16 +10,14 @@ from __future__ import annotations
 import statistics
 
 import torch
-from transformers import DynamicCache
-
 from specviz.bench.noise import calmest, timed
 from specviz.analysis.predict import CostModel
-from specviz.engine.plumbing import clock, rollback
+from specviz.engine.plumbing import clock, new_cache, rollback
 
 
 def _forward_times(model, prompt_ids: list[int], sizes: list[int], reps: int, device) -> dict[int, float]:
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-    cache = DynamicCache()
+    cache = new_cache(model)
     model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
     keep = ids.shape[1]
     times: dict[int, list[float]] = {n: [] for n in sizes}

@@ -12,11 +12,9 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
 import torch
-from transformers import DynamicCache
-
 from specviz.engine.cuts import StopRule
 from specviz.engine.early_exit import EarlyExit, early_exit_problem
-from specviz.engine.plumbing import PromptCache, fit_ids, model_vocab, pad_vocab, prefilled, rollback
+from specviz.engine.plumbing import PromptCache, fit_ids, model_vocab, new_cache, pad_vocab, prefilled, rollback
 from specviz.engine.sampling import SamplingParams, draw, logits_to_probs
 
 
@@ -57,20 +55,21 @@ class ModelDrafter:
     """
 
     name = "model"
+    static = True  # may use the model's static cache (a compiled step); a drafter that reorders its cache may not
 
     def __init__(self, model, sampling: SamplingParams, generator, vocab_size: int, stop: StopRule | None = None,
                  prompt_cache: PromptCache | None = None):
         self.model, self.sampling, self.generator = model, sampling, generator
         self.vocab_size, self.stop, self.prompt_cache = vocab_size, stop, prompt_cache
         self.rows = model_vocab(model)  # < vocab_size when the target's vocabulary is larger
-        self.cache = DynamicCache()
+        self.cache = new_cache(model, self.static)
 
     def fit(self, ids: torch.Tensor) -> torch.Tensor:
         return fit_ids(ids, self.rows) if self.rows < self.vocab_size else ids
 
     @torch.inference_mode()
     def prefill(self, ids: torch.Tensor) -> None:
-        self.cache = prefilled(self.model, self.fit(ids), self.prompt_cache)
+        self.cache = prefilled(self.model, self.fit(ids), self.prompt_cache, static=self.static)
 
     # three seams where a draft with another vocabulary (`MappedDrafter`) differs: what it reads of the
     # committed tokens, how its scores become the target's, and how it reads back a token it drafted
@@ -162,7 +161,8 @@ class MappedDrafter(ModelDrafter):
     def prefill(self, ids: torch.Tensor) -> None:
         self.mapped, self.covered, self.kept, self.drafted = [], 0, [], []
         self.read_committed(ids)
-        self.cache = prefilled(self.model, self.tensor(self.mapped, ids.device), self.prompt_cache)
+        self.cache = prefilled(self.model, self.tensor(self.mapped, ids.device), self.prompt_cache,
+                               static=self.static)
 
     def context(self, ids: torch.Tensor) -> torch.Tensor:
         self.read_committed(ids)

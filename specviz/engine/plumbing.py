@@ -47,6 +47,14 @@ def prefill(model, cache, ids: torch.Tensor) -> None:
         model(ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
 
 
+def new_cache(model, static: bool = True):
+    """A fresh KV cache for `model`. A model with a compiled one-token step (`models.compiled`) hands out the
+    static caches its step was compiled for; any other model, and any caller that reorders a cache (trees:
+    `static=False`), gets a DynamicCache. Both are read and cut the same way: `get_seq_length`, `crop(-n)`."""
+    make = getattr(model, "new_cache", None) if static else None
+    return make() if make is not None else DynamicCache()
+
+
 class PromptCache:
     """Prompts read once per model, handed out as copies: many runs of one prompt (the proof, the
     same-distribution experiment) then pay its prefill once, and each run still crops its own cache."""
@@ -54,20 +62,21 @@ class PromptCache:
     def __init__(self):
         self.saved: dict[tuple, DynamicCache] = {}
 
-    def copy(self, model, ids: torch.Tensor) -> DynamicCache:
+    def copy(self, model, ids: torch.Tensor, static: bool = True):
         # keyed by the model itself, not its id: an id is reused once its object is gone, and equal views
         # of one model (the self drafter's early exit at one depth) must share an entry
-        key = (model, tuple(ids[0].tolist()))
+        key = (model, tuple(ids[0].tolist()), static)
         if key not in self.saved:
-            self.saved[key] = prefilled(model, ids)
+            self.saved[key] = prefilled(model, ids, static=static)
         return copy.deepcopy(self.saved[key])
 
 
-def prefilled(model, ids: torch.Tensor, prompt_cache: PromptCache | None = None) -> DynamicCache:
-    """A cache holding the prompt (see `prefill`): read now, or copied from `prompt_cache`."""
+def prefilled(model, ids: torch.Tensor, prompt_cache: PromptCache | None = None, *, static: bool = True):
+    """A cache holding the prompt (see `prefill`): read now, or copied from `prompt_cache`; `static`: see
+    `new_cache`."""
     if prompt_cache is not None:
-        return prompt_cache.copy(model, ids)
-    cache = DynamicCache()
+        return prompt_cache.copy(model, ids, static)
+    cache = new_cache(model, static)
     prefill(model, cache, ids)
     return cache
 

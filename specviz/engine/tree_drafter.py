@@ -55,6 +55,7 @@ class _Candidate:
 
 class TreeDrafter(ModelDrafter):
     name = "tree"
+    static = False  # it reorders its cache (`keep_path`): a dynamic one
 
     def __init__(self, model, sampling: SamplingParams, vocab_size: int, width: int = TREE_WIDTH,
                  prompt_cache: PromptCache | None = None, cut: float = 0.0):

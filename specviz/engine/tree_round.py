@@ -56,7 +56,7 @@ def tree_generate(pair, prompt_ids: list[int], config, *, prompt_cache: PromptCa
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     generated: list[int] = []
     t0 = clock(device)
-    cache = prefilled(pair.target, ids, prompt_cache)
+    cache = prefilled(pair.target, ids, prompt_cache, static=False)  # reordered by keep_path: a dynamic cache
     drafter.prefill(ids)
     prefill_time = clock(device) - t0
     for index in range(config.max_new_tokens):

@@ -28,6 +28,7 @@ from specviz.models.pair import (
     DTYPES, EMBEDDED, OUT_OF_MEMORY, TINY, ModelLoadError, ModelPair, PairSpec, model_vocab, release_memory, resolve_device,
     resolve_dtype,
 )
+from specviz.models.synthetic import is_synthetic, synthetic_pair
 from specviz.models.tiny import tiny_pair
 
 log = logging.getLogger(__name__)
@@ -207,6 +208,9 @@ def load_pair(draft: str | None = EMBEDDED, target: str = EMBEDDED, *, device: s
         return tiny_pair(device=device, dtype=DTYPES.get(dtype, torch.float32))
     dev = resolve_device(device)
     dt = resolve_dtype(dtype, dev)
+    if is_synthetic(target) or is_synthetic(draft):  # random weights of a real shape: costs, not acceptance
+        status(f"Building {_display(draft, 'draft')} → {target} with random weights on {dev}…")
+        return synthetic_pair(draft, target, device=str(dev), dtype=dt)
     if dtype == "auto" and dev.type == "cpu":
         status(f"dtype auto: {str(dt).removeprefix('torch.')}, the faster tuned one-token step on this CPU "
                "(measured once, cached; --dtype float32 is where exactness is proven)")
@@ -261,12 +265,16 @@ def load_spec(spec: PairSpec, *, loader: Callable[..., ModelPair] = load_pair, s
 
 
 def with_speedups(pair: ModelPair, spec: PairSpec, status: Status = log.info) -> ModelPair:
-    """`pair` with the target's precision and the kernels `spec` asks for; the loaded models stay as they are."""
+    """`pair` with the target's precision, the kernels and the one-token steps `spec` asks for; the loaded models
+    stay as they are."""
     from specviz.models.draft import DraftQuant, with_cheaper_draft  # torch kernels: only when asked for
+    from specviz.models.steps import with_steps
     from specviz.models.target import with_target, with_tuned_draft
 
+    loaded = pair
     pair, _ = with_target(pair, spec.target_quant, spec.kernels, status)
     if spec.draft_quant != "none" and pair.draft is not None:
         status(f"Packing the draft's weights as {spec.draft_quant}…")
         pair = with_cheaper_draft(pair, DraftQuant.named(spec.draft_quant))
-    return with_tuned_draft(pair, status) if spec.kernels == "tuned" else pair
+    eager = with_tuned_draft(pair, status) if spec.kernels == "tuned" else pair
+    return with_steps(loaded, eager, spec, status)

@@ -19,6 +19,7 @@ import torch
 
 from specviz.models.embedded import converted_dir, embedded_model, is_converted
 from specviz.models.loading import locate
+from specviz.models.synthetic import is_synthetic, shape_of
 from specviz.models.pair import TINY, ModelLoadError, ModelPair, PairSpec, resolve_device, resolve_dtype
 
 GB = 1e9
@@ -47,11 +48,15 @@ def pair_bytes(pair: ModelPair | None) -> dict[str, int]:
 def parameter_count(source: str | None, role: str) -> int | None:
     """Parameters of the model `source` names, from its config alone; None when no config can be read
     without loading (a hub id not in the cache, a tiny pair, model code the server would not run)."""
-    from accelerate import init_empty_weights
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig
 
     if source in (None, TINY):
         return None
+    if is_synthetic(source):  # a published shape: its config is known without any file
+        try:
+            return _count_on_meta(shape_of(source).config())
+        except ModelLoadError:
+            return None  # an unknown shape: the load names the known ones
     if (embedded := embedded_model(source, role)) is not None:
         if not is_converted(embedded):
             return None
@@ -62,11 +67,19 @@ def parameter_count(source: str | None, role: str) -> int | None:
         except ModelLoadError:
             return None  # the load says what is wrong with the name, in its own words
     try:
-        config = AutoConfig.from_pretrained(folder, trust_remote_code=False, **kw)
-        with init_empty_weights():
-            model = AutoModelForCausalLM.from_config(config)
+        return _count_on_meta(AutoConfig.from_pretrained(folder, trust_remote_code=False, **kw))
     except Exception:  # noqa: BLE001 - no estimate; whatever is wrong, loading reports it properly
         return None
+
+
+def _count_on_meta(config) -> int:
+    """Parameters of the model `config` describes, built on the meta device (no memory, no weights). Built as a
+    model is, so a tied head stays the embedding (accelerate's `init_empty_weights` unties them: a tied 0.5B
+    model counted 630M)."""
+    from transformers import AutoModelForCausalLM
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
     return sum(p.numel() for p in model.parameters())  # tied embeddings counted once
 
 

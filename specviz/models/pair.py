@@ -19,6 +19,7 @@ Dtype = Literal["auto", "float32", "bfloat16", "float16"]
 DraftQuantName = Literal["int4", "int8", "none"]
 Kernels = Literal["tuned", "plain"]
 TargetQuant = Literal["none", "int8", "int4"]
+Step = Literal["auto", "eager", "compiled"]
 
 
 @dataclass(frozen=True)
@@ -53,6 +54,10 @@ class PairSpec:
                                          "each kernel (dense, oneDNN-packed, padded to more rows) and send each "
                                          "to the fastest, for both lanes (once per machine, cached); plain = as "
                                          "loaded")
+    step: Step = Field("auto", title="one-token step",
+                       description="compiled = each model's one-token step compiled (torch.compile, CUDA graphs on "
+                                   "a GPU) on a static KV cache; eager = as the kernels above run it; auto = "
+                                   "whichever was measured faster for each model on this machine (once, cached)")
 
     @property
     def label(self) -> str:

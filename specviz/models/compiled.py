@@ -1,0 +1,190 @@
+"""A compiled one-token step on a static KV cache: what a GPU needs before a small draft is cheap.
+
+Eager PyTorch launches every small kernel of a forward from Python, hundreds per step. On a GPU a big
+target's step is still bound by reading its weights, but a small draft's step is then bound by those
+launches, and can cost most of a target step (c near 1, where speculation loses). `torch.compile` fuses
+the step, and on CUDA replays it as one CUDA graph (`mode="reduce-overhead"`); a graph needs every tensor
+at a fixed address and a fixed shape, so the KV cache is preallocated to `max_len` tokens (a static cache)
+and only the one-token step is compiled: the draft's step and the target-alone step. Wider forwards (the
+prompt, a verify over K + 1 tokens) run eagerly on the same cache.
+
+The engine uses a static cache as it uses a dynamic one (`engine.plumbing.new_cache` asks the model for
+one; `get_seq_length`, `crop(-n)`): its length is kept on the host, so reading it costs no device sync, and
+cropping only moves the write position back (entries past it are masked by position, then overwritten).
+Trees keep dynamic caches (they reorder them) and so never run compiled.
+
+Whether compiling pays is measured, not assumed (`measure_steps`, chosen per model, cached per machine): a
+compiled step computes the same logits up to rounding, and exactness holds against the model as it runs,
+in both lanes.
+"""
+
+from __future__ import annotations
+
+import copy
+import inspect
+import logging
+import statistics
+import weakref
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+MAX_LEN = 4096  # tokens a static cache holds: the server's longest prompt and reply, with room for a round
+
+
+class StaticKV:
+    """One run's static KV cache, used like a DynamicCache: `get_seq_length()` (a host int: no sync) and
+    `crop(-n)`. Its buffers come from, and go back to, the compiled model's pool (`StaticPool`)."""
+
+    def __init__(self, pool: StaticPool):
+        self.pool, self.hf, self.length = pool, pool.take(), 0
+        weakref.finalize(self, pool.give_back, self.hf)  # a run's cache is dropped, never closed: return it then
+
+    def get_seq_length(self, layer: int = 0) -> int:
+        return self.length
+
+    def crop(self, n: int) -> None:
+        """transformers 5's convention: crop(-n) removes the last n tokens."""
+        if n >= 0:
+            raise ValueError("a static cache is cropped by a negative count: crop(-n) removes n tokens")
+        n = min(-n, self.length)
+        for layer in self.hf.layers:  # the write position moves back; stale entries are masked, then overwritten
+            layer.cumulative_length.sub_(n)
+        self.length -= n
+
+    def __deepcopy__(self, memo) -> StaticKV:
+        """A copy holding the same tokens in buffers of its own (a prompt read once, handed out per run)."""
+        twin = StaticKV(self.pool)
+        for mine, theirs in zip(self.hf.layers, twin.hf.layers):
+            theirs.keys.copy_(mine.keys)
+            theirs.values.copy_(mine.values)
+            theirs.cumulative_length.copy_(mine.cumulative_length)
+        twin.length = self.length
+        return twin
+
+
+class StaticPool:
+    """The static caches of one compiled model, reused: a compiled graph is specialised to its buffers'
+    addresses (CUDA graphs copy any other tensor in at every replay), so runs borrow buffers instead of
+    allocating new ones, and at most a few sets ever exist."""
+
+    def __init__(self, config, max_len: int, dtype: torch.dtype, device: torch.device):
+        self.config, self.max_len, self.dtype, self.device = config, max_len, dtype, device
+        self.free: list = []
+
+    def take(self):
+        from transformers import StaticCache
+
+        if self.free:
+            cache = self.free.pop()
+        else:
+            text = self.config.get_text_config()
+            cache = StaticCache(config=text, max_cache_len=self.max_len)
+            head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+            cache.early_initialization(1, text.num_key_value_heads, head_dim, self.dtype, self.device)
+        for layer in cache.layers:
+            layer.cumulative_length.zero_()
+        return cache
+
+    def give_back(self, cache) -> None:
+        self.free.append(cache)
+
+
+def compile_mode(device: torch.device) -> str | None:
+    """CUDA graphs on a GPU (the launches are what a step loses there); inductor's default on a CPU."""
+    return "reduce-overhead" if device.type == "cuda" else None
+
+
+def with_compiled_step(model: nn.Module, max_len: int = MAX_LEN) -> nn.Module:
+    """A copy of a Hugging Face causal LM (its weights shared) whose one-token forwards on its own static caches
+    run compiled; `new_cache()` hands out those caches. Any other call runs the model's own forward."""
+    param = next(model.parameters())
+    fast = copy.deepcopy(model, memo={id(t): t for t in [*model.parameters(), *model.buffers()]})
+    eager = fast.forward  # the class's forward, bound to the copy
+    # transformers renamed the cache argument (past_key_values -> cache); inside the graph, use the current name
+    cache_arg = "cache" if "cache" in inspect.signature(eager).parameters else "past_key_values"
+    step = torch.compile(eager, mode=compile_mode(param.device), dynamic=False)
+    limit = min(max_len, getattr(model.config.get_text_config(), "max_position_embeddings", max_len) or max_len)
+    pool = StaticPool(model.config, limit, param.dtype, param.device)
+
+    def forward(input_ids=None, past_key_values=None, use_cache=True, logits_to_keep=0, **kw):
+        if not isinstance(past_key_values, StaticKV):
+            return eager(input_ids, past_key_values=past_key_values, use_cache=use_cache,
+                         logits_to_keep=logits_to_keep, **kw)
+        n = input_ids.shape[1]
+        if past_key_values.length + n > pool.max_len:
+            raise ValueError(f"this run needs more than the {pool.max_len} tokens the compiled step's static cache "
+                             "holds: use a shorter prompt or fewer new tokens, or --step eager.")
+        if n == 1 and not kw:
+            if param.device.type == "cuda":
+                torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs were copied out: reuse them
+            # a fresh (1, 1) tensor: a slice of the ids would carry their row's stride, and each new stride would
+            # compile the step again
+            one = input_ids.new_empty((1, 1)).copy_(input_ids)
+            out = step(one, **{cache_arg: past_key_values.hf}, use_cache=True, logits_to_keep=logits_to_keep)
+            out.logits = out.logits.clone()  # a CUDA graph's output is overwritten by its next replay
+        else:
+            out = eager(input_ids, **{cache_arg: past_key_values.hf}, use_cache=True, logits_to_keep=logits_to_keep,
+                        **kw)
+        past_key_values.length += n
+        return out
+
+    fast.forward = forward  # an instance attribute: nn.Module.__call__ finds it before the class's
+    fast.new_cache = lambda: StaticKV(pool)
+    fast.compiled_step = True
+    return fast.eval()
+
+
+def is_compiled(model) -> bool:
+    return getattr(model, "compiled_step", False)
+
+
+# ---- choosing by measurement ---------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class StepTimes:
+    """One model's one-token step, eager (as the pair otherwise runs it) and compiled, in seconds."""
+
+    eager_s: float
+    compiled_s: float
+    compile_s: float  # the compilation itself, paid once per process
+
+    @property
+    def compiled_wins(self) -> bool:
+        return self.compiled_s < self.eager_s
+
+
+def time_step(model: nn.Module, prompt_ids: list[int], reps: int = 9, warmup: int = 3) -> float:
+    """Median seconds of one-token forwards after a prompt, each cropped back off (so all at one length)."""
+    from specviz.engine.plumbing import clock, new_cache, rollback
+
+    device = next(model.parameters()).device
+    ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
+    times = []
+    with torch.inference_mode():
+        cache = new_cache(model)
+        model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        keep = cache.get_seq_length()
+        for rep in range(warmup + reps):
+            t0 = clock(device)
+            model(ids[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1).logits.float()
+            t1 = clock(device)
+            rollback(cache, keep)
+            if rep >= warmup:
+                times.append(t1 - t0)
+    return statistics.median(times)
+
+
+def measure_step(eager: nn.Module, compiled: nn.Module, prompt_ids: list[int],
+                 timer: Callable[..., float] = time_step) -> StepTimes:
+    """Both steps of one model on one prompt; the first compiled call (the compilation) timed apart."""
+    import time
+
+    t0 = time.perf_counter()
+    timer(compiled, prompt_ids, reps=1, warmup=0)
+    compile_s = time.perf_counter() - t0
+    return StepTimes(eager_s=timer(eager, prompt_ids), compiled_s=timer(compiled, prompt_ids), compile_s=compile_s)

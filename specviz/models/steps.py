@@ -1,0 +1,91 @@
+"""Each model's one-token step, eager or compiled: chosen as `PairSpec.step` says, by measurement for `auto`.
+
+The eager step is the model as the pair otherwise runs it (on a CPU: tuned kernels, the lean int4 draft step);
+the compiled step is the loaded model compiled on a static cache (`compiled.with_compiled_step`). Which is faster
+depends on the machine: on a GPU compiling removes the launch overhead that dominates a small draft's step, on
+a CPU it may lose to hand-picked kernels. So `auto` times both for each model once, and keeps the answer per
+machine, torch, thread count, dtype and model (beside the kernel tables): later loads compile only a model
+whose compiled step won.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from collections.abc import Callable
+from dataclasses import asdict, replace
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from specviz.models.compiled import StepTimes, measure_step, with_compiled_step
+from specviz.models.kernel_table import KernelKey, table_path
+from specviz.models.pair import ModelLoadError, ModelPair, PairSpec
+
+log = logging.getLogger(__name__)
+
+Measure = Callable[[nn.Module, nn.Module, list[int]], StepTimes]
+ROLES = ("draft", "target")
+
+
+def compilable(model, spec: PairSpec, role: str) -> bool:
+    """A Hugging Face causal LM as loaded (a quantized target's custom kernels are not compiled)."""
+    return (model is not None and hasattr(model, "config") and hasattr(model, "generate")
+            and not (role == "target" and spec.target_quant != "none"))
+
+
+def probe_ids(model, n: int = 64) -> list[int]:
+    """A prompt any model can read: n ids spread over its vocabulary (what a step costs does not depend on them)."""
+    rows = model.config.get_text_config().vocab_size
+    return [(7919 * i) % (rows - 1) + 1 for i in range(n)]
+
+
+def step_key(eager: nn.Module, compiled: nn.Module, device: torch.device) -> KernelKey:
+    """What a choice depends on: the machine (as a kernel table's), dtype and both models' module trees."""
+    tree = hashlib.sha256(f"{eager!r}|{compiled!r}|{next(eager.parameters()).dtype}".encode()).hexdigest()[:20]
+    return KernelKey.of([f"step:{tree}"], device, [1])
+
+
+def measured_steps(eager: nn.Module, compiled: nn.Module, device: torch.device, measure: Measure = measure_step,
+                   folder: Path | None = None, status: Callable[[str], None] = log.info) -> StepTimes:
+    """Both steps' times for one model: from the cache where this machine measured them, else measured now."""
+    key = step_key(eager, compiled, device)
+    path = table_path(key, folder).with_name(f"step-{key.digest()}.json")
+    try:
+        data = json.loads(path.read_text())
+        if data.get("key") == json.loads(json.dumps(asdict(key))):
+            return StepTimes(**data["times"])
+    except (OSError, ValueError, TypeError):
+        pass
+    status("Timing the eager and the compiled one-token step on this machine (once; cached)…")
+    times = measure(eager, compiled, probe_ids(compiled))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps({"key": asdict(key), "times": asdict(times)}, indent=1))
+    return times
+
+
+def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Callable[[str], None] = log.info,
+               measure: Measure = measure_step, folder: Path | None = None) -> ModelPair:
+    """`eager` (the pair on its eager speed-ups) with each model's step as `spec.step` asks: compiled from the
+    `loaded` model, or left as it is; for `auto`, whichever `measured_steps` found faster."""
+    if spec.step == "eager":
+        return eager
+    chosen = {}
+    for role in ROLES:
+        model = getattr(loaded, role)
+        if not compilable(model, spec, role):
+            if spec.step == "compiled" and model is not None:
+                raise ModelLoadError(f"the {role} runs on custom kernels (--target-quant {spec.target_quant}) that "
+                                     "are not compiled: use --step eager or --target-quant none.")
+            continue
+        status(f"Compiling the {role}'s one-token step…")
+        compiled = with_compiled_step(model)
+        if spec.step == "auto":
+            times = measured_steps(getattr(eager, role), compiled, loaded.device, measure, folder, status)
+            if not times.compiled_wins:
+                continue
+        chosen[role] = compiled
+    names = {f"{role}_name": f"{getattr(loaded, f'{role}_name')} [compiled step]" for role in chosen}
+    return replace(eager, **chosen, **names)

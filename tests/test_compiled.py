@@ -1,0 +1,163 @@
+"""The compiled one-token step on a static KV cache: the same tokens as the eager model, the cache read and cut
+as a dynamic one, and the choice between them made by measurement (`PairSpec.step`)."""
+
+from __future__ import annotations
+
+import copy
+import gc
+from dataclasses import replace
+
+import pytest
+import torch
+
+from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
+from specviz.engine.plumbing import new_cache, prefilled, rollback
+from specviz.models import ModelLoadError, PairSpec
+from specviz.models.compiled import MAX_LEN, StaticKV, StepTimes, is_compiled, with_compiled_step
+from specviz.models.loading import load_spec
+from specviz.models.steps import with_steps
+from specviz.models.synthetic import prompt_ids, synthetic_pair
+from specviz.models.tiny import tiny_pair
+
+MINI = ("synthetic:mini-draft", "synthetic:mini-target")
+
+
+@pytest.fixture(scope="module")
+def pairs():
+    """The mini synthetic pair (vocabularies differing by padding, as Qwen2.5 0.5B and 7B), eager and compiled."""
+    eager = synthetic_pair(*MINI, device="cpu", dtype=torch.float32, seed=5)
+    compiled = replace(eager, draft=with_compiled_step(eager.draft, max_len=256),
+                       target=with_compiled_step(eager.target, max_len=256))
+    return eager, compiled
+
+
+def test_the_compiled_copy_shares_the_weights_and_hands_out_static_caches(pairs):
+    eager, compiled = pairs
+    assert is_compiled(compiled.target) and not is_compiled(eager.target)
+    assert compiled.target.lm_head.weight is eager.target.lm_head.weight
+    assert isinstance(new_cache(compiled.target), StaticKV)
+    assert not isinstance(new_cache(compiled.target, static=False), StaticKV)  # trees ask for a dynamic one
+    assert not isinstance(new_cache(eager.target), StaticKV)
+
+
+@torch.inference_mode()
+def test_the_static_cache_reads_and_cuts_like_a_dynamic_one(pairs):
+    """Logits after every kind of move (prompt, one token, a verify, a cut, a copy) equal the eager model's on a
+    DynamicCache doing the same, to float32 rounding."""
+    eager, compiled = pairs
+    ids = torch.tensor([prompt_ids(30, 1000, seed=2)])
+    static, dynamic = prefilled(compiled.target, ids[:, :20]), prefilled(eager.target, ids[:, :20])
+    assert isinstance(static, StaticKV) and static.get_seq_length() == dynamic.get_seq_length() == 19
+
+    def both(feed, keep=1):
+        a = compiled.target(feed, past_key_values=static, use_cache=True, logits_to_keep=keep).logits
+        b = eager.target(feed, past_key_values=dynamic, use_cache=True, logits_to_keep=keep).logits
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        assert static.get_seq_length() == dynamic.get_seq_length()
+
+    both(ids[:, 19:20])  # the compiled step
+    both(ids[:, 20:26], keep=6)  # a verify, eager on the static cache
+    rollback(static, 22), rollback(dynamic, 22)  # the round's cut
+    assert static.get_seq_length() == 22
+    both(ids[:, 22:23])  # overwrites the stale entry at 22
+    twin = copy.deepcopy(static)
+    both(ids[:, 23:24])
+    assert twin.get_seq_length() == 23  # the copy did not move with the original
+    with pytest.raises(ValueError, match="negative count"):
+        static.crop(1)
+
+
+@torch.inference_mode()
+def test_the_step_is_compiled_once_for_every_position_and_cache():
+    """Each token at a new position, fed as a slice of the run's ids (its stride differs every time), and a second
+    run's cache: one graph. A recompilation per step would, after torch's limit of 8, silently run eager."""
+    from torch._dynamo.utils import counters
+
+    model = with_compiled_step(synthetic_pair(None, MINI[1], device="cpu", seed=9).target, max_len=128)
+    prompt = prompt_ids(60, 1000, seed=3)
+    before = counters["stats"]["unique_graphs"]
+    for start in (10, 12):
+        cache = prefilled(model, torch.tensor([prompt[:start]]))
+        for i in range(start, 40):  # the last token of the ids so far, as the round loop feeds it
+            model(torch.tensor([prompt[:i]])[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+    assert counters["stats"]["unique_graphs"] - before == 1
+
+
+def test_a_dropped_run_gives_its_buffers_back():
+    """At most a few sets of static buffers exist per model: a graph is specialised to their addresses."""
+    model = with_compiled_step(synthetic_pair(None, MINI[1], device="cpu").target, max_len=64)
+    first = new_cache(model)
+    held = first.hf
+    del first
+    gc.collect()
+    again = new_cache(model)
+    assert again.hf is held and again.get_seq_length() == 0
+
+
+@pytest.mark.parametrize("drafter", ["model", "tree", "hybrid"])
+def test_greedy_output_on_the_compiled_steps_is_the_target_alone(pairs, drafter):
+    """Float32, where exactness is proven: the target alone eager and compiled, and speculation on compiled steps
+    (a tree's caches stay dynamic), give one text, through the padded vocabulary of the pair."""
+    eager, compiled = pairs
+    config = DecodeConfig(k=4, max_new_tokens=40, adaptive="fixed", drafter=drafter, tree_budget=8)
+    prompt = prompt_ids(16, 1000, seed=4)
+    alone = [s.token.id for s in autoregressive_generate(eager, prompt, config)]
+    assert [s.token.id for s in autoregressive_generate(compiled, prompt, config)] == alone
+    rounds = list(speculative_generate(compiled, prompt, config))
+    assert [t for r in rounds for t in r.new_token_ids] == alone
+
+
+def test_sampled_output_on_the_compiled_steps_is_seeded_like_the_eager_one(pairs):
+    """Sampling draws from the same generator in the same order: a seeded run on compiled steps repeats the eager
+    run's tokens whenever the logits agree to rounding (here, always)."""
+    eager, compiled = pairs
+    config = DecodeConfig(k=3, max_new_tokens=30, adaptive="fixed", sampling=SamplingParams(1.0), seed=11)
+    prompt = prompt_ids(10, 1000, seed=6)
+    runs = [[t for r in speculative_generate(p, prompt, config) for t in r.new_token_ids] for p in (eager, compiled)]
+    assert runs[0] == runs[1]
+
+
+def test_a_run_longer_than_the_static_cache_is_one_sentence():
+    model = with_compiled_step(synthetic_pair(None, MINI[1], device="cpu").target, max_len=16)
+    with pytest.raises(ValueError, match="more than the 16 tokens the compiled step's static cache holds"):
+        prefilled(model, torch.tensor([prompt_ids(20, 1000)]))
+    assert MAX_LEN >= 2048 + 512 + 17  # the server's longest prompt and reply, and a round past them
+
+
+class FakeMeasure:
+    """Step times by role, as if measured: the draft's compiled step faster, the target's slower."""
+
+    def __init__(self):
+        self.calls = 0
+
+    def __call__(self, eager, compiled, prompt):
+        self.calls += 1
+        big = eager.config.hidden_size > 64
+        return StepTimes(eager_s=0.010, compiled_s=0.020 if big else 0.004, compile_s=1.0)
+
+
+def test_auto_compiles_each_model_whose_compiled_step_measured_faster_and_remembers(tmp_path):
+    loaded = synthetic_pair(*MINI, device="cpu")
+    spec = PairSpec(*MINI, device="cpu", step="auto")
+    measure = FakeMeasure()
+    pair = with_steps(loaded, loaded, spec, measure=measure, folder=tmp_path)
+    assert is_compiled(pair.draft) and not is_compiled(pair.target)
+    assert pair.draft_name.endswith("[compiled step]") and pair.target_name == MINI[1]
+    assert measure.calls == 2
+    again = with_steps(loaded, loaded, spec, measure=measure, folder=tmp_path)
+    assert measure.calls == 2 and is_compiled(again.draft) and not is_compiled(again.target)  # from the cache
+
+
+def test_eager_and_compiled_are_taken_as_asked(tmp_path):
+    loaded = synthetic_pair(*MINI, device="cpu")
+    measure = FakeMeasure()
+    eager = with_steps(loaded, loaded, PairSpec(*MINI, step="eager"), measure=measure, folder=tmp_path)
+    assert eager is loaded
+    both = with_steps(loaded, loaded, PairSpec(*MINI, step="compiled"), measure=measure, folder=tmp_path)
+    assert is_compiled(both.draft) and is_compiled(both.target) and measure.calls == 0
+
+
+def test_a_quantized_target_is_not_compiled():
+    spec = PairSpec("tiny", "tiny", draft_quant="none", target_quant="int8", step="compiled")
+    with pytest.raises(ModelLoadError, match="--step eager or --target-quant none"):
+        load_spec(spec, loader=lambda *a, **k: tiny_pair())
