@@ -24,12 +24,15 @@ import copy
 import inspect
 import logging
 import statistics
+import time
 import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
+
+from specviz.models.kernels import sync
 
 log = logging.getLogger(__name__)
 
@@ -159,31 +162,32 @@ class StepTimes:
 
 
 def time_step(model: nn.Module, prompt_ids: list[int], reps: int = 9, warmup: int = 3) -> float:
-    """Median seconds of one-token forwards after a prompt, each cropped back off (so all at one length)."""
-    from specviz.engine.plumbing import clock, new_cache, rollback
+    """Median seconds of one-token forwards after a prompt, each cropped back off (so all at one length), on the
+    cache the engine would give the model (static for a compiled one)."""
+    from transformers import DynamicCache
 
     device = next(model.parameters()).device
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     times = []
     with torch.inference_mode():
-        cache = new_cache(model)
+        cache = getattr(model, "new_cache", DynamicCache)()
         model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        keep = cache.get_seq_length()
         for rep in range(warmup + reps):
-            t0 = clock(device)
+            sync(device)
+            t0 = time.perf_counter()
             model(ids[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1).logits.float()
-            t1 = clock(device)
-            rollback(cache, keep)
+            sync(device)
+            t1 = time.perf_counter()
+            cache.crop(-1)
             if rep >= warmup:
                 times.append(t1 - t0)
     return statistics.median(times)
 
 
+
 def measure_step(eager: nn.Module, compiled: nn.Module, prompt_ids: list[int],
                  timer: Callable[..., float] = time_step) -> StepTimes:
     """Both steps of one model on one prompt; the first compiled call (the compilation) timed apart."""
-    import time
-
     t0 = time.perf_counter()
     timer(compiled, prompt_ids, reps=1, warmup=0)
     compile_s = time.perf_counter() - t0

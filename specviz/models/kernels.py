@@ -205,7 +205,8 @@ def sites(model: nn.Module, skip: tuple[str, ...] = ("full",)) -> list[tuple[nn.
 
 # ---- timing -------------------------------------------------------------------------------------------------
 
-def _sync(device: torch.device) -> None:
+def sync(device: torch.device) -> None:
+    """Wait for the device: CUDA runs asynchronously, so a clock read before its work is done reads too early."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
 
@@ -222,11 +223,11 @@ def time_group(group: list[dict[str, Kernel]], width: int, dtype: torch.dtype, d
         for rep in range(reps + 1):  # the first pass warms up and is dropped
             for n in row_counts:
                 for k in names:
-                    _sync(device)
+                    sync(device)
                     t0 = time.perf_counter()
                     for kernels in group:
                         kernels[k](xs[n])
-                    _sync(device)
+                    sync(device)
                     if rep:
                         samples[k][n].append(time.perf_counter() - t0)
     return {k: {n: statistics.median(ts) / len(group) for n, ts in per.items()} for k, per in samples.items()}
