@@ -245,7 +245,7 @@ def add_serve(sub) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from specviz.bench import command as bench, load_command, prove, whatif
+    from specviz.bench import command as bench, load_command, prove, shape_costs, whatif
     from specviz.engines import command as engines
 
     parser = argparse.ArgumentParser(prog="specviz", description="See speculative decoding work.")
@@ -269,6 +269,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_serve(sub)
     add_atlas(sub)
     bench.register(sub)
+    shape_costs.register(sub)
     prove.register(sub)
     whatif.register(sub)
     load_command.register(sub)

@@ -112,7 +112,7 @@ def test_cli_trace_on_the_tiny_pair(tmp_path, capsys):
     assert len(spec) == 16 and spec == [s.token.id for s in t.ar_steps]  # greedy by default: identical
     html = page.read_text()  # the shareable page of the same run (its contents: test_share.py)
     assert f"wrote {page}" in printed and html.count('class="sv-round') == len(t.rounds) and "×" in html
-    assert t.meta.draft == "tiny-draft" and t.meta.config.k == 3
+    assert t.meta.draft.startswith("tiny-draft") and t.meta.config.k == 3  # (its step as measured here)
 
 
 def test_cli_rejects_half_a_tiny_pair(tmp_path, capsys):

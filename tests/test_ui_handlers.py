@@ -343,7 +343,9 @@ def test_a_served_int4_draft_is_named_kept_across_loads_and_decodes_what_the_tar
     from specviz.models.draft.lean import LeanDraft
 
     assert build_parser().parse_args(["serve"]).draft_quant == "int4"  # the CPU demo's default
-    s = Session(spec=PairSpec("tiny", "tiny", draft_quant="int4"), loader=lambda *a, **k: tiny_pair(), allow_switch=True)
+    # eager steps: a compiled step, where measured faster, would run the loaded draft instead of the int4 one
+    s = Session(spec=PairSpec("tiny", "tiny", draft_quant="int4", step="eager"), loader=lambda *a, **k: tiny_pair(),
+                allow_switch=True)
     lines = list(h.load_models(s, "tiny", "tiny", "float32"))
     assert isinstance(s.pair.draft, LeanDraft) and "[int4 draft step]" in s.name and "int4" in lines[-1]
     views = list(h.run(s, Limits(), PROMPT, settings(), options=FAST))

@@ -17,15 +17,21 @@ import torch
 TRIAD_BYTES = 256 * 2**20  # per array: far beyond any last-level cache
 
 
-def triad_bandwidth(array_bytes: int = TRIAD_BYTES, passes: int = 5) -> float:
-    """Bytes per second of the triad a = b + s·c in float32 on torch's threads (best of `passes`)."""
+def triad_bandwidth(array_bytes: int = TRIAD_BYTES, passes: int = 5, device: torch.device | str = "cpu") -> float:
+    """Bytes per second of the triad a = b + s·c in float32 on `device` (on a CPU, torch's threads; best of
+    `passes`)."""
+    from specviz.models.kernels import sync
+
+    device = torch.device(device)
     n = array_bytes // 4
-    b, c = torch.rand(n), torch.rand(n)
-    a = torch.empty(n)
+    b, c = torch.rand(n, device=device), torch.rand(n, device=device)
+    a = torch.empty(n, device=device)
     best = float("inf")
     for _ in range(passes + 1):  # the first pass faults the pages in
+        sync(device)
         t0 = time.perf_counter()
         torch.add(b, c, alpha=3.0, out=a)
+        sync(device)
         best = min(best, time.perf_counter() - t0)
     return 3 * n * 4 / best
 

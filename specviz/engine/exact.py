@@ -27,7 +27,8 @@ def path_distributions(pair, prompt_ids: list[int], paths: list[list[int]], samp
         ids = torch.tensor([prompt_ids + t for t in tails], dtype=torch.long, device=pair.device)
         cache = None
     else:  # the cache holds all but the prompt's last token (see `prefill`)
-        cache = prompt_cache.copy(pair.target, torch.tensor([prompt_ids], device=pair.device))
+        # a dynamic cache: it is repeated along the batch, which a compiled step's static one is not
+        cache = prompt_cache.copy(pair.target, torch.tensor([prompt_ids], device=pair.device), static=False)
         cache.batch_repeat_interleave(len(paths))
         ids = torch.tensor([prompt_ids[cache.get_seq_length():] + t for t in tails], dtype=torch.long,
                            device=pair.device)

@@ -50,6 +50,7 @@ class StaticKV:
     def get_seq_length(self, layer: int = 0) -> int:
         return self.length
 
+    @torch.inference_mode()  # the buffers are inference tensors (made and used in the engine's inference mode)
     def crop(self, n: int) -> None:
         """transformers 5's convention: crop(-n) removes the last n tokens."""
         if n >= 0:
@@ -59,6 +60,7 @@ class StaticKV:
             layer.cumulative_length.sub_(n)
         self.length -= n
 
+    @torch.inference_mode()
     def __deepcopy__(self, memo) -> StaticKV:
         """A copy holding the same tokens in buffers of its own (a prompt read once, handed out per run)."""
         twin = StaticKV(self.pool)
@@ -79,6 +81,7 @@ class StaticPool:
         self.config, self.max_len, self.dtype, self.device = config, max_len, dtype, device
         self.free: list = []
 
+    @torch.inference_mode()  # the buffers are inference tensors: a run may start outside inference mode
     def take(self):
         from transformers import StaticCache
 

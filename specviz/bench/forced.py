@@ -1,0 +1,103 @@
+"""The round loop at full acceptance: how much the engine itself loses per round.
+
+A drafter that runs the real draft model's K steps (so a round pays the draft's true cost) but proposes the
+target's own greedy continuation, recorded beforehand, as point masses: greedy verification then accepts
+every drafted token, whatever the weights (random ones included), and each round emits K + 1 tokens. Against
+the cost model's ideal for the rounds that ran, tokens · T1 / Σ (K·draft + T(K+1)), the measured rate says
+what the loop adds on top of the model forwards: the host transfer, Python, building the events.
+
+The recording comes from the target alone's one-token steps and the verify reads K + 1 tokens at once; where
+the two round differently at a near-tie (bf16), a drafted token is rejected and the run reports the
+acceptance it reached. The ideal is computed for the rounds as they ran, so it stays the right yardstick.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from specviz.analysis.predict import CostModel, predicted_speedup_for_rounds
+from specviz.engine import DecodeConfig, autoregressive_generate, speculative_generate
+from specviz.engine.drafters import Draft, ModelDrafter, point_mass_draft
+from specviz.engine.sampling import SamplingParams, make_generator
+
+
+class ForcedDrafter:
+    """The draft model's steps, the target's recorded continuation as the proposal (see the module's doc)."""
+
+    name = "model"
+
+    def __init__(self, inner: ModelDrafter, continuation: list[int], prompt_len: int, vocab_size: int):
+        self.inner, self.continuation, self.prompt_len, self.vocab_size = inner, continuation, prompt_len, vocab_size
+
+    def prefill(self, ids: torch.Tensor) -> None:
+        self.inner.prefill(ids)
+
+    def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft:
+        drafted = self.inner.propose(ids, history, k)  # the draft's true cost: its k steps
+        start = len(history) - self.prompt_len
+        tokens = self.continuation[start:start + drafted.k]
+        forced = point_mass_draft(tokens, self.vocab_size, ids.device)
+        return Draft(forced.tokens, forced.q, drafted.logits[:len(tokens)])
+
+    def rollback(self, keep: int) -> None:
+        self.inner.rollback(keep)
+
+
+@dataclass(frozen=True)
+class ForcedRun:
+    k: int
+    tokens: int
+    rounds: int
+    acceptance: float  # drafted tokens accepted / drafted (1.0 unless a near-tie rounded differently)
+    decode_s: float  # wall seconds of the rounds, as the consumer sees them (prompt excluded)
+    draft_s: float  # of which in the drafter (the events' draft_time, summed)
+    verify_s: float  # in the target's verify and the rule
+    event_s: float  # in the round's statistics, host transfer and event (overhead_time)
+    ideal_tokens_per_s: float  # the cost model's rate for these rounds: no engine overhead at all
+    target_alone_tokens_per_s: float  # the target alone's loop over the same tokens, measured beside it
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.decode_s
+
+    @property
+    def efficiency(self) -> float:
+        """Measured / ideal: 1.0 means the loop adds nothing to the model forwards."""
+        return self.tokens_per_s / self.ideal_tokens_per_s
+
+    @property
+    def overhead_ms_per_round(self) -> float:
+        """Milliseconds a round costs beyond its model forwards as the cost model prices them."""
+        return 1e3 * (self.decode_s - self.tokens / self.ideal_tokens_per_s) / self.rounds
+
+
+def timed_events(events) -> tuple[list, float]:
+    """All events of a run and the wall seconds spent producing them after the first (which read the prompt)."""
+    it = iter(events)
+    first = [next(it)]
+    t0 = time.perf_counter()
+    rest = list(it)
+    return first + rest, time.perf_counter() - t0
+
+
+def forced_run(pair, prompt: list[int], k: int, new_tokens: int, cost: CostModel) -> ForcedRun:
+    """The round loop at K with every draft accepted (see the module's doc), the target alone beside it."""
+    greedy = DecodeConfig(k=k, max_new_tokens=new_tokens + k + 1, adaptive="fixed")
+    steps, alone_s = timed_events(autoregressive_generate(pair, prompt, greedy))  # the recording, timed
+    continuation = [s.token.id for s in steps]
+    config = DecodeConfig(k=k, max_new_tokens=new_tokens, adaptive="fixed")
+    inner = ModelDrafter(pair.draft, SamplingParams(0.0), make_generator(pair.device, 0), pair.vocab_size)
+    drafter = ForcedDrafter(inner, continuation, len(prompt), pair.vocab_size)
+    rounds, decode_s = timed_events(speculative_generate(pair, prompt, config, drafter=drafter))
+    timed = rounds[1:]  # as `decode_s`: the first round's wall time includes reading the prompt
+    tokens = sum(len(r.new_token_ids) for r in timed)
+    drafted = sum(r.k for r in rounds)
+    ideal = predicted_speedup_for_rounds([r.k for r in timed], tokens, cost) / cost.target_step_s
+    return ForcedRun(k=k, tokens=tokens, rounds=len(timed),
+                     acceptance=sum(r.n_accepted for r in rounds) / drafted if drafted else 1.0,
+                     decode_s=decode_s, draft_s=sum(r.draft_time for r in timed),
+                     verify_s=sum(r.verify_time for r in timed), event_s=sum(r.overhead_time for r in timed),
+                     ideal_tokens_per_s=ideal, target_alone_tokens_per_s=(len(steps) - 1) / alone_s)

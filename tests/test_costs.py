@@ -1,0 +1,113 @@
+"""`specviz costs` on a small synthetic pair, and the full-acceptance drafter behind its round-loop numbers.
+
+The report's derived numbers are recomputed here from its own measured ones with independent arithmetic
+(not by calling the cost model's functions), so a wrong formula in the report fails."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+
+import pytest
+import torch
+
+from specviz.bench.forced import ForcedDrafter
+from specviz.cli import main
+from specviz.engine import DecodeConfig, autoregressive_generate, speculative_generate
+from specviz.engine.drafters import ModelDrafter
+from specviz.engine.sampling import SamplingParams, make_generator
+from specviz.models.tiny import tiny_pair
+
+K, TOKENS, VERIFY = 3, 24, 6
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory):
+    out = tmp_path_factory.mktemp("costs") / "costs.json"
+    code = main(["costs", "--draft", "synthetic:mini-draft", "--target", "synthetic:mini-target", "--device", "cpu",
+                 "--dtype", "float32", "--step", "eager,compiled", "--max-verify", str(VERIFY), "--forced-k", str(K),
+                 "--forced-tokens", str(TOKENS), "--prompt-tokens", "16", "--reps", "2", "--json", str(out)])
+    assert code == 0
+    return json.loads(out.read_text())
+
+
+def test_both_step_modes_are_measured_and_named(report):
+    eager, compiled = report["steps"]["eager"], report["steps"]["compiled"]
+    assert compiled["target"].endswith("[compiled step]") and compiled["draft"].endswith("[compiled step]")
+    assert "[compiled step]" not in eager["target"]
+    assert set(compiled["compile_s"]) == {"draft", "target"} and not eager["compile_s"]
+    assert report["meta"]["device"] == "cpu" and report["meta"]["dtype"] == "float32"
+    assert report["meta"]["weights_estimate_bytes"] > 0 and report["bandwidth_gb_s"] > 0
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_the_derived_numbers_follow_from_the_measured_ones(report, mode):
+    r = report["steps"][mode]
+    t1, d, verify = r["target_step_ms"], r["draft_step_ms"], r["verify_ms"]
+    assert len(verify) == VERIFY and verify[0] == pytest.approx(t1, abs=1e-3)
+    assert r["c"] == pytest.approx(d / t1, rel=1e-3, abs=1e-4)
+    assert r["verify_ratio"] == pytest.approx([t / t1 for t in verify], rel=1e-3, abs=1e-3)
+    for p in r["predicted"]:
+        a = p["acceptance"]
+        speedup = {k: (sum(a ** i for i in range(k + 1))) * t1 / (k * d + verify[k]) for k in range(1, VERIFY)}
+        best = max(speedup, key=lambda k: (round(speedup[k], 6), -k))
+        assert p["best_k"] == best and p["speedup"] == pytest.approx(speedup[best], rel=2e-3)
+    for side, step_ms in (("target", t1), ("draft", d)):  # bytes at the measured bandwidth, over the step
+        b = r["bound"][side]
+        bound_s = b["weight_bytes"] / (report["bandwidth_gb_s"] * 1e9)
+        assert b["fraction_of_bound"] == pytest.approx(bound_s / (step_ms / 1e3), rel=0.02, abs=1e-3)
+
+
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_the_loop_at_full_acceptance_against_its_ideal(report, mode):
+    """Float32: every forced draft is accepted, each round emits K + 1 tokens, and the ideal is the issue's
+    (K + 1) / (K·draft + T(K + 1)) for such rounds."""
+    r = report["steps"][mode]
+    (f,) = r["forced"]
+    assert f["k"] == K and f["acceptance"] == 1.0
+    assert f["tokens"] == f["rounds"] * (K + 1) == TOKENS - (K + 1)  # the first round (with the prompt) not timed
+    ideal = (K + 1) / (1e-3 * (K * r["draft_step_ms"] + r["verify_ms"][K]))
+    assert f["ideal_tokens_per_s"] == pytest.approx(ideal, rel=2e-3)
+    assert f["tokens_per_s"] == pytest.approx(f["tokens"] / f["decode_s"], rel=2e-3)
+    assert f["efficiency"] == pytest.approx(f["tokens_per_s"] / f["ideal_tokens_per_s"], rel=2e-3)
+    seconds_per_round = f["decode_s"] / f["rounds"]
+    assert f["overhead_ms_per_round"] == pytest.approx(1e3 * (seconds_per_round - (K + 1) / ideal), abs=0.01)
+    assert f["draft_ms_per_round"] + f["verify_ms_per_round"] + f["event_ms_per_round"] <= 1e3 * seconds_per_round
+
+
+def test_the_table_puts_the_modes_side_by_side(report, capsys):
+    from specviz.bench.shape_costs import format_costs
+
+    text = format_costs(report)
+    assert "eager" in text.splitlines()[1] and "compiled" in text.splitlines()[1]
+    assert "c = draft / T1" in text and f"K={K} full acceptance tok/s" in text
+
+
+class CountingDraft(torch.nn.Module):
+    """The draft with its forwards counted (the draft's true cost is what the forced drafter must pay)."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model, self.calls = model, 0
+        self.config = model.config
+
+    def forward(self, *args, **kw):
+        self.calls += 1
+        return self.model(*args, **kw)
+
+
+def test_the_forced_drafter_pays_the_draft_s_steps_and_proposes_the_target_s_continuation():
+    pair = tiny_pair(seed=2, noise=0.3)  # a draft that often disagrees: plain speculation rejects
+    prompt, new = [5, 6, 7, 8], 30
+    greedy = DecodeConfig(k=4, max_new_tokens=new, adaptive="fixed")
+    plain = list(speculative_generate(pair, prompt, greedy))
+    assert any(r.n_accepted < r.k for r in plain)
+    continuation = [s.token.id for s in autoregressive_generate(pair, prompt, replace(greedy, max_new_tokens=new + 5))]
+    draft = CountingDraft(pair.draft)
+    inner = ModelDrafter(draft, SamplingParams(0.0), make_generator(pair.device, 0), pair.vocab_size)
+    rounds = list(speculative_generate(pair, prompt, greedy,
+                                       drafter=ForcedDrafter(inner, continuation, len(prompt), pair.vocab_size)))
+    assert all(r.n_accepted == r.k for r in rounds)
+    assert [t for r in rounds for t in r.new_token_ids] == continuation[:new]
+    assert all(d.q == 1.0 for r in rounds for d in r.drafted)  # point masses: the q the rule is given is true
+    assert draft.calls == 1 + sum(r.k for r in rounds)  # the prompt, then one step per drafted token
