@@ -57,8 +57,11 @@ def pytest_xdist_make_scheduler(config, log):
 
 @pytest.fixture(scope="session")
 def tiny():
-    """A tiny random-weight float32 pair: fast and deterministic."""
-    return tiny_pair()
+    """A tiny random-weight pair: fast and deterministic; float32 on the CPU unless the suite runs elsewhere
+    (`helpers.TEST_DEVICE`)."""
+    from helpers import on_test_device
+
+    return on_test_device(tiny_pair())
 
 
 @pytest.fixture(scope="session")

@@ -4,12 +4,43 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import re
+from dataclasses import replace
 
 import pytest
+import torch
 
 from specviz.engine import DecodeConfig
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, round_from_dict
+
+# Where the engine's tests run their pairs: cpu and float32 unless set. On a lent GPU scripts/gpu_check.sh runs
+# them with SPECVIZ_TEST_DEVICE=cuda, once in float32 and once with SPECVIZ_TEST_DTYPE=bfloat16.
+TEST_DEVICE = torch.device(os.environ.get("SPECVIZ_TEST_DEVICE", "cpu"))
+TEST_DTYPE = getattr(torch, os.environ.get("SPECVIZ_TEST_DTYPE", "float32"))
+EXACT = TEST_DTYPE == torch.float32  # where two computations of one token agree to rounding, so greedy outputs are equal
+
+
+NEAR_TIE = 0.25  # a top-2 logit gap bf16's rounding (~3 significant digits over ~30 layers of sums) can close
+
+
+def same_greedy(tokens: list[int], steps) -> bool:
+    """Greedy speculation's tokens against the target alone's `steps` (autoregressive `Step` events): equal in
+    float32. In a lower precision the target's one-token step and its verify over K + 1 rows round differently,
+    so the two may part, but only where the target alone's top two logits were a near-tie."""
+    alone = [s.token.id for s in steps]
+    if tokens == alone or EXACT:
+        return tokens == alone
+    first = next((i for i, (a, b) in enumerate(zip(tokens, alone)) if a != b), min(len(tokens), len(alone)))
+    return first < len(steps) and steps[first].token.target_top2_gap < NEAR_TIE
+
+
+def on_test_device(pair):
+    """`pair` (its models moved in place) on the suite's device and in its dtype."""
+    def move(model):
+        return None if model is None else model.to(TEST_DEVICE, TEST_DTYPE)
+
+    return replace(pair, draft=move(pair.draft), target=move(pair.target), device=TEST_DEVICE, dtype=TEST_DTYPE)
 
 
 def spec_tokens(rounds) -> list[int]:

@@ -10,24 +10,27 @@ from dataclasses import replace
 import pytest
 import torch
 
+from helpers import EXACT, TEST_DEVICE, TEST_DTYPE, same_greedy
+
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.engine.plumbing import new_cache, prefilled, rollback
 from specviz.models import ModelLoadError, PairSpec
-from specviz.models.compiled import MAX_LEN, StaticKV, StepTimes, is_compiled, with_compiled_step
+from specviz.models.compiled import MAX_LEN, SIZES, StaticKV, StepTimes, is_compiled, with_compiled_step
 from specviz.models.loading import load_spec
 from specviz.models.steps import with_steps
 from specviz.models.synthetic import prompt_ids, synthetic_pair
 from specviz.models.tiny import tiny_pair
 
 MINI = ("synthetic:mini-draft", "synthetic:mini-target")
+CLOSE = dict(rtol=1e-4, atol=1e-4) if EXACT else dict(rtol=0.05, atol=0.05)  # logits of one model, two kernels
 
 
 @pytest.fixture(scope="module")
 def pairs():
     """The mini synthetic pair (vocabularies differing by padding, as Qwen2.5 0.5B and 7B), eager and compiled."""
-    eager = synthetic_pair(*MINI, device="cpu", dtype=torch.float32, seed=5)
-    compiled = replace(eager, draft=with_compiled_step(eager.draft, max_len=256),
-                       target=with_compiled_step(eager.target, max_len=256))
+    eager = synthetic_pair(*MINI, device=str(TEST_DEVICE), dtype=TEST_DTYPE, seed=5)
+    compiled = replace(eager, draft=with_compiled_step(eager.draft, sizes=(24, 256)),
+                       target=with_compiled_step(eager.target, sizes=(24, 256)))  # runs grow past the first size
     return eager, compiled
 
 
@@ -43,16 +46,16 @@ def test_the_compiled_copy_shares_the_weights_and_hands_out_static_caches(pairs)
 @torch.inference_mode()
 def test_the_static_cache_reads_and_cuts_like_a_dynamic_one(pairs):
     """Logits after every kind of move (prompt, one token, a verify, a cut, a copy) equal the eager model's on a
-    DynamicCache doing the same, to float32 rounding."""
+    DynamicCache doing the same, to rounding (float32's; bf16's where the suite runs in bf16)."""
     eager, compiled = pairs
-    ids = torch.tensor([prompt_ids(30, 1000, seed=2)])
+    ids = torch.tensor([prompt_ids(30, 1000, seed=2)], device=TEST_DEVICE)
     static, dynamic = prefilled(compiled.target, ids[:, :20]), prefilled(eager.target, ids[:, :20])
     assert isinstance(static, StaticKV) and static.get_seq_length() == dynamic.get_seq_length() == 19
 
     def both(feed, keep=1):
         a = compiled.target(feed, past_key_values=static, use_cache=True, logits_to_keep=keep).logits
         b = eager.target(feed, past_key_values=dynamic, use_cache=True, logits_to_keep=keep).logits
-        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(a, b, **CLOSE)
         assert static.get_seq_length() == dynamic.get_seq_length()
 
     both(ids[:, 19:20])  # the compiled step
@@ -73,40 +76,49 @@ def test_the_step_is_compiled_once_for_every_position_and_cache():
     run's cache: one graph. A recompilation per step would, after torch's limit of 8, silently run eager."""
     from torch._dynamo.utils import counters
 
-    model = with_compiled_step(synthetic_pair(None, MINI[1], device="cpu", seed=9).target, max_len=128)
+    model = with_compiled_step(synthetic_pair(None, MINI[1], device=str(TEST_DEVICE), seed=9).target, sizes=(128,))
     prompt = prompt_ids(60, 1000, seed=3)
     before = counters["stats"]["unique_graphs"]
     for start in (10, 12):
-        cache = prefilled(model, torch.tensor([prompt[:start]]))
+        cache = prefilled(model, torch.tensor([prompt[:start]], device=TEST_DEVICE))
         for i in range(start, 40):  # the last token of the ids so far, as the round loop feeds it
-            model(torch.tensor([prompt[:i]])[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1)
+            last = torch.tensor([prompt[:i]], device=TEST_DEVICE)[:, -1:]
+            model(last, past_key_values=cache, use_cache=True, logits_to_keep=1)
     assert counters["stats"]["unique_graphs"] - before == 1
 
 
 def test_a_dropped_run_gives_its_buffers_back():
     """At most a few sets of static buffers exist per model: a graph is specialised to their addresses."""
-    model = with_compiled_step(synthetic_pair(None, MINI[1], device="cpu").target, max_len=64)
+    model = with_compiled_step(synthetic_pair(None, MINI[1], device=str(TEST_DEVICE)).target, sizes=(16, 64))
     first = new_cache(model)
-    held = first.hf
+    small = first.hf
+    with torch.inference_mode():
+        first.reserve(20)  # past the first size: the run moves to the next, and the small buffers go back at once
+    assert first.size == 64 and new_cache(model).hf is small
+    large = first.hf
     del first
     gc.collect()
     again = new_cache(model)
-    assert again.hf is held and again.get_seq_length() == 0
+    again.reserve(40)
+    assert again.hf is large and again.get_seq_length() == 0
 
 
 @pytest.mark.parametrize("drafter", ["model", "tree", "hybrid"])
 def test_greedy_output_on_the_compiled_steps_is_the_target_alone(pairs, drafter):
     """Float32, where exactness is proven: the target alone eager and compiled, and speculation on compiled steps
-    (a tree's caches stay dynamic), give one text, through the padded vocabulary of the pair."""
+    (a tree's caches stay dynamic), give one text, through the padded vocabulary of the pair (in bf16: up to a
+    near-tie, `helpers.same_greedy`)."""
     eager, compiled = pairs
     config = DecodeConfig(k=4, max_new_tokens=40, adaptive="fixed", drafter=drafter, tree_budget=8)
     prompt = prompt_ids(16, 1000, seed=4)
-    alone = [s.token.id for s in autoregressive_generate(eager, prompt, config)]
-    assert [s.token.id for s in autoregressive_generate(compiled, prompt, config)] == alone
+    alone = list(autoregressive_generate(eager, prompt, config))
+    alone_compiled = list(autoregressive_generate(compiled, prompt, config))
+    assert same_greedy([s.token.id for s in alone_compiled], alone)
     rounds = list(speculative_generate(compiled, prompt, config))
-    assert [t for r in rounds for t in r.new_token_ids] == alone
+    assert same_greedy([t for r in rounds for t in r.new_token_ids], alone_compiled)
 
 
+@pytest.mark.skipif(not EXACT, reason="in bf16 the two kernels' logits differ by more than a draw can hide")
 def test_sampled_output_on_the_compiled_steps_is_seeded_like_the_eager_one(pairs):
     """Sampling draws from the same generator in the same order: a seeded run on compiled steps repeats the eager
     run's tokens whenever the logits agree to rounding (here, always)."""
@@ -118,10 +130,10 @@ def test_sampled_output_on_the_compiled_steps_is_seeded_like_the_eager_one(pairs
 
 
 def test_a_run_longer_than_the_static_cache_is_one_sentence():
-    model = with_compiled_step(synthetic_pair(None, MINI[1], device="cpu").target, max_len=16)
+    model = with_compiled_step(synthetic_pair(None, MINI[1], device=str(TEST_DEVICE)).target, sizes=(8, 16))
     with pytest.raises(ValueError, match="more than the 16 tokens the compiled step's static cache holds"):
-        prefilled(model, torch.tensor([prompt_ids(20, 1000)]))
-    assert MAX_LEN >= 2048 + 512 + 17  # the server's longest prompt and reply, and a round past them
+        prefilled(model, torch.tensor([prompt_ids(20, 1000)], device=TEST_DEVICE))
+    assert MAX_LEN == max(SIZES) >= 2048 + 512 + 17  # the server's longest prompt and reply, and a round past them
 
 
 class FakeMeasure:

@@ -64,7 +64,7 @@ def test_the_loop_at_full_acceptance_against_its_ideal(report, mode):
     (K + 1) / (K·draft + T(K + 1)) for such rounds."""
     r = report["steps"][mode]
     (f,) = r["forced"]
-    assert f["k"] == K and f["acceptance"] == 1.0
+    assert f["k"] == K and f["argmax_agreement"] == 1.0  # the recording is the verify's own argmax: the rule agrees
     assert f["tokens"] == f["rounds"] * (K + 1) == TOKENS - (K + 1)  # the first round (with the prompt) not timed
     ideal = (K + 1) / (1e-3 * (K * r["draft_step_ms"] + r["verify_ms"][K]))
     assert f["ideal_tokens_per_s"] == pytest.approx(ideal, rel=2e-3)
@@ -111,3 +111,21 @@ def test_the_forced_drafter_pays_the_draft_s_steps_and_proposes_the_target_s_con
     assert [t for r in rounds for t in r.new_token_ids] == continuation[:new]
     assert all(d.q == 1.0 for r in rounds for d in r.drafted)  # point masses: the q the rule is given is true
     assert draft.calls == 1 + sum(r.k for r in rounds)  # the prompt, then one step per drafted token
+
+
+def test_keep_every_draft_keeps_what_the_rule_would_reject_and_the_report_says_how_many():
+    """The timed run keeps every draft (bf16 near-ties may part the recording from the verify's argmax): here a
+    recording that is wrong from its first token, all kept, and none the verify's argmax."""
+    from specviz.bench.forced import keep_every_draft
+
+    pair = tiny_pair()
+    prompt, k = [5, 6, 7, 8], 4
+    config = DecodeConfig(k=k, max_new_tokens=20, adaptive="fixed")
+    alone = [s.token.id for s in autoregressive_generate(pair, prompt, replace(config, max_new_tokens=30))]
+    wrong = [(t + 1) % pair.vocab_size for t in alone]
+    inner = ModelDrafter(pair.draft, SamplingParams(0.0), make_generator(pair.device, 0), pair.vocab_size)
+    rounds = list(speculative_generate(pair, prompt, config, rule=keep_every_draft,
+                                       drafter=ForcedDrafter(inner, wrong, len(prompt), pair.vocab_size)))
+    assert all(r.n_accepted == r.k and r.emitted.kind == "bonus" for r in rounds)
+    assert [t for r in rounds for t in r.new_token_ids][:k] == wrong[:k]
+    assert not any(d.p == 1.0 for r in rounds for d in r.drafted)  # greedy p: 1 only at the verify's argmax

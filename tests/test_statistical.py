@@ -50,7 +50,7 @@ import numpy as np
 import pytest
 import torch
 from causal_lm import CausalLM
-from helpers import other_family
+from helpers import TEST_DEVICE, on_test_device, other_family
 from scipy.stats import chisquare
 
 from specviz.engine import DecodeConfig, SamplingParams, speculative_generate
@@ -70,11 +70,15 @@ TEMPERATURE_1 = SamplingParams(1.0)
 WARPED = SamplingParams(1.0, top_k=8, top_p=0.9)
 
 
-@pytest.fixture(scope="module")
-def pair() -> ModelPair:
+def cpu_pair() -> ModelPair:
     target = CausalLM(V, seed=7, scale=1.5)
     return ModelPair(draft=noisy_copy(target, 0.4, seed=2), target=target, tokenizer=tiny_tokenizer(),
                      device=torch.device("cpu"), dtype=torch.float32, eos_token_ids=frozenset({EOS_ID}))
+
+
+@pytest.fixture(scope="module")
+def pair() -> ModelPair:
+    return on_test_device(cpu_pair())
 
 
 @torch.inference_mode()
@@ -83,9 +87,9 @@ def tables(model, sampling: SamplingParams, prompt: list[int] = PROMPT) -> dict[
     out = {}
     for n in range(LENGTH):
         prefixes = list(itertools.product(range(V), repeat=n))
-        ids = torch.tensor([prompt + list(x) for x in prefixes])
+        ids = torch.tensor([prompt + list(x) for x in prefixes], device=TEST_DEVICE)
         probs = logits_to_probs(model(ids).logits[:, -1].float(), sampling)
-        out.update(zip(prefixes, probs))
+        out.update(zip(prefixes, probs.cpu()))
     return out
 
 
@@ -312,8 +316,8 @@ def test_negative_control_end_to_end(pair, monkeypatch, sampling, drafter, n, ma
 @pytest.fixture(scope="module")
 def self_pair() -> ModelPair:
     """A 3-layer tiny Qwen2 target on the 16 ids and no draft model: the 'self' drafter exits after layer 1."""
-    return ModelPair(draft=None, target=tiny_model(2, V, layers=3), tokenizer=tiny_tokenizer(),
-                     device=torch.device("cpu"), dtype=torch.float32, eos_token_ids=frozenset({EOS_ID}))
+    return on_test_device(ModelPair(draft=None, target=tiny_model(2, V, layers=3), tokenizer=tiny_tokenizer(),
+                                    device=torch.device("cpu"), dtype=torch.float32, eos_token_ids=frozenset({EOS_ID})))
 
 
 SELF_RUNS = 1_000
@@ -328,9 +332,9 @@ def test_self_speculation_samples_the_target_distribution(self_pair):
     here with p < 1e-6."""
     from transformers import DynamicCache
 
-    p = logits_to_probs(self_pair.target(torch.tensor([PROMPT])).logits[0, -1], TEMPERATURE_1)
-    q = logits_to_probs(EarlyExit(self_pair.target, 1)(torch.tensor([PROMPT]), DynamicCache()).logits[0, -1],
-                        TEMPERATURE_1)
+    prompt = torch.tensor([PROMPT], device=TEST_DEVICE)
+    p = logits_to_probs(self_pair.target(prompt).logits[0, -1].float(), TEMPERATURE_1)
+    q = logits_to_probs(EarlyExit(self_pair.target, 1)(prompt, DynamicCache()).logits[0, -1].float(), TEMPERATURE_1)
     assert 0.5 < float(torch.minimum(p, q).sum()) < 0.8
     stats = end_to_end_stats(self_pair, SELF_RUNS, "self")
     bound = tv_bound(exact_joint(tables(self_pair.target, TEMPERATURE_1)), SELF_RUNS)
@@ -355,14 +359,16 @@ def cross_translate(ids: list[int], before: list[int] = ()) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def cross_pair(pair) -> ModelPair:
+def cross_pair() -> ModelPair:
     """The module's target with a draft of "another family": 14 tokens, 12 of them the target's."""
     words = [str(i) for i in range(V)]
     draft_words = words[:CROSS_SHARED][::-1] + ["own-1", "own-2"]
     rows = [*range(CROSS_SHARED)][::-1] + [None, None]
-    return ModelPair(draft=other_family(pair.target, rows, 0.4, seed=2), target=pair.target,
-                     tokenizer=pair.tokenizer, device=pair.device, dtype=torch.float32,
-                     eos_token_ids=pair.eos_token_ids, vocab_map=VocabMap.build(draft_words, words, cross_translate))
+    base = cpu_pair()
+    return on_test_device(ModelPair(
+        draft=other_family(base.target, rows, 0.4, seed=2), target=base.target, tokenizer=base.tokenizer,
+        device=base.device, dtype=torch.float32, eos_token_ids=base.eos_token_ids,
+        vocab_map=VocabMap.build(draft_words, words, cross_translate, device=TEST_DEVICE)))
 
 
 @torch.inference_mode()
@@ -372,7 +378,8 @@ def test_a_draft_of_another_family_samples_the_target_distribution(cross_pair):
     from always."""
     p = tables(cross_pair.target, TEMPERATURE_1)[()]
     q = logits_to_probs(cross_pair.vocab_map.target_logits(
-        cross_pair.draft(torch.tensor([cross_translate(PROMPT)])).logits[0, -1]), TEMPERATURE_1)
+        cross_pair.draft(torch.tensor([cross_translate(PROMPT)], device=TEST_DEVICE)).logits[0, -1].float()),
+        TEMPERATURE_1).cpu()
     assert float(p[CROSS_SHARED:].sum()) > 0.1 and float(q[CROSS_SHARED:].sum()) == 0
     assert 0.4 < float(torch.minimum(p, q).sum()) < 0.85
     stats = end_to_end_stats(cross_pair, CROSS_RUNS)
@@ -449,6 +456,9 @@ def quantized_pairs(pair) -> dict[str, ModelPair]:
 
     from specviz.models.draft.quantized import DraftQuant
     from specviz.models.target import quantize_target
+
+    if TEST_DEVICE.type != "cpu":
+        pytest.skip("int4 and int8 targets run on torch's CPU kernels only")
 
     return {q: replace(pair, target=quantize_target(pair.target, DraftQuant.named(q))) for q in ("int4", "int8")}
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers import TEST_DEVICE, TEST_DTYPE, same_greedy
 
 from specviz.engine import DecodeConfig, autoregressive_generate, speculative_generate
 from specviz.models import ModelLoadError, PairSpec, load_pair
@@ -61,15 +62,46 @@ def test_ids_in_the_target_s_padding_run_as_on_a_real_pair():
     """Random weights may emit the target's padding ids, which the draft cannot read (as a real pair never does):
     with those rows made likely, the decoder still runs, greedy speculation equals the target alone, and the
     padding ids are fed to the draft as id 0 (`fit_ids`) and decode to nothing."""
-    pair = synthetic_pair(*MINI, device="cpu", dtype=torch.float32, seed=3)
+    pair = synthetic_pair(*MINI, device=str(TEST_DEVICE), dtype=TEST_DTYPE, seed=3)
     rows = SHAPES["mini-draft"].vocab
     with torch.no_grad():
         pair.target.lm_head.weight[rows:] *= 40  # padding rows the target now often picks
     config = DecodeConfig(k=4, max_new_tokens=48, adaptive="fixed")
     prompt = prompt_ids(12, rows, seed=1)
-    alone = [s.token.id for s in autoregressive_generate(pair, prompt, config)]
+    steps = list(autoregressive_generate(pair, prompt, config))
+    alone = [s.token.id for s in steps]
     rounds = list(speculative_generate(pair, prompt, config))
-    assert [t for r in rounds for t in r.new_token_ids] == alone
+    assert same_greedy([t for r in rounds for t in r.new_token_ids], steps)
     assert any(t >= rows for t in alone)  # the padding path was taken
     assert all(d.id < rows for r in rounds for d in r.drafted)  # the draft proposes only ids of its own
     assert pair.tokenizer.decode([t for t in alone if t >= rows]) == ""
+
+
+@pytest.fixture(scope="module")
+def mini():
+    return synthetic_pair(*MINI, device=str(TEST_DEVICE), dtype=TEST_DTYPE, seed=1)
+
+
+def test_the_runs_layer_races_a_synthetic_pair_to_the_end(mini):
+    """The runs layer's race, as the app and the API run it, on the suite's device (no Gradio involved)."""
+    from specviz.runs.race import race_decoders
+    from specviz.runs.trace import RunMeta
+
+    config = DecodeConfig(k=4, max_new_tokens=32, adaptive="fixed")
+    prompt = " ".join(f"t{i}" for i in prompt_ids(12, 1000, seed=2))
+    ids = mini.tokenizer(prompt)["input_ids"]
+    *_, state = race_decoders(mini, ids, config, RunMeta.of(mini, prompt, ids, config))
+    assert state.done and state.ar.tokens == state.spec.tokens == 32 and state.ar.clock > 0 < state.spec.clock
+    assert same_greedy(state.spec.token_ids, state.ar.events)
+    assert state.meta.device == str(TEST_DEVICE) and state.meta.target == MINI[1]
+
+
+def test_a_trace_of_a_synthetic_pair_saves_and_loads(mini, tmp_path):
+    from specviz.runs import trace
+
+    config = DecodeConfig(k=3, max_new_tokens=20, adaptive="fixed")
+    t = trace.record(mini, "t5 t17 t300", config, with_ar=True)
+    assert sum(len(r.new_token_ids) for r in t.rounds) == 20 and len(t.ar_steps) == 20
+    assert all(r.verify_time > 0 and r.draft_time > 0 for r in t.rounds)
+    again = trace.load(trace.save(t, tmp_path / "t.json"))
+    assert again.rounds == t.rounds and again.meta == t.meta

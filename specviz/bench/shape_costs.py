@@ -150,7 +150,7 @@ def format_costs(report: dict) -> str:
         row("  ideal tok/s (no engine cost)", lambda r, j=j: f"{r['forced'][j]['ideal_tokens_per_s']:.1f}")
         row("  efficiency, overhead/round", lambda r, j=j: f"{r['forced'][j]['efficiency']:.2f}, "
                                                            f"{r['forced'][j]['overhead_ms_per_round']:.2f} ms")
-        row("  acceptance reached", lambda r, j=j: f"{r['forced'][j]['acceptance']:.2f}")
+        row("  verify's argmax = recording", lambda r, j=j: f"{r['forced'][j]['argmax_agreement']:.2f}")
         row("  target alone tok/s", lambda r, j=j: f"{r['forced'][j]['target_alone_tokens_per_s']:.1f}")
     width = max(len(label) for label, _ in rows) + 2
     meta = report["meta"]

@@ -37,18 +37,26 @@ from specviz.models.kernels import sync
 log = logging.getLogger(__name__)
 
 MAX_LEN = 4096  # tokens a static cache holds: the server's longest prompt and reply, with room for a round
+# A static cache attends over its whole length at every step (the positions past the run's are masked), so a run
+# starts in the smallest size and moves up only when it needs to: each size is one more compiled graph per model.
+SIZES = (512, 2048, MAX_LEN)
 
 
 class StaticKV:
     """One run's static KV cache, used like a DynamicCache: `get_seq_length()` (a host int: no sync) and
     `crop(-n)`. Its buffers come from, and go back to, the compiled model's pool (`StaticPool`)."""
 
-    def __init__(self, pool: StaticPool):
-        self.pool, self.hf, self.length = pool, pool.take(), 0
-        weakref.finalize(self, pool.give_back, self.hf)  # a run's cache is dropped, never closed: return it then
+    def __init__(self, pool: StaticPool, size: int | None = None):
+        self.pool, self.length = pool, 0
+        self.hf = pool.take(size or pool.sizes[0])
+        self.release = weakref.finalize(self, pool.give_back, self.hf)  # a run's cache is dropped, never closed
 
     def get_seq_length(self, layer: int = 0) -> int:
         return self.length
+
+    @property
+    def size(self) -> int:
+        return self.hf.layers[0].max_cache_len
 
     @torch.inference_mode()  # the buffers are inference tensors (made and used in the engine's inference mode)
     def crop(self, n: int) -> None:
@@ -61,35 +69,57 @@ class StaticKV:
         self.length -= n
 
     @torch.inference_mode()
+    def reserve(self, n: int) -> None:
+        """Room for n more tokens: the tokens held move to the next size's buffers where these are too short."""
+        if self.length + n <= self.size:
+            return
+        bigger = self.pool.take(self.pool.size_for(self.length + n))
+        copy_tokens(self.hf, bigger, self.length)
+        self.release()  # these buffers back to the pool now
+        self.hf, self.release = bigger, weakref.finalize(self, self.pool.give_back, bigger)
+
+    @torch.inference_mode()
     def __deepcopy__(self, memo) -> StaticKV:
         """A copy holding the same tokens in buffers of its own (a prompt read once, handed out per run)."""
-        twin = StaticKV(self.pool)
-        for mine, theirs in zip(self.hf.layers, twin.hf.layers):
-            theirs.keys.copy_(mine.keys)
-            theirs.values.copy_(mine.values)
-            theirs.cumulative_length.copy_(mine.cumulative_length)
+        twin = StaticKV(self.pool, self.size)
+        copy_tokens(self.hf, twin.hf, self.length)
         twin.length = self.length
         return twin
 
 
-class StaticPool:
-    """The static caches of one compiled model, reused: a compiled graph is specialised to its buffers'
-    addresses (CUDA graphs copy any other tensor in at every replay), so runs borrow buffers instead of
-    allocating new ones, and at most a few sets ever exist."""
+def copy_tokens(source, target, length: int) -> None:
+    """The first `length` tokens' keys and values, and the write position, from one static cache to another."""
+    for mine, theirs in zip(source.layers, target.layers):
+        theirs.keys[:, :, :length].copy_(mine.keys[:, :, :length])
+        theirs.values[:, :, :length].copy_(mine.values[:, :, :length])
+        theirs.cumulative_length.copy_(mine.cumulative_length)
 
-    def __init__(self, config, max_len: int, dtype: torch.dtype, device: torch.device):
-        self.config, self.max_len, self.dtype, self.device = config, max_len, dtype, device
-        self.free: list = []
+
+class StaticPool:
+    """The static caches of one compiled model, by size, reused: a compiled graph is specialised to its buffers'
+    addresses (CUDA graphs copy any other tensor in at every replay), so runs borrow buffers instead of
+    allocating new ones, and only a few sets ever exist."""
+
+    def __init__(self, config, sizes: tuple[int, ...], dtype: torch.dtype, device: torch.device):
+        self.config, self.sizes, self.dtype, self.device = config, sizes, dtype, device
+        self.free: dict[int, list] = {size: [] for size in sizes}
+
+    def size_for(self, tokens: int) -> int:
+        fits = [size for size in self.sizes if size >= tokens]
+        if not fits:
+            raise ValueError(f"this run needs more than the {self.sizes[-1]} tokens the compiled step's static cache "
+                             "holds: use a shorter prompt or fewer new tokens, or --step eager.")
+        return fits[0]
 
     @torch.inference_mode()  # the buffers are inference tensors: a run may start outside inference mode
-    def take(self):
+    def take(self, size: int):
         from transformers import StaticCache
 
-        if self.free:
-            cache = self.free.pop()
+        if self.free[size]:
+            cache = self.free[size].pop()
         else:
             text = self.config.get_text_config()
-            cache = StaticCache(config=text, max_cache_len=self.max_len)
+            cache = StaticCache(config=text, max_cache_len=size)
             head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
             cache.early_initialization(1, text.num_key_value_heads, head_dim, self.dtype, self.device)
         for layer in cache.layers:
@@ -97,7 +127,7 @@ class StaticPool:
         return cache
 
     def give_back(self, cache) -> None:
-        self.free.append(cache)
+        self.free[cache.layers[0].max_cache_len].append(cache)
 
 
 def compile_mode(device: torch.device) -> str | None:
@@ -105,26 +135,28 @@ def compile_mode(device: torch.device) -> str | None:
     return "reduce-overhead" if device.type == "cuda" else None
 
 
-def with_compiled_step(model: nn.Module, max_len: int = MAX_LEN) -> nn.Module:
+def with_compiled_step(model: nn.Module, sizes: tuple[int, ...] = SIZES) -> nn.Module:
     """A copy of a Hugging Face causal LM (its weights shared) whose one-token forwards on its own static caches
-    run compiled; `new_cache()` hands out those caches. Any other call runs the model's own forward."""
+    run compiled; `new_cache()` hands out those caches, of the `sizes` given (tokens; a run moves up as it grows).
+    Any other call runs the model's own forward."""
     param = next(model.parameters())
     fast = copy.deepcopy(model, memo={id(t): t for t in [*model.parameters(), *model.buffers()]})
     eager = fast.forward  # the class's forward, bound to the copy
     # transformers renamed the cache argument (past_key_values -> cache); inside the graph, use the current name
     cache_arg = "cache" if "cache" in inspect.signature(eager).parameters else "past_key_values"
     step = torch.compile(eager, mode=compile_mode(param.device), dynamic=False)
-    limit = min(max_len, getattr(model.config.get_text_config(), "max_position_embeddings", max_len) or max_len)
-    pool = StaticPool(model.config, limit, param.dtype, param.device)
+    # each model's shape and cache size is a graph of its own: past torch's default of 8 per function (the draft
+    # and the target share one, their class's forward) it would run the rest eagerly, and say so only in a log
+    torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    limit = getattr(model.config.get_text_config(), "max_position_embeddings", None) or max(sizes)
+    pool = StaticPool(model.config, tuple(sorted({min(size, limit) for size in sizes})), param.dtype, param.device)
 
     def forward(input_ids=None, past_key_values=None, use_cache=True, logits_to_keep=0, **kw):
         if not isinstance(past_key_values, StaticKV):
             return eager(input_ids, past_key_values=past_key_values, use_cache=use_cache,
                          logits_to_keep=logits_to_keep, **kw)
         n = input_ids.shape[1]
-        if past_key_values.length + n > pool.max_len:
-            raise ValueError(f"this run needs more than the {pool.max_len} tokens the compiled step's static cache "
-                             "holds: use a shorter prompt or fewer new tokens, or --step eager.")
+        past_key_values.reserve(n)
         if n == 1 and not kw:
             if param.device.type == "cuda":
                 torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs were copied out: reuse them

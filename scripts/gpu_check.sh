@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Issue 36's GPU measurements and CUDA tests, on a lent GPU machine (the device tool), in stages that each fit one
+# call (10 minutes at most): reports and logs under $OUT.
+#   here, once:  bash scripts/gpu_wheels.sh                  (the wheels that machine lacks, into .whl/)
+#   device run:  carry [".whl"], command "bash scripts/gpu_check.sh costs tests-float32", then "... tests-bfloat16"
+# Stages:
+#   costs           specviz costs: the 7B-shape target with the 0.5B-shape draft in bf16, eager and compiled (T1, the
+#                   verify curve to 32, c, the bound, predicted speedups, the loop at full acceptance)
+#   costs-1.5b      the same with the 1.5B-shape target (the embedded pair's shapes)
+#   tests-float32   the engine's tests on CUDA in float32 (greedy identity, the statistical tests and their
+#   tests-bfloat16  negative controls, trees, the mapped vocabulary, the compiled step, synthetic pairs through the
+#                   runs layer) and tests/test_cuda.py (memory estimate, CUDA graphs); the same in bf16
+# Tried on a CPU with the mini shapes: SPECVIZ_GPU_CHECK_DEVICE=cpu SPECVIZ_GPU_CHECK_SMALL=1 bash scripts/gpu_check.sh ...
+set -uo pipefail
+cd "$(dirname "$0")/.."
+OUT=${OUT:-/tmp/specviz-gpu}; mkdir -p "$OUT"
+device=${SPECVIZ_GPU_CHECK_DEVICE:-cuda}
+export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 SPECVIZ_CACHE=${SPECVIZ_CACHE:-/tmp/specviz-cache}
+if compgen -G ".whl/*.whl" >/dev/null; then  # the device tool's way to bring what its image lacks
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    || exit 1
+  export PYTHONPATH=.:tests:/tmp/site
+else
+  export PYTHONPATH=.:tests
+fi
+python=${PYTHON:-python3}
+{ date -u; nvidia-smi 2>/dev/null || echo "no nvidia-smi"; "$python" -c "import torch, transformers; print('torch',
+  torch.__version__, 'cuda', torch.version.cuda, 'transformers', transformers.__version__)"; } | tee -a "$OUT/machine.txt"
+
+costs() {  # $1: target shape, $2: report name
+  local small=${SPECVIZ_GPU_CHECK_SMALL:-}
+  local draft=${small:+synthetic:mini-draft}; draft=${draft:-synthetic:qwen2.5-0.5b}
+  local target=${small:+synthetic:mini-target}; target=${target:-$1}
+  "$python" -m specviz.cli costs --draft "$draft" --target "$target" --device "$device" --dtype bfloat16 \
+    --step eager,compiled --max-verify 32 --forced-k 4,8 --forced-tokens 128 --json "$OUT/$2.json" 2>&1 \
+    | tee "$OUT/$2.log"
+}
+
+tests() {  # $1: dtype
+  SPECVIZ_TEST_DEVICE=$device SPECVIZ_TEST_DTYPE=$1 "$python" -m pytest -q -ra -p no:cacheprovider -n 8 \
+    -o addopts="" --junitxml="$OUT/tests_$1.xml" tests/test_speculative.py tests/test_statistical.py \
+    tests/test_families.py tests/test_tree_round.py tests/test_compiled.py tests/test_synthetic.py \
+    tests/test_cuda.py 2>&1 | tee "$OUT/tests_$1.log"
+}
+
+status=0
+for stage in "$@"; do
+  echo "== $stage"
+  case $stage in
+    costs) costs synthetic:qwen2.5-7b costs_7b_bf16 || status=1 ;;
+    costs-1.5b) costs synthetic:qwen2.5-1.5b costs_1.5b_bf16 || status=1 ;;
+    tests-float32) tests float32 || status=1 ;;
+    tests-bfloat16) tests bfloat16 || status=1 ;;
+    *) echo "unknown stage $stage"; status=2 ;;
+  esac
+done
+exit $status
