@@ -34,7 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 TEMPLATES = DOCS / "templates"
 REPORTS = {"bench": ROOT / "assets" / "bench", "proof": ROOT / "assets" / "proof", "atlas": ROOT / "assets" / "atlas",
-           "engines": ROOT / "assets" / "engines", "data": ROOT / "specviz" / "data"}  # data: the package's fitted models (the acceptance predictor)
+           "engines": ROOT / "assets" / "engines", "costs": ROOT / "assets" / "costs",
+           "data": ROOT / "specviz" / "data"}  # data: the package's fitted models (the acceptance predictor)
 REGION = re.compile(r"^(<!-- docs\.py: (?P<partial>[\w.-]+) -->\n)(?P<body>.*?)^(<!-- /docs\.py -->)", re.S | re.M)
 
 
@@ -308,9 +309,10 @@ def command_of(meta: dict) -> str | None:
         return meta["command"]
     if not meta.get("args"):
         return None
-    bench = dict((name, p) for name, _, p in subcommands(build_parser()))["bench"]
-    words = ["specviz", "bench"]
-    for action in bench._actions:
+    name = meta["args"].get("command", "bench")  # (bench reports before others recorded their command's name)
+    parser = dict((n, p) for n, _, p in subcommands(build_parser()))[name]
+    words = ["specviz", name]
+    for action in parser._actions:
         if not action.option_strings or action.dest not in meta["args"]:
             continue
         value = meta["args"][action.dest]
@@ -342,6 +344,8 @@ def about(report: dict, path_hint: str = "") -> str:
         *([f"torch {machine['torch']}", f"transformers {machine['transformers']}"] if "torch" in machine else [])])
     if "engines" in report:
         settings = engines_settings(report)
+    elif "steps" in report:
+        settings = costs_settings(report)
     elif "summary" in report:
         settings = bench_settings(report)
     elif "runs" in report and "samples" in meta:
@@ -353,6 +357,14 @@ def about(report: dict, path_hint: str = "") -> str:
              f"*Command*: `{command}`." if command else "*Command*: not recorded.",
              f"*Report*: [`{path_hint}`]({path_hint})." if path_hint else ""]
     return " ".join(line for line in lines if line)
+
+
+def costs_settings(report: dict) -> str:
+    meta, args = report["meta"], report["meta"]["args"]
+    return "; ".join([f"{args['draft']} → {args['target']}", f"{meta['dtype']} on {meta['device']}",
+                      f"steps {' and '.join(report['steps'])}", f"a context of {args['prompt_tokens']} tokens",
+                      f"the verify curve to {args['max_verify']} tokens, medians of {args['reps']} repetitions",
+                      f"the loop at full acceptance at K = {args['forced_k']}, {args['forced_tokens']} new tokens"])
 
 
 def engines_settings(report: dict) -> str:
@@ -407,7 +419,7 @@ def environment(used: list[Path]):
         return lambda name: load_report(kind, name, used)
 
     env.globals.update(bench=reader("bench"), proof=reader("proof"), atlas=reader("atlas"), data=reader("data"),
-                       engines=reader("engines"),
+                       engines=reader("engines"), costs=reader("costs"),
                        limit_options=limit_options,
                        about=lambda report: about(report, report.source.relative_to(ROOT).as_posix()))
     env.filters.update(f=f, x=times, ci=interval, pct=percent, seq=seq, by_kind=by_kind, p=pvalue,

@@ -34,9 +34,9 @@ def register(sub) -> None:
     p.add_argument("--prompt-tokens", type=int, default=128, help="the context every step is measured at")
     p.add_argument("--reps", type=int, default=9, help="timed repetitions per size (the median is kept)")
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the report as JSON")
-    add_options(p.add_argument_group("models"), PairSpec, several=("step",))
-    p.set_defaults(func=cmd_costs, step="eager,compiled", draft="synthetic:qwen2.5-0.5b",
-                   target="synthetic:qwen2.5-7b")
+    add_options(p.add_argument_group("models"), PairSpec, several=("step",),
+                defaults={"step": "eager,compiled", "draft": "synthetic:qwen2.5-0.5b", "target": "synthetic:qwen2.5-7b"})
+    p.set_defaults(func=cmd_costs)
 
 
 def predictions(cost, alphas=ALPHAS) -> list[dict]:
@@ -79,6 +79,7 @@ def step_report(pair, prompt: list[int], args, bandwidth: float) -> dict:
 def forced_summary(f) -> dict:
     per_round = lambda s: round(1e3 * s / f.rounds, 3)  # noqa: E731
     return {**asdict(f), "tokens_per_s": round(f.tokens_per_s, 2), "efficiency": round(f.efficiency, 3),
+            "speedup": round(f.speedup, 3),
             "ideal_tokens_per_s": round(f.ideal_tokens_per_s, 2), "overhead_ms_per_round": round(
                 f.overhead_ms_per_round, 3), "draft_ms_per_round": per_round(f.draft_s),
             "verify_ms_per_round": per_round(f.verify_s), "event_ms_per_round": per_round(f.event_s),
@@ -147,11 +148,14 @@ def format_costs(report: dict) -> str:
         row(f"predicted at acceptance {a}", lambda r, i=i: f"{r['predicted'][i]['speedup']:.2f}x (K {r['predicted'][i]['best_k']})")
     for j, f in enumerate(report["steps"][modes[0]]["forced"]):
         row(f"K={f['k']} full acceptance tok/s", lambda r, j=j: f"{r['forced'][j]['tokens_per_s']:.1f}")
-        row("  ideal tok/s (no engine cost)", lambda r, j=j: f"{r['forced'][j]['ideal_tokens_per_s']:.1f}")
-        row("  efficiency, overhead/round", lambda r, j=j: f"{r['forced'][j]['efficiency']:.2f}, "
-                                                           f"{r['forced'][j]['overhead_ms_per_round']:.2f} ms")
+        row("  target alone tok/s, speedup", lambda r, j=j: f"{r['forced'][j]['target_alone_tokens_per_s']:.1f}, "
+                                                            f"{r['forced'][j]['speedup']:.2f}x")
+        row("  ideal tok/s, efficiency", lambda r, j=j: f"{r['forced'][j]['ideal_tokens_per_s']:.1f}, "
+                                                        f"{r['forced'][j]['efficiency']:.2f}")
+        row("  ms/round: draft, verify, rest", lambda r, j=j: f"{r['forced'][j]['draft_ms_per_round']:.1f}, "
+                                                              f"{r['forced'][j]['verify_ms_per_round']:.1f}, "
+                                                              f"{r['forced'][j]['overhead_ms_per_round']:.2f}")
         row("  verify's argmax = recording", lambda r, j=j: f"{r['forced'][j]['argmax_agreement']:.2f}")
-        row("  target alone tok/s", lambda r, j=j: f"{r['forced'][j]['target_alone_tokens_per_s']:.1f}")
     width = max(len(label) for label, _ in rows) + 2
     meta = report["meta"]
     head = (f"{meta['machine'].get('gpu') or meta['machine']['cpu']}, {meta['device']}, {meta['dtype']}, "

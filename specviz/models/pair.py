@@ -28,8 +28,9 @@ class PairSpec:
     options and the app's model-pair controls are generated from these fields."""
 
     draft: str | None = Field(EMBEDDED, title="draft",
-                              description="'embedded', 'smollm2' (another family, embedded), 'tiny', a hub id, "
-                                          "a model folder or a .gguf file")
+                              description="'embedded', 'smollm2' (another family, embedded), 'tiny', "
+                                          "'synthetic:qwen2.5-7b' (random weights in a real model's shape: costs, "
+                                          "not acceptance), a hub id, a model folder or a .gguf file")
     target: str = Field(EMBEDDED, title="target", description="same choices as the draft")
     device: str = Field("auto", title="device", description="auto (cuda if available), cpu, cuda, cuda:1 ...")
     dtype: Dtype = Field("auto", title="dtype",

@@ -8,6 +8,7 @@ sentence as a bad value in the app or the API.
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from specviz.runs.settings import Setting, fields_of, number_text
 
@@ -22,7 +23,7 @@ def options_of(spec: type, limits=None) -> list[tuple[Setting, str, str]]:
     return out
 
 
-def help_text(s: Setting, several: bool = False) -> str:
+def help_text(s: Setting, several: bool = False, default=None) -> str:
     parts = []
     if s.choices is None and s.kind in (int, float):
         parts.append(s.must_text if s.must and not s.limit else
@@ -33,16 +34,20 @@ def help_text(s: Setting, several: bool = False) -> str:
         parts.append(f"one or more of {', '.join(map(str, s.choices))}, comma-separated" if s.choices
                      else "several, comma-separated, e.g. 4,8")
     if s.kind is not bool:
-        parts.append(f"default: {s.default}")
+        parts.append(f"default: {s.default if default is None else default}")
     text = f"{s.help} ({'; '.join(parts)})" if parts else s.help
     return text.replace("%", "%%")  # argparse formats help with %
 
 
-def add_options(parser, spec: type, limits=None, *, skip: tuple[str, ...] = (), several: tuple[str, ...] = ()):
-    """One option per setting of `spec` (but `skip`); `several`: settings that take a comma-separated list."""
+def add_options(parser, spec: type, limits=None, *, skip: tuple[str, ...] = (), several: tuple[str, ...] = (),
+                defaults: dict | None = None):
+    """One option per setting of `spec` (but `skip`); `several`: settings that take a comma-separated list;
+    `defaults`: a command's own defaults for some settings (by name), in place of the spec's."""
     for s, option, dest in options_of(spec, limits):
         if s.name in skip:
             continue
+        if defaults and s.name in defaults:
+            s = replace(s, default=defaults[s.name])
         if s.kind is bool:
             action = argparse.BooleanOptionalAction if s.default else "store_true"  # on by default: --no-x
             parser.add_argument(option, dest=dest, action=action, default=s.default, help=help_text(s))
