@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import EXACT, TEST_DEVICE, check_rounds, on_test_device, other_family, spec_tokens
+from helpers import EXACT, TEST_DEVICE, check_rounds, on_test_device, other_family, same_greedy, spec_tokens
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 from transformers import PreTrainedTokenizerFast
 
@@ -210,7 +210,7 @@ def test_greedy_output_of_the_cross_family_pair_is_the_target_alone(cross, draft
         for prompt in PROMPTS:
             ids = encode(cross, prompt)
             rounds = list(speculative_generate(cross, ids, config))
-            assert spec_tokens(rounds) == [s.token.id for s in autoregressive_generate(cross, ids, config)], prompt
+            assert same_greedy(spec_tokens(rounds), list(autoregressive_generate(cross, ids, config))), prompt
             check_rounds(cross, rounds, config)
             drafted += sum(r.k for r in rounds)
             accepted += sum(r.n_accepted for r in rounds)
@@ -226,6 +226,7 @@ def test_greedy_output_of_the_cross_family_pair_is_the_target_alone(cross, draft
 def test_the_bench_times_the_draft_on_its_own_tokens_and_the_proof_skips_the_draft_alone(cross, tmp_path):
     """`specviz bench --draft smollm2` times the draft's step on the prompt in its own ids; the proof's
     "draft alone" control is left out (a draft of another family speaks other ids), the others stay."""
+    pytest.importorskip("gradio_client", reason="the whole CLI (a lent GPU machine runs the engine without it)")
     from unittest import mock
 
     from specviz import cli

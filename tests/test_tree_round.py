@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import check_rounds, spec_tokens
+from helpers import EXACT, TEST_DEVICE, check_rounds, same_greedy, spec_tokens
 
 from specviz.engine import DecodeConfig, SamplingParams, speculative_generate
 from specviz.engine.autoregressive import autoregressive_generate
@@ -35,14 +35,15 @@ def ids(pair, text=PROMPT):
 
 
 def target_alone(pair, prompt, config):
-    return [s.token.id for s in autoregressive_generate(pair, prompt, replace(config, drafter="model"))]
+    """The target alone's greedy steps."""
+    return list(autoregressive_generate(pair, prompt, replace(config, drafter="model")))
 
 
 @pytest.mark.parametrize("budget,k", [(1, 8), (4, 3), (16, 1), (16, 8), (40, 6)])
 def test_greedy_tree_output_is_the_target_alone(tiny, budget, k):
     config = DecodeConfig(k=k, max_new_tokens=30, drafter="tree", tree_budget=budget)
     rounds = list(speculative_generate(tiny, ids(tiny), config))
-    assert spec_tokens(rounds) == target_alone(tiny, ids(tiny), config)
+    assert same_greedy(spec_tokens(rounds), target_alone(tiny, ids(tiny), config))
     check_tree_rounds(tiny, rounds, config)
     assert all(0 < len(r.tree) <= budget and max(n.depth for n in r.tree) <= k for r in rounds[:-1])
     if budget > 1:  # the tree is used: more than one candidate somewhere
@@ -111,7 +112,7 @@ def test_the_tree_drafter_reads_each_node_as_its_path_alone(tiny):
     positions are right), the nodes are the most likely paths, and after `keep` the draft's cache continues
     exactly like a fresh read of the accepted path."""
     drafter = TreeDrafter(tiny.draft, SamplingParams(), tiny.vocab_size)
-    prompt = torch.tensor([ids(tiny)])
+    prompt = torch.tensor([ids(tiny)], device=TEST_DEVICE)
     drafter.prefill(prompt)
     tree = drafter.grow(prompt, depth=4, budget=10)
     parents = tree.parents
@@ -119,8 +120,8 @@ def test_the_tree_drafter_reads_each_node_as_its_path_alone(tiny):
     score = []
     for i in range(tree.n):
         path = [tree.tokens[j] for j in path_to(parents, i)]
-        logits = tiny.draft(torch.tensor([ids(tiny) + path[:-1]])).logits[0, -1]
-        assert tree.q[i] == pytest.approx(float(torch.softmax(logits, -1)[path[-1]]), rel=1e-4)
+        logits = tiny.draft(torch.tensor([ids(tiny) + path[:-1]], device=TEST_DEVICE)).logits[0, -1].float()
+        assert tree.q[i] == pytest.approx(float(torch.softmax(logits, -1)[path[-1]]), rel=1e-4 if EXACT else 2e-2)
         score.append(math.prod(tree.q[j] for j in path_to(parents, i)))
     # every child is less likely than its parent, so the budget's best paths form a tree
     assert all(score[i] <= score[p] + 1e-9 for i, p in enumerate(parents) if p >= 0)
@@ -128,8 +129,10 @@ def test_the_tree_drafter_reads_each_node_as_its_path_alone(tiny):
     path = path_to(parents, leaf)
     drafter.keep(tree, path)
     committed = ids(tiny) + [tree.tokens[j] for j in path] + [5]
-    after = drafter.model(torch.tensor([[5]]), past_key_values=drafter.cache, use_cache=True).logits[0, -1]
-    torch.testing.assert_close(after, tiny.draft(torch.tensor([committed])).logits[0, -1], atol=1e-5, rtol=1e-4)
+    after = drafter.model(torch.tensor([[5]], device=TEST_DEVICE), past_key_values=drafter.cache,
+                          use_cache=True).logits[0, -1]
+    fresh = tiny.draft(torch.tensor([committed], device=TEST_DEVICE)).logits[0, -1]
+    torch.testing.assert_close(after, fresh, **(dict(atol=1e-5, rtol=1e-4) if EXACT else dict(atol=5e-2, rtol=5e-2)))
 
 
 def random_tree(rng: random.Random, n: int, vocab: int) -> tuple[list[int], list[int]]:

@@ -162,3 +162,12 @@ def format_costs(report: dict) -> str:
             f"torch {meta['machine']['torch']}; bandwidth (triad) {report['bandwidth_gb_s']} GB/s")
     lines = [head] + [label.ljust(width) + "".join(v.rjust(22) for v in values) for label, values in rows]
     return "\n".join(lines)
+
+
+if __name__ == "__main__":  # `python -m specviz.bench.shape_costs costs ...`: where the app's packages are missing
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="specviz")
+    register(parser.add_subparsers(dest="command", required=True))
+    parsed = parser.parse_args()
+    sys.exit(parsed.func(parsed))

@@ -59,7 +59,7 @@ def measured_steps(eager: nn.Module, compiled: nn.Module, device: torch.device, 
             return StepTimes(**data["times"])
     except (OSError, ValueError, TypeError):
         pass
-    status("Timing the eager and the compiled one-token step on this machine (once; cached)…")
+    status("timing its eager and its compiled one-token step on this machine (once; cached)…")
     times = measure(eager, compiled, probe_ids(compiled))
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps({"key": asdict(key), "times": asdict(times)}, indent=1))
@@ -80,12 +80,13 @@ def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Call
                 raise ModelLoadError(f"the {role} runs on custom kernels (--target-quant {spec.target_quant}) that "
                                      "are not compiled: use --step eager or --target-quant none.")
             continue
-        status(f"Compiling the {role}'s one-token step…")
-        compiled = with_compiled_step(model)
+        compiled = with_compiled_step(model)  # (compiled at its first call)
         if spec.step == "auto":
-            times = measured_steps(getattr(eager, role), compiled, loaded.device, measure, folder, status)
+            times = measured_steps(getattr(eager, role), compiled, loaded.device, measure, folder,
+                                   lambda line: status(f"The {role}: {line}"))
             if not times.compiled_wins:
                 continue
+        status(f"The {role}'s one-token step runs compiled (compiled at its first call).")
         chosen[role] = compiled
     names = {f"{role}_name": f"{getattr(loaded, f'{role}_name')} [compiled step]" for role in chosen}
     return replace(eager, **chosen, **names)
