@@ -10,6 +10,9 @@ ENV PYTHONDONTWRITEBYTECODE=1 PIP_NO_CACHE_DIR=1 SPECVIZ_CACHE=/opt/specviz-cach
     GRADIO_ANALYTICS_ENABLED=False
 WORKDIR /app
 
+# a C compiler: Triton builds its launcher with one when the compiled one-token step (--step auto|compiled) first runs
+RUN apt-get update && apt-get install -y --no-install-recommends gcc libc6-dev && rm -rf /var/lib/apt/lists/*
+
 # torch comes from the base image; pip sees it satisfied and installs no other build.
 COPY pyproject.toml README.md ./
 COPY specviz ./specviz
@@ -25,7 +28,7 @@ COPY app.py ./
 COPY assets ./assets
 
 # the server needs no root: it reads the converted pair and writes only to its home (hub cache) and /tmp
-RUN useradd --create-home specviz
+RUN useradd --create-home specviz && mkdir -p "$SPECVIZ_CACHE/kernels" && chown specviz "$SPECVIZ_CACHE/kernels"
 USER specviz
 # made as the user, so a volume mounted here (hub downloads survive restarts) is the user's to write
 RUN mkdir -p /home/specviz/.cache/huggingface

@@ -173,3 +173,23 @@ def test_a_quantized_target_is_not_compiled():
     spec = PairSpec("tiny", "tiny", draft_quant="none", target_quant="int8", step="compiled")
     with pytest.raises(ModelLoadError, match="--step eager or --target-quant none"):
         load_spec(spec, loader=lambda *a, **k: tiny_pair())
+
+
+def test_a_step_that_cannot_compile_here_runs_eager_under_auto_and_is_one_sentence_when_asked_for(tmp_path,
+                                                                                                   monkeypatch):
+    """Compiling needs a working compiler toolchain (Triton needs a C compiler); without one, auto keeps the eager
+    step and says why, and --step compiled refuses at load, in one sentence, rather than failing mid-run."""
+    loaded = synthetic_pair(*MINI, device="cpu")
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.\n(pages)")
+
+    lines = []
+    pair = with_steps(loaded, loaded, PairSpec(*MINI, step="auto"), status=lines.append, measure=broken,
+                      folder=tmp_path)
+    assert not is_compiled(pair.draft) and not is_compiled(pair.target)
+    assert any("cannot be compiled here (RuntimeError: Failed to find C compiler" in line for line in lines)
+    assert not list(tmp_path.glob("**/step-*.json"))  # nothing kept: the next start tries again
+    monkeypatch.setattr("specviz.models.steps.time_step", broken)
+    with pytest.raises(ModelLoadError, match="could not be compiled here .*use --step eager or auto"):
+        with_steps(loaded, loaded, PairSpec(*MINI, step="compiled"), folder=tmp_path)

@@ -4,7 +4,7 @@ Eager PyTorch launches every small kernel of a forward from Python, hundreds per
 target's step is still bound by reading its weights, but a small draft's step is then bound by those
 launches, and can cost most of a target step (c near 1, where speculation loses). `torch.compile` fuses
 the step, and on CUDA replays it as one CUDA graph (`mode="reduce-overhead"`); a graph needs every tensor
-at a fixed address and a fixed shape, so the KV cache is preallocated to `max_len` tokens (a static cache)
+at a fixed address and a fixed shape, so the KV cache is preallocated (a static cache, in a few sizes: `SIZES`)
 and only the one-token step is compiled: the draft's step and the target-alone step. Wider forwards (the
 prompt, a verify over K + 1 tokens) run eagerly on the same cache.
 
@@ -13,9 +13,9 @@ one; `get_seq_length`, `crop(-n)`): its length is kept on the host, so reading i
 cropping only moves the write position back (entries past it are masked by position, then overwritten).
 Trees keep dynamic caches (they reorder them) and so never run compiled.
 
-Whether compiling pays is measured, not assumed (`measure_steps`, chosen per model, cached per machine): a
-compiled step computes the same logits up to rounding, and exactness holds against the model as it runs,
-in both lanes.
+Whether compiling pays is measured, not assumed (`measure_step`; `models.steps` chooses per model and keeps
+the answer per machine): a compiled step computes the same logits up to rounding, and exactness holds against
+the model as it runs, in both lanes.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specviz.models.compiled import StepTimes, measure_step, with_compiled_step
+from specviz.models.compiled import StepTimes, measure_step, time_step, with_compiled_step
 from specviz.models.kernel_table import KernelKey, table_path
 from specviz.models.pair import ModelLoadError, ModelPair, PairSpec
 
@@ -49,8 +49,9 @@ def step_key(eager: nn.Module, compiled: nn.Module, device: torch.device) -> Ker
 
 
 def measured_steps(eager: nn.Module, compiled: nn.Module, device: torch.device, measure: Measure = measure_step,
-                   folder: Path | None = None, status: Callable[[str], None] = log.info) -> StepTimes:
-    """Both steps' times for one model: from the cache where this machine measured them, else measured now."""
+                   folder: Path | None = None, status: Callable[[str], None] = log.info) -> StepTimes | None:
+    """Both steps' times for one model: from the cache where this machine measured them, else measured now; None
+    where the step cannot be compiled here."""
     key = step_key(eager, compiled, device)
     path = table_path(key, folder).with_name(f"step-{key.digest()}.json")
     try:
@@ -60,10 +61,33 @@ def measured_steps(eager: nn.Module, compiled: nn.Module, device: torch.device, 
     except (OSError, ValueError, TypeError):
         pass
     status("timing its eager and its compiled one-token step on this machine (once; cached)…")
-    times = measure(eager, compiled, probe_ids(compiled))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"key": asdict(key), "times": asdict(times)}, indent=1))
+    try:
+        times = measure(eager, compiled, probe_ids(compiled))
+    except Exception as e:  # noqa: BLE001 - whatever stops compiling here (no C compiler for Triton, an op it lacks)
+        status(f"its step cannot be compiled here ({failure(e)}): it runs eager.")
+        return None
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps({"key": asdict(key), "times": asdict(times)}, indent=1))
+    except OSError as e:  # a read-only cache: the choice stands, and is measured again at the next start
+        log.warning("could not keep the step timings in %s: %s", path, e)
     return times
+
+
+def failure(e: Exception) -> str:
+    """An exception's first line, short: compilers raise pages."""
+    line = (str(e).strip().splitlines() or [""])[0]
+    return f"{type(e).__name__}: {line[:160]}"
+
+
+def compiled_now(model: nn.Module, role: str) -> nn.Module:
+    """`model` (a compiled step) compiled at once, so that a failure is a sentence at load, not a broken run."""
+    try:
+        time_step(model, probe_ids(model), reps=1, warmup=0)
+    except Exception as e:  # noqa: BLE001 - see measured_steps
+        raise ModelLoadError(f"the {role}'s one-token step could not be compiled here ({failure(e)}): use --step "
+                             "eager or auto.") from e
+    return model
 
 
 def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Callable[[str], None] = log.info,
@@ -84,9 +108,12 @@ def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Call
         if spec.step == "auto":
             times = measured_steps(getattr(eager, role), compiled, loaded.device, measure, folder,
                                    lambda line: status(f"The {role}: {line}"))
-            if not times.compiled_wins:
+            if times is None or not times.compiled_wins:
                 continue
-        status(f"The {role}'s one-token step runs compiled (compiled at its first call).")
+        else:
+            status(f"Compiling the {role}'s one-token step…")
+            compiled_now(compiled, role)
+        status(f"The {role}'s one-token step runs compiled.")
         chosen[role] = compiled
     names = {f"{role}_name": f"{getattr(loaded, f'{role}_name')} [compiled step]" for role in chosen}
     return replace(eager, **chosen, **names)
