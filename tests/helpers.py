@@ -18,7 +18,7 @@ from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJ
 # them with SPECVIZ_TEST_DEVICE=cuda, once in float32 and once with SPECVIZ_TEST_DTYPE=bfloat16.
 TEST_DEVICE = torch.device(os.environ.get("SPECVIZ_TEST_DEVICE", "cpu"))
 TEST_DTYPE = getattr(torch, os.environ.get("SPECVIZ_TEST_DTYPE", "float32"))
-EXACT = TEST_DTYPE == torch.float32  # where two computations of one token agree to rounding, so greedy outputs are equal
+EXACT = TEST_DTYPE == torch.float32  # two computations of one token agree to rounding: greedy outputs are equal
 
 
 NEAR_TIE = 0.25  # a top-2 logit gap bf16's rounding (~3 significant digits over ~30 layers of sums) can close

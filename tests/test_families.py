@@ -53,9 +53,10 @@ def word_tokenizer(words: list[str]):
 def cross() -> ModelPair:
     target = tiny_model(0, len(WORDS))
     mapping = VocabMap.build(DRAFT_WORDS, WORDS, translate, device=TEST_DEVICE)
-    return on_test_device(ModelPair(draft=other_family(target, ROWS, 0.02, seed=1), target=target,
-                                    tokenizer=tiny_tokenizer(), device=CPU, dtype=torch.float32, draft_name="tiny-other",
-                                    target_name="tiny-target", eos_token_ids=frozenset({EOS_ID}), vocab_map=mapping))
+    return on_test_device(ModelPair(
+        draft=other_family(target, ROWS, 0.02, seed=1), target=target, tokenizer=tiny_tokenizer(), device=CPU,
+        dtype=torch.float32, draft_name="tiny-other", target_name="tiny-target", eos_token_ids=frozenset({EOS_ID}),
+        vocab_map=mapping))
 
 
 CLOSE = dict(atol=1e-5, rtol=1e-4) if EXACT else dict(atol=2e-2, rtol=2e-2)  # one token computed two ways
@@ -159,7 +160,8 @@ def test_the_mapped_drafter_reports_the_q_it_sampled_from(cross, sampling):
 
 def greedy_mapped(cross, ids: list[int]) -> MappedDrafter:
     """A greedy drafter of the cross pair that has read `ids`."""
-    drafter = MappedDrafter(cross.draft, cross.vocab_map, SamplingParams(0.0), make_generator(TEST_DEVICE, 0), len(WORDS))
+    drafter = MappedDrafter(cross.draft, cross.vocab_map, SamplingParams(0.0), make_generator(TEST_DEVICE, 0),
+                            len(WORDS))
     drafter.prefill(batch(ids))
     return drafter
 

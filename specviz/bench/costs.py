@@ -10,6 +10,7 @@ from __future__ import annotations
 import statistics
 
 import torch
+
 from specviz.bench.noise import calmest, timed
 from specviz.analysis.predict import CostModel
 from specviz.engine.plumbing import clock, new_cache, rollback

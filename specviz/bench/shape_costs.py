@@ -34,8 +34,8 @@ def register(sub) -> None:
     p.add_argument("--prompt-tokens", type=int, default=128, help="the context every step is measured at")
     p.add_argument("--reps", type=int, default=9, help="timed repetitions per size (the median is kept)")
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the report as JSON")
-    add_options(p.add_argument_group("models"), PairSpec, several=("step",),
-                defaults={"step": "eager,compiled", "draft": "synthetic:qwen2.5-0.5b", "target": "synthetic:qwen2.5-7b"})
+    add_options(p.add_argument_group("models"), PairSpec, several=("step",), defaults={
+        "step": "eager,compiled", "draft": "synthetic:qwen2.5-0.5b", "target": "synthetic:qwen2.5-7b"})
     p.set_defaults(func=cmd_costs)
 
 
@@ -109,11 +109,12 @@ def cmd_costs(args) -> int:
     eager = with_speedups(loaded, spec, status)
     prompt = prompt_ids(args.prompt_tokens, min(len(loaded.tokenizer), loaded.vocab_size))
     bandwidth = triad_bandwidth(device=loaded.device)
+    estimate = weights_bytes(replace(spec, kernels="plain"))  # the weights as loaded, before any speed-up
     report = {"meta": {"machine": machine(), "device": str(loaded.device),
                        "dtype": str(loaded.dtype).removeprefix("torch."),
                        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
                        "args": {k: v for k, v in vars(args).items() if k != "func"},
-                       "weights_estimate_bytes": (weights_bytes(replace(spec, kernels="plain")) or (0,))[0]},
+                       "weights_estimate_bytes": estimate[0] if estimate else None},
               "bandwidth_gb_s": round(bandwidth / 1e9, 2), "steps": {}}
     for s in steps:
         pair = eager if s == "eager" else with_steps(loaded, eager, replace(spec, step=s), status)
@@ -145,7 +146,8 @@ def format_costs(report: dict) -> str:
         if n <= len(report["steps"][modes[0]]["verify_ratio"]):
             row(f"T({n}) / T1", lambda r, n=n: f"{r['verify_ratio'][n - 1]:.2f}")
     for i, a in enumerate(ALPHAS):
-        row(f"predicted at acceptance {a}", lambda r, i=i: f"{r['predicted'][i]['speedup']:.2f}x (K {r['predicted'][i]['best_k']})")
+        row(f"predicted at acceptance {a}",
+            lambda r, i=i: f"{r['predicted'][i]['speedup']:.2f}x (K {r['predicted'][i]['best_k']})")
     for j, f in enumerate(report["steps"][modes[0]]["forced"]):
         row(f"K={f['k']} full acceptance tok/s", lambda r, j=j: f"{r['forced'][j]['tokens_per_s']:.1f}")
         row("  target alone tok/s, speedup", lambda r, j=j: f"{r['forced'][j]['target_alone_tokens_per_s']:.1f}, "

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 from typing import Literal, Protocol, get_args
 
 import torch
+
 from specviz.engine.cuts import StopRule
 from specviz.engine.early_exit import EarlyExit, early_exit_problem
 from specviz.engine.plumbing import PromptCache, fit_ids, model_vocab, new_cache, pad_vocab, prefilled, rollback
