@@ -7,15 +7,13 @@ one row (padding included), once, and the answer cached beside the kernel tables
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
-from dataclasses import asdict
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from specviz.models.kernel_table import KernelKey, table_path
+from specviz.models.kernel_table import KernelKey, read_keyed, table_path, write_keyed
 from specviz.models.kernels import Timer, choose, kernels_of, time_group
 
 # One decoder layer of the embedded target (Qwen2.5-Coder-1.5B: q/o 1536x1536, k/v 256x1536, gate/up 8960x1536,
@@ -40,16 +38,11 @@ def cpu_dtype_timings(folder: Path | None = None, cpu: str | None = None,
     """Seconds of the reference layer's tuned one-token step per dtype, measured once per machine and cached."""
     key = KernelKey.of([f"dtype:{d}" for d in DTYPE_CANDIDATES], torch.device("cpu"), [1, 2, 3, 4], cpu)
     path = table_path(key, folder).with_name(f"dtype-{key.digest()}.json")
-    try:
-        data = json.loads(path.read_text())
-        if data.get("key") == json.loads(json.dumps(asdict(key))):
-            return data["seconds"]
-    except (OSError, ValueError):
-        pass
+    if (kept := read_keyed(path, key)) is not None:
+        return kept["seconds"]
     with torch.inference_mode():
         seconds = {str(d).removeprefix("torch."): measure(d) for d in DTYPE_CANDIDATES}
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps({"key": asdict(key), "seconds": seconds}, indent=1))
+    write_keyed(path, key, seconds=seconds)
     return seconds
 
 

@@ -59,20 +59,32 @@ def table_path(key: KernelKey, folder: Path | None = None) -> Path:
     return folder / f"{key.digest()}.json"
 
 
-def load_table(path: Path, key: KernelKey) -> dict[str, Costs] | None:
+def read_keyed(path: Path, key: KernelKey) -> dict | None:
+    """A measurement kept for `key`: None if the file is missing, unreadable, or was made for another key (a
+    digest collision or a hand-edited file)."""
     try:
         data = json.loads(path.read_text())
     except (OSError, ValueError):
         return None
-    if data.get("key") != json.loads(json.dumps(asdict(key))):  # a digest collision or a hand-edited file
+    return data if isinstance(data, dict) and data.get("key") == json.loads(json.dumps(asdict(key))) else None
+
+
+def write_keyed(path: Path, key: KernelKey, **fields) -> None:
+    """Keep a measurement for `key` (written whole, then moved in place: a reader never sees half a file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps({"key": asdict(key), "measured": time.strftime("%Y-%m-%d %H:%M:%S"), **fields},
+                              indent=1))
+    tmp.replace(path)
+
+
+def load_table(path: Path, key: KernelKey) -> dict[str, Costs] | None:
+    data = read_keyed(path, key)
+    if data is None:
         return None
     return {shape: {k: {int(n): t for n, t in per.items()} for k, per in costs.items()}
             for shape, costs in data["costs"].items()}
 
 
 def save_table(path: Path, key: KernelKey, costs: dict[str, Costs]) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": asdict(key), "measured": time.strftime("%Y-%m-%d %H:%M:%S"),
-                               "costs": costs}, indent=1))
-    tmp.replace(path)
+    write_keyed(path, key, costs=costs)

@@ -11,7 +11,6 @@ whose compiled step won.
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import asdict, replace
@@ -21,7 +20,7 @@ import torch
 from torch import nn
 
 from specviz.models.compiled import StepTimes, measure_step, time_step, with_compiled_step
-from specviz.models.kernel_table import KernelKey, table_path
+from specviz.models.kernel_table import KernelKey, read_keyed, table_path, write_keyed
 from specviz.models.pair import ModelLoadError, ModelPair, PairSpec
 
 log = logging.getLogger(__name__)
@@ -54,12 +53,8 @@ def measured_steps(eager: nn.Module, compiled: nn.Module, device: torch.device, 
     where the step cannot be compiled here."""
     key = step_key(eager, compiled, device)
     path = table_path(key, folder).with_name(f"step-{key.digest()}.json")
-    try:
-        data = json.loads(path.read_text())
-        if data.get("key") == json.loads(json.dumps(asdict(key))):
-            return StepTimes(**data["times"])
-    except (OSError, ValueError, TypeError):
-        pass
+    if (kept := read_keyed(path, key)) is not None:
+        return StepTimes(**kept["times"])
     status("timing its eager and its compiled one-token step on this machine (once; cached)…")
     try:
         times = measure(eager, compiled, probe_ids(compiled))
@@ -67,8 +62,7 @@ def measured_steps(eager: nn.Module, compiled: nn.Module, device: torch.device, 
         status(f"its step cannot be compiled here ({failure(e)}): it runs eager.")
         return None
     try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps({"key": asdict(key), "times": asdict(times)}, indent=1))
+        write_keyed(path, key, times=asdict(times))
     except OSError as e:  # a read-only cache: the choice stands, and is measured again at the next start
         log.warning("could not keep the step timings in %s: %s", path, e)
     return times
