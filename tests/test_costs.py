@@ -45,13 +45,14 @@ def test_the_derived_numbers_follow_from_the_measured_ones(report, mode):
     r = report["steps"][mode]
     t1, d, verify = r["target_step_ms"], r["draft_step_ms"], r["verify_ms"]
     assert len(verify) == VERIFY and verify[0] == pytest.approx(t1, abs=1e-3)
-    assert r["c"] == pytest.approx(d / t1, rel=1e-3, abs=1e-4)
+    assert r["c"] == pytest.approx(d / t1, rel=2e-3, abs=1e-4)  # (from ms rounded to 0.1 µs)
     assert r["verify_ratio"] == pytest.approx([t / t1 for t in verify], rel=1e-3, abs=1e-3)
     for p in r["predicted"]:
         a = p["acceptance"]
         speedup = {k: (sum(a ** i for i in range(k + 1))) * t1 / (k * d + verify[k]) for k in range(1, VERIFY)}
-        best = max(speedup, key=lambda k: (round(speedup[k], 6), -k))
-        assert p["best_k"] == best and p["speedup"] == pytest.approx(speedup[best], rel=2e-3)
+        best = max(speedup.values())
+        # the best K, up to the rounding of the times it is recomputed from (two K may be that close)
+        assert speedup[p["best_k"]] == pytest.approx(best, rel=2e-3) and p["speedup"] == pytest.approx(best, rel=2e-3)
     for side, step_ms in (("target", t1), ("draft", d)):  # bytes at the measured bandwidth, over the step
         b = r["bound"][side]
         bound_s = b["weight_bytes"] / (report["bandwidth_gb_s"] * 1e9)

@@ -66,8 +66,9 @@ def step_report(pair, prompt: list[int], args, bandwidth: float) -> dict:
     forced = [forced_run(pair, prompt, k, args.forced_tokens, cost) for k in map(int, several_values(args.forced_k))]
     return {
         "draft": pair.draft_name, "target": pair.target_name, "compile_s": compile_s,
-        "target_step_ms": round(1e3 * cost.target_step_s, 3), "draft_step_ms": round(1e3 * cost.draft_step_s, 3),
-        "c": round(cost.c, 4), "verify_ms": [round(1e3 * t, 3) for t in cost.verify_s],
+        # to 0.1 µs: a small model's step is a fraction of a millisecond, and c and T(n)/T1 are read back from these
+        "target_step_ms": round(1e3 * cost.target_step_s, 4), "draft_step_ms": round(1e3 * cost.draft_step_s, 4),
+        "c": round(cost.c, 4), "verify_ms": [round(1e3 * t, 4) for t in cost.verify_s],
         "verify_ratio": [round(r, 4) for r in cost.verify_ratio],
         "bound": {"target": step_bound(step_bytes(pair.target), bandwidth, cost.target_step_s),
                   "draft": step_bound(step_bytes(pair.draft), bandwidth, cost.draft_step_s)},
