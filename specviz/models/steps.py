@@ -22,6 +22,7 @@ from torch import nn
 from specviz.models.compiled import StepTimes, measure_step, time_step, with_compiled_step
 from specviz.models.kernel_table import KernelKey, read_keyed, table_path, write_keyed
 from specviz.models.pair import ModelLoadError, ModelPair, PairSpec
+from specviz.models.synthetic import prompt_ids
 
 log = logging.getLogger(__name__)
 
@@ -36,9 +37,8 @@ def compilable(model, spec: PairSpec, role: str) -> bool:
 
 
 def probe_ids(model, n: int = 64) -> list[int]:
-    """A prompt any model can read: n ids spread over its vocabulary (what a step costs does not depend on them)."""
-    rows = model.config.get_text_config().vocab_size
-    return [(7919 * i) % (rows - 1) + 1 for i in range(n)]
+    """A prompt any model can read (what a step costs does not depend on its ids)."""
+    return prompt_ids(n, model.config.get_text_config().vocab_size)
 
 
 def step_key(eager: nn.Module, compiled: nn.Module, device: torch.device) -> KernelKey:
