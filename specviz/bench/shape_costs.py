@@ -56,12 +56,11 @@ def step_report(pair, prompt: list[int], args, bandwidth: float) -> dict:
     from specviz.bench.bandwidth import step_bound
     from specviz.bench.costs import measure_costs_once
     from specviz.bench.forced import forced_run
-    from specviz.models.compiled import is_compiled, time_step
     from specviz.models.kernels import step_bytes
 
-    # the first compiled call compiles: timed apart, so that it is neither a step nor a surprise
-    compile_s = {role: round(time_step(m, prompt, reps=1, warmup=0), 2)
-                 for role, m in (("draft", pair.draft), ("target", pair.target)) if is_compiled(m)}
+    # what compiling each step cost (`steps.compiled_now`, at load): neither a step nor a surprise
+    compile_s = {role: round(m.compile_s, 2) for role, m in (("draft", pair.draft), ("target", pair.target))
+                 if hasattr(m, "compile_s")}
     cost = measure_costs_once(pair, prompt, args.max_verify, args.reps)
     forced = [forced_run(pair, prompt, k, args.forced_tokens, cost) for k in map(int, several_values(args.forced_k))]
     return {
@@ -78,13 +77,14 @@ def step_report(pair, prompt: list[int], args, bandwidth: float) -> dict:
 
 
 def forced_summary(f) -> dict:
+    """A full-acceptance run's fields, its rates and ratios, and each part of a round in milliseconds."""
     per_round = lambda s: round(1e3 * s / f.rounds, 3)  # noqa: E731
-    return {**asdict(f), "tokens_per_s": round(f.tokens_per_s, 2), "efficiency": round(f.efficiency, 3),
-            "speedup": round(f.speedup, 3),
-            "ideal_tokens_per_s": round(f.ideal_tokens_per_s, 2), "overhead_ms_per_round": round(
-                f.overhead_ms_per_round, 3), "draft_ms_per_round": per_round(f.draft_s),
-            "verify_ms_per_round": per_round(f.verify_s), "event_ms_per_round": per_round(f.event_s),
-            "target_alone_tokens_per_s": round(f.target_alone_tokens_per_s, 2)}
+    return {**asdict(f),
+            "tokens_per_s": round(f.tokens_per_s, 2), "ideal_tokens_per_s": round(f.ideal_tokens_per_s, 2),
+            "target_alone_tokens_per_s": round(f.target_alone_tokens_per_s, 2),
+            "speedup": round(f.speedup, 3), "efficiency": round(f.efficiency, 3),
+            "draft_ms_per_round": per_round(f.draft_s), "verify_ms_per_round": per_round(f.verify_s),
+            "event_ms_per_round": per_round(f.event_s), "overhead_ms_per_round": round(f.overhead_ms_per_round, 3)}
 
 
 def cmd_costs(args) -> int:

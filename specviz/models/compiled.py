@@ -144,7 +144,9 @@ def with_compiled_step(model: nn.Module, sizes: tuple[int, ...] = SIZES) -> nn.M
     eager = fast.forward  # the class's forward, bound to the copy
     # transformers renamed the cache argument (past_key_values -> cache); inside the graph, use the current name
     cache_arg = "cache" if "cache" in inspect.signature(eager).parameters else "past_key_values"
-    step = torch.compile(eager, mode=compile_mode(param.device), dynamic=False)
+    mode = compile_mode(param.device)
+    step = torch.compile(eager, mode=mode, dynamic=False)
+    graphs = mode == "reduce-overhead"  # CUDA graphs: their outputs live in buffers the next replay overwrites
     # each model's shape and cache size is a graph of its own: past torch's default of 8 per function (the draft
     # and the target share one, their class's forward) it would run the rest eagerly, and say so only in a log
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
@@ -158,13 +160,14 @@ def with_compiled_step(model: nn.Module, sizes: tuple[int, ...] = SIZES) -> nn.M
         n = input_ids.shape[1]
         past_key_values.reserve(n)
         if n == 1 and not kw:
-            if param.device.type == "cuda":
+            if graphs:
                 torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs were copied out: reuse them
             # a fresh (1, 1) tensor: a slice of the ids would carry their row's stride, and each new stride would
             # compile the step again
             one = input_ids.new_empty((1, 1)).copy_(input_ids)
             out = step(one, **{cache_arg: past_key_values.hf}, use_cache=True, logits_to_keep=logits_to_keep)
-            out.logits = out.logits.clone()  # a CUDA graph's output is overwritten by its next replay
+            if graphs:
+                out.logits = out.logits.clone()  # copied out before the next replay overwrites them
         else:
             out = eager(input_ids, **{cache_arg: past_key_values.hf}, use_cache=True, logits_to_keep=logits_to_keep,
                         **kw)
@@ -217,7 +220,6 @@ def time_step(model: nn.Module, prompt_ids: list[int], reps: int = 9, warmup: in
             if rep >= warmup:
                 times.append(t1 - t0)
     return statistics.median(times)
-
 
 
 def measure_step(eager: nn.Module, compiled: nn.Module, prompt_ids: list[int],

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -75,12 +76,15 @@ def failure(e: Exception) -> str:
 
 
 def compiled_now(model: nn.Module, role: str) -> nn.Module:
-    """`model` (a compiled step) compiled at once, so that a failure is a sentence at load, not a broken run."""
+    """`model` (a compiled step) compiled at once, so that a failure is a sentence at load, not a broken run; the
+    seconds it took kept as `model.compile_s` (`specviz costs` reports them)."""
+    t0 = time.perf_counter()
     try:
         time_step(model, probe_ids(model), reps=1, warmup=0)
     except Exception as e:  # noqa: BLE001 - see measured_steps
         raise ModelLoadError(f"the {role}'s one-token step could not be compiled here ({failure(e)}): use --step "
                              "eager or auto.") from e
+    model.compile_s = time.perf_counter() - t0
     return model
 
 

@@ -3,7 +3,7 @@
 `synthetic:qwen2.5-7b` builds a model with the published configuration of that model (layers, widths, heads,
 KV heads, MLP, vocabulary, tied head or not) and random weights, on any device and dtype, with no file and no
 download. Random weights make acceptance meaningless, so these pairs measure *costs*: the target's step, the
-verify curve, the draft's step (`specviz bench costs`). A real pair's vocabularies differ by padding
+verify curve, the draft's step (`specviz costs`). A real pair's vocabularies differ by padding
 (Qwen2.5-7B has 152,064 rows, the 0.5B 151,936; the tokenizer produces neither's extra ids): the synthetic
 pair keeps that difference, so it takes the same path a real pair does (`ModelPair.vocab_size`, `pad_vocab`,
 `fit_ids`).

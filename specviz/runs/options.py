@@ -23,7 +23,7 @@ def options_of(spec: type, limits=None) -> list[tuple[Setting, str, str]]:
     return out
 
 
-def help_text(s: Setting, several: bool = False, default=None) -> str:
+def help_text(s: Setting, several: bool = False) -> str:
     parts = []
     if s.choices is None and s.kind in (int, float):
         parts.append(s.must_text if s.must and not s.limit else
@@ -34,7 +34,7 @@ def help_text(s: Setting, several: bool = False, default=None) -> str:
         parts.append(f"one or more of {', '.join(map(str, s.choices))}, comma-separated" if s.choices
                      else "several, comma-separated, e.g. 4,8")
     if s.kind is not bool:
-        parts.append(f"default: {s.default if default is None else default}")
+        parts.append(f"default: {s.default}")
     text = f"{s.help} ({'; '.join(parts)})" if parts else s.help
     return text.replace("%", "%%")  # argparse formats help with %
 
