@@ -24,6 +24,7 @@ K, TOKENS, VERIFY = 3, 24, 6
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     out = tmp_path_factory.mktemp("costs") / "costs.json"
+    torch._dynamo.reset()  # as in a fresh process: a test before this one may have compiled the same shapes
     code = main(["costs", "--draft", "synthetic:mini-draft", "--target", "synthetic:mini-target", "--device", "cpu",
                  "--dtype", "float32", "--step", "eager,compiled", "--max-verify", str(VERIFY), "--forced-k", str(K),
                  "--forced-tokens", str(TOKENS), "--prompt-tokens", "16", "--reps", "2", "--json", str(out)])
