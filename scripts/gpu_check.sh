@@ -1,8 +1,12 @@
 #!/usr/bin/env bash
-# Issue 36's GPU measurements and CUDA tests, on a lent GPU machine (the device tool), in stages that each fit one
-# call (10 minutes at most): reports and logs under $OUT.
+# The GPU measurements and CUDA tests, on a lent GPU machine (the device tool), one stage a call: each stage runs under
+# `timeout 540` (a call may take 10 minutes), writes what it has as it goes (the costs JSON after each step mode, a
+# failing mode recorded while the next runs), and leaves at most 8 files under $OUT in all. The plan, inside 30
+# minutes of GPU time with a machine's start (a few minutes) per call:
 #   here, once:  bash scripts/gpu_wheels.sh                  (the wheels that machine lacks, into .whl/)
-#   device run:  carry [".whl"], command "bash scripts/gpu_check.sh costs tests-float32", then "... tests-bfloat16"
+#   call 1:      carry [".whl"], command "bash scripts/gpu_check.sh costs"          (~6 min: two compiles, the curve)
+#   call 2:      "bash scripts/gpu_check.sh tests-float32 race"                     (~5 min)
+#   call 3:      "bash scripts/gpu_check.sh tests-bfloat16"                         (~4 min)
 # Stages:
 #   costs           specviz costs: the 7B-shape target with the 0.5B-shape draft in bf16, eager and compiled (T1, the
 #                   verify curve to 32, c, the bound, predicted speedups, the loop at full acceptance)
@@ -10,6 +14,9 @@
 #   tests-float32   the engine's tests on CUDA in float32 (greedy identity, the statistical tests and their
 #   tests-bfloat16  negative controls, trees, the mapped vocabulary, the compiled step, synthetic pairs through the
 #                   runs layer) and tests/test_cuda.py (memory estimate, CUDA graphs); the same in bf16
+#   race            the app's race through the runs layer, advanced from a thread pool as Gradio does, on the model
+#                   thread, with a compiled step (CUDA graphs are per thread: this is where a second thread would
+#                   break them)
 # Tried on a CPU with the mini shapes: SPECVIZ_GPU_CHECK_DEVICE=cpu SPECVIZ_GPU_CHECK_SMALL=1 bash scripts/gpu_check.sh ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -31,16 +38,20 @@ costs() {  # $1: target shape, $2: report name
   local small=${SPECVIZ_GPU_CHECK_SMALL:-}
   local draft=${small:+synthetic:mini-draft}; draft=${draft:-synthetic:qwen2.5-0.5b}
   local target=${small:+synthetic:mini-target}; target=${target:-$1}
-  "$python" -m specviz.bench.shape_costs costs --draft "$draft" --target "$target" --device "$device" --dtype bfloat16 \
-    --step eager,compiled --max-verify 32 --forced-k 4,8 --forced-tokens 128 --json "$OUT/$2.json" 2>&1 \
+  timeout 540 "$python" -m specviz.bench.shape_costs costs --draft "$draft" --target "$target" --device "$device" \
+    --dtype bfloat16 --step eager,compiled --max-verify 32 --forced-k 4,8 --forced-tokens 128 --json "$OUT/$2.json" 2>&1 \
     | tee "$OUT/$2.log"
 }
 
+pytests() {  # $1: dtype, $2: log name, the rest: test files
+  local dtype=$1 log=$2; shift 2
+  SPECVIZ_TEST_DEVICE=$device SPECVIZ_TEST_DTYPE=$dtype timeout 540 "$python" -m pytest -q -ra -p no:cacheprovider -n 4 \
+    --timeout 240 -o addopts="" "$@" 2>&1 | tee "$OUT/$log.log"
+}
+
 tests() {  # $1: dtype
-  SPECVIZ_TEST_DEVICE=$device SPECVIZ_TEST_DTYPE=$1 "$python" -m pytest -q -ra -p no:cacheprovider -n 8 \
-    -o addopts="" --junitxml="$OUT/tests_$1.xml" tests/test_speculative.py tests/test_statistical.py \
-    tests/test_families.py tests/test_tree_round.py tests/test_compiled.py tests/test_synthetic.py \
-    tests/test_cuda.py 2>&1 | tee "$OUT/tests_$1.log"
+  pytests "$1" "tests_$1" tests/test_speculative.py tests/test_statistical.py tests/test_families.py \
+    tests/test_tree_round.py tests/test_compiled.py tests/test_synthetic.py tests/test_cuda.py
 }
 
 status=0
@@ -51,6 +62,7 @@ for stage in "$@"; do
     costs-1.5b) costs synthetic:qwen2.5-1.5b costs_1.5b_bf16 || status=1 ;;
     tests-float32) tests float32 || status=1 ;;
     tests-bfloat16) tests bfloat16 || status=1 ;;
+    race) pytests bfloat16 race tests/test_model_thread.py || status=1 ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

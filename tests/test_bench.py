@@ -22,7 +22,7 @@ from specviz.bench.prompts import BenchPrompt, PromptFileError, parse_prompts
 from specviz.bench.report import build_report
 from specviz.bench.table import format_table
 from specviz.bench.runner import (
-    AR, AR_HF, Bench, Method, Plan, PromptResult, Timed, hf_assisted, measure, run_bench, setting_name, split, tuned_best,
+    AR, AR_EAGER, AR_HF, Bench, Method, Plan, PromptResult, Timed, hf_assisted, measure, run_bench, setting_name, split, tuned_best,
 )
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, EmittedToken, Round, Step
@@ -307,6 +307,34 @@ def test_the_faster_target_alone_is_the_baseline():
     assert s["ar_tokens_per_s"] == pytest.approx(20.0)  # both rates reported
 
 
+def test_the_ar_lane_on_its_eager_step_is_a_baseline_where_the_target_step_runs_compiled():
+    """A compiled target step that loses in use must not become the baseline: the eager lane is timed beside it."""
+    results = synthetic_results()
+    for r, seconds in zip(results, (1.5, 0.6)):
+        r.reps[0][AR_EAGER] = Timed(r.reps[0][AR].tokens, seconds)
+    s = build_report(bench_of(results), COST, device="cpu", dtype="bfloat16")["summary"]
+    assert s["baseline"] == "specviz's AR lane on the eager one-token step"
+    assert s["speedup"] == pytest.approx((60 / 1.5) / (60 / 2.1), abs=1e-4)
+
+
+def test_a_failed_baseline_check_scales_the_summary_speedup_instead_of_reporting_it_inflated():
+    """T(2)/T1 0.85 on the AR lane's own target: that lane was not on its fastest one-token path, so the summary's
+    speedup over it (and its interval) is scaled by 0.85, the number as measured kept beside it and said so."""
+    results = [result(p, "code", 20, ar_s=2.0, spec_s=t, ar_hf_s=9.0) for p, t in zip("abcd", (0.5, 1.0, 1.5, 0.8))]
+    bent = predict.CostModel(0.2, 0.05, (0.2, 0.17, 0.18, 0.21, 0.22))
+    report = build_report(bench_of(results), bent, device="cpu", dtype="bfloat16")
+    s = report["summary"]
+    assert s["baseline_check_ok"] is False and s["baseline"] == "specviz's AR lane"
+    assert s["speedup"] == pytest.approx(0.85 * s["speedup_as_measured"], abs=1e-3)
+    measured = report["methods"][SPEC]["speedup_ci95"]
+    assert s["speedup_ci95"] == pytest.approx([0.85 * x for x in measured], abs=1e-3)
+    assert "the baseline check failed (a forward over 2, 3 tokens cost less" in format_table(report)
+    fine = build_report(bench_of(results), COST, device="cpu", dtype="bfloat16")["summary"]
+    assert fine["baseline_check_ok"] and fine["speedup"] == fine["speedup_as_measured"] == s["speedup_as_measured"]
+    assert "the baseline check failed" not in format_table(build_report(bench_of(results), COST, device="cpu",
+                                                                        dtype="bfloat16"))
+
+
 def test_bootstrap_interval_brackets_the_speedup_and_collapses_when_every_prompt_agrees():
     same = [result(p, "code", 20, ar_s=2.0 * (i + 1), spec_s=i + 1.0, ar_hf_s=9.0) for i, p in enumerate("abcd")]
     s = build_report(bench_of(same), COST, device="cpu", dtype="float32")["summary"]
@@ -566,6 +594,47 @@ def test_cli_writes_json_and_html(tiny, tmp_path, capsys):
     assert {"hf same k=2", "hf same k=3"} & set(report["methods"]) and "hf loaded default" in report["methods"]
     assert page.stat().st_size > 1_000_000
     assert "speedup over the target alone" in capsys.readouterr().out
+
+
+@pytest.fixture(autouse=True)
+def eager_steps(monkeypatch):
+    """The bench's `--step auto` on the tiny pair: the eager steps, as if they could not be compiled here (a real
+    probe would compile the tiny models, and its choice would depend on this machine's noise)."""
+    monkeypatch.setattr("specviz.models.steps.measured_steps", lambda *args, **kwargs: None)
+
+
+def test_cli_chooses_the_steps_on_the_tuned_pair_and_times_the_eager_target_beside_a_compiled_one(
+        tiny, tmp_path, monkeypatch):
+    """Where the target's compiled step won its probe and held in use (faked here), the bench runs it, with its
+    verify on the tuned kernels, and times the AR lane on the eager step beside it as a baseline candidate."""
+    from functools import partial
+
+    from specviz import cli
+    from specviz.models import compiled, steps
+
+    probed = []
+
+    def faster(eager, compiled_model, *args, **kwargs):
+        probed.append(eager)
+        return compiled.StepTimes(eager_s=0.010, compiled_s=0.001, compile_s=1.0)
+
+    monkeypatch.setattr(steps, "measured_steps", faster)
+    monkeypatch.setattr(steps, "consecutive_step", lambda *a, **k: 0.001)
+    monkeypatch.setattr(steps, "wide_forward", lambda *a, **k: 0.0015)
+    monkeypatch.setattr(steps, "with_compiled_step", partial(compiled.with_compiled_step, sizes=(96,)))
+    prompts = tmp_path / "p.jsonl"
+    prompts.write_text('{"id": "a", "prompt": "the a of", "kind": "code"}\n{"id": "b", "prompt": "of the", "kind": "x"}\n')
+    out = tmp_path / "r.json"
+    with mock.patch("specviz.models.load_spec", lambda spec, **kw: tiny):
+        assert cli.main(["bench", "--prompts", str(prompts), "--k", "3", "--adaptive", "fixed", "--max-new-tokens",
+                         "8", "--json", str(out), "--no-progress"]) == 0
+    report = json.loads(out.read_text())
+    assert report["meta"]["target"].endswith("[tuned kernels] [compiled step]")
+    assert len(probed) == 2 and probed[1] is not tiny.target  # probed against the tuned target, not as loaded
+    eager = report["methods"][AR_EAGER]
+    assert eager["identical_fraction"] == 1.0 and report["summary"]["compiles_in_timed_runs"] == 0
+    assert report["summary"]["baseline"] in ("specviz's AR lane", "specviz's AR lane on the eager one-token step",
+                                             "transformers generate()")
 
 
 def test_cli_measures_tuned_kernels_against_the_kernels_as_loaded(tiny, tmp_path, capsys):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import gc
+from types import SimpleNamespace
 from dataclasses import replace
 
 import pytest
@@ -17,7 +18,8 @@ from specviz.engine.plumbing import new_cache, prefilled, rollback
 from specviz.models import ModelLoadError, PairSpec
 from specviz.models.compiled import MAX_LEN, SIZES, StaticKV, StepTimes, is_compiled, with_compiled_step
 from specviz.models.loading import load_spec
-from specviz.models.steps import with_steps
+from specviz.models.steps import InUse, checked_in_use, with_steps
+from specviz.runs.session import Session
 from specviz.models.synthetic import prompt_ids, synthetic_pair
 from specviz.models.tiny import tiny_pair
 
@@ -148,16 +150,76 @@ class FakeMeasure:
         return StepTimes(eager_s=0.010, compiled_s=0.020 if big else 0.004, compile_s=1.0)
 
 
+def as_probed(compiled, ids, wide):
+    """A compiled step timed in use as fast as FakeMeasure's probe said (no real timing)."""
+    return InUse(step_s=0.004, wide_s=0.006 if wide else None)
+
+
 def test_auto_compiles_each_model_whose_compiled_step_measured_faster_and_remembers(tmp_path):
     loaded = synthetic_pair(*MINI, device="cpu")
     spec = PairSpec(*MINI, device="cpu", step="auto")
     measure = FakeMeasure()
-    pair = with_steps(loaded, loaded, spec, measure=measure, folder=tmp_path)
+    pair = with_steps(loaded, loaded, spec, measure=measure, folder=tmp_path, check=as_probed)
     assert is_compiled(pair.draft) and not is_compiled(pair.target)
     assert pair.draft_name.endswith("[compiled step]") and pair.target_name == MINI[1]
+    assert pair.eager_steps is loaded  # what a check in use falls back to
     assert measure.calls == 2
-    again = with_steps(loaded, loaded, spec, measure=measure, folder=tmp_path)
+    again = with_steps(loaded, loaded, spec, measure=measure, folder=tmp_path, check=as_probed)
     assert measure.calls == 2 and is_compiled(again.draft) and not is_compiled(again.target)  # from the cache
+
+
+def steps_with(tmp_path, times: StepTimes, used: InUse, lines: list):
+    """The mini pair's steps under `auto`, both models probed at `times` and timed in use at `used` (fakes)."""
+    loaded = synthetic_pair(*MINI, device="cpu")
+    return with_steps(loaded, loaded, PairSpec(*MINI, device="cpu", step="auto"), status=lines.append,
+                      measure=lambda *a: times, folder=tmp_path, check=lambda *a: used)
+
+
+def test_a_compiled_step_must_win_its_probe_by_the_margin(tmp_path):
+    """A 0.4 % win (the noise the Zen 4 probe chose by) keeps eager, and says so; 6 % compiles."""
+    lines = []
+    pair = steps_with(tmp_path / "a", StepTimes(eager_s=0.2308, compiled_s=0.2299, compile_s=30.0),
+                      InUse(0.2299, 0.2), lines)
+    assert not is_compiled(pair.target) and not is_compiled(pair.draft) and pair.eager_steps is None
+    assert any("The target's one-token step: eager 230.8 ms, compiled 229.9 ms: it stays eager (compiling must "
+               "win by more than 5%)" in line for line in lines)
+    pair = steps_with(tmp_path / "b", StepTimes(eager_s=0.2308, compiled_s=0.2168, compile_s=30.0),
+                      InUse(0.2168, 0.2168), lines)
+    assert is_compiled(pair.target) and pair.target.step_probe.compiled_s == 0.2168
+
+
+def test_a_compiled_step_that_does_not_hold_in_use_is_dropped_at_load_in_one_sentence(tmp_path):
+    """Won its probe by 6 %, but as a run uses it: slower than eager (the 318.7 ms the bench met), or slower than a
+    2-token forward (T(2)/T1 0.86): either way the pair keeps its eager steps and says why."""
+    probe = StepTimes(eager_s=0.2308, compiled_s=0.2168, compile_s=30.0)
+    for used, why in ((InUse(0.3187, 0.28), "in use it took 318.7 ms a token against 230.8 ms eager (its probe: "
+                                            "216.8 ms)"),
+                      (InUse(0.2168, 0.1865), "a 2-token forward (186.5 ms) cost less than its one-token step "
+                                              "(216.8 ms)")):
+        lines = []
+        pair = steps_with(tmp_path / str(used.step_s), probe, used, lines)
+        assert not is_compiled(pair.target) and not is_compiled(pair.draft)
+        dropped = [line for line in lines if "won its probe" in line]
+        assert len(dropped) == 2 and why in dropped[1] and dropped[1].endswith("it runs eager.")
+
+
+def test_a_compiled_target_slower_in_a_run_than_its_probe_falls_back_to_eager(tmp_path):
+    """The check in use after a run: the target alone's median step against the probe's eager step."""
+    lines = []
+    pair = steps_with(tmp_path, StepTimes(eager_s=0.2308, compiled_s=0.2168, compile_s=30.0), InUse(0.2168, 0.22),
+                      lines)
+    same, note = checked_in_use(pair, 0.2170)
+    assert same is pair and note is None
+    back, note = checked_in_use(pair, 0.245)
+    assert not is_compiled(back.target) and back.target is pair.eager_steps.target
+    assert is_compiled(back.draft) is is_compiled(pair.draft)  # only the target's step was measured in use
+    assert note.count(". ") == 0 and "did not hold in this run (in use it took 245.0 ms a token against 230.8 ms " \
+        "eager" in note and note.endswith("the target runs eager from now on.")
+    session = Session(pair)
+    assert session.check_steps(pair, [SimpleNamespace(time=t) for t in (0.25, 0.24, 0.26)]) == \
+        checked_in_use(pair, 0.25)[1]
+    assert not is_compiled(session.pair.target)
+    assert session.check_steps(session.pair, [SimpleNamespace(time=0.3)]) is None  # eager now: nothing to drop
 
 
 def test_eager_and_compiled_are_taken_as_asked(tmp_path):

@@ -81,6 +81,36 @@ def test_the_loop_at_full_acceptance_against_its_ideal(report, mode):
     assert f["event_ms_per_round"] <= f["overhead_ms_per_round"]  # the event is built within the rest
 
 
+@pytest.mark.parametrize("mode", ["eager", "compiled"])
+def test_the_loop_s_host_reads_and_compiles_are_counted(report, mode):
+    """Nothing compiles inside a timed loop (every size and buffer set was warmed first); the host reads the
+    device once per token of the target alone and at most twice a round (the rounds here draft a fixed K)."""
+    r = report["steps"][mode]
+    assert r["compiles_in_timed_runs"] == 0 and r["cudagraph_skips"] == 0
+    (f,) = r["forced"]
+    assert (r["host_syncs_per_round"], r["host_syncs_per_ar_token"]) == (f["host_syncs_per_round"],
+                                                                         f["host_syncs_per_ar_token"])
+    # the aim: 1 a token, 2 a round; a compiled step's verify runs transformers' eager forward on the static cache,
+    # whose mask code reads the cache's write position (a device tensor) twice: two more, counted
+    assert r["host_syncs_per_ar_token"] == 1 and 1 <= r["host_syncs_per_round"] <= (2 if mode == "eager" else 4)
+
+
+def test_host_reads_are_counted_on_the_device_only_inside_the_block():
+    from specviz.bench.syncs import counting_host_reads
+
+    x = torch.tensor([1.0, 2.0])
+    item = torch.Tensor.item
+    with counting_host_reads(torch.device("cpu")) as reads:
+        x[0].item(), x.tolist()  # two reads
+        if x[1] > 1:  # a tensor in an `if` is read too
+            pass
+        y = torch.cat([x, x]).cpu()  # one transfer: what is read of it afterwards is on the host already
+        [part.view(2).tolist() for part in y.split([2, 2])]
+    assert reads == [4] and torch.Tensor.item is item
+    x.item() if x.numel() == 1 else x.tolist()
+    assert reads == [4]  # nothing counted after the block
+
+
 def test_the_table_puts_the_modes_side_by_side(report, capsys):
     from specviz.bench.shape_costs import format_costs
 
@@ -135,3 +165,23 @@ def test_keep_every_draft_keeps_what_the_rule_would_reject_and_the_report_says_h
     assert all(r.n_accepted == r.k and r.emitted.kind == "bonus" for r in rounds)
     assert [t for r in rounds for t in r.new_token_ids][:k] == wrong[:k]
     assert not any(d.p == 1.0 for r in rounds for d in r.drafted)  # greedy p: 1 only at the verify's argmax
+
+
+def test_a_failing_step_mode_is_recorded_and_the_next_still_runs(tmp_path, monkeypatch, capsys):
+    """A lent GPU's call is short: a mode that fails (a compile error) is recorded in the JSON, written after each
+    mode, and the next mode is measured all the same; the command then exits 1."""
+    def broken(loaded, eager, spec, *args, **kwargs):
+        if spec.step == "compiled":
+            raise RuntimeError("Triton: no C compiler\n(pages of it)")
+        return eager
+
+    monkeypatch.setattr("specviz.models.steps.with_steps", broken)
+    out = tmp_path / "costs.json"
+    code = main(["costs", "--draft", "synthetic:mini-draft", "--target", "synthetic:mini-target", "--device", "cpu",
+                 "--dtype", "float32", "--step", "compiled,eager", "--max-verify", "3", "--forced-k", "",
+                 "--prompt-tokens", "8", "--reps", "1", "--json", str(out)])
+    assert code == 1
+    report = json.loads(out.read_text())
+    assert report["steps"]["compiled"] == {"error": "RuntimeError: Triton: no C compiler"}
+    assert report["steps"]["eager"]["target_step_ms"] > 0
+    assert "compiled: failed (RuntimeError: Triton: no C compiler)" in capsys.readouterr().out

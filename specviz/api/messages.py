@@ -43,7 +43,7 @@ def race_dict(state: RaceState) -> dict:
     out = {"event": "done" if state.done else "race", "ar": lane_dict(state.ar), "spec": lane_dict(state.spec),
            "speedup": state.speedup, "decode_speedup": state.decode_speedup if state.done else None,
            "greedy": state.greedy, "divergence": None if d is None else asdict(d), "cpu_shared": state.shared_cpu,
-           "recorded_at": iso_time(state.recorded_at)}  # a recorded answer: when this server ran it
+           "timing_note": state.timing_note, "recorded_at": iso_time(state.recorded_at)}  # a recorded answer: when this server ran it
     if state.done:
         out.update(stats=state.stats().to_dict(), identical=state.identical, meta=asdict(state.meta))
     return out

@@ -39,5 +39,5 @@ def triad_bandwidth(array_bytes: int = TRIAD_BYTES, passes: int = 5, device: tor
 def step_bound(step_bytes: int, bandwidth: float, step_s: float) -> dict:
     """A step against its bound: the bytes it reads, the time they take at `bandwidth`, the fraction of it."""
     bound = step_bytes / bandwidth
-    return {"weight_bytes": step_bytes, "bound_ms": round(1e3 * bound, 2), "step_ms": round(1e3 * step_s, 2),
+    return {"weight_bytes": step_bytes, "bound_ms": round(1e3 * bound, 4), "step_ms": round(1e3 * step_s, 4),
             "fraction_of_bound": round(bound / step_s, 3)}

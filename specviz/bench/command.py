@@ -139,6 +139,7 @@ def cmd_bench(args) -> int:
     from specviz.models.draft import DraftQuant, cheaper_draft, with_cheaper_draft
     from specviz.bench.bandwidth import triad_bandwidth
     from specviz.models.draft.lean import LeanDraft
+    from specviz.models.steps import with_steps
     from specviz.models.target import with_target, with_tuned_draft
 
     plan = plan_of(args)  # a bad flag fails here, before any model loads
@@ -156,7 +157,8 @@ def cmd_bench(args) -> int:
     if info["cpu_count"] and info["torch_threads"] != info["cpu_count"]:
         log.warning("torch uses %s threads on %s cores", info["torch_threads"], info["cpu_count"])
     # the draft as loaded (the cheaper one is chosen below) and the target at its precision, on the kernels as loaded
-    loaded = load_spec(replace(spec, draft_quant="none", kernels="plain"))
+    # (the one-token steps are chosen below, on the pair as the runs use it: the tuned kernels, the cheaper draft)
+    loaded = load_spec(replace(spec, draft_quant="none", kernels="plain", step="eager"))
     pair, tuning = with_target(loaded, "none", spec.kernels, status=lambda s: print(s, file=sys.stderr))
     untuned = loaded if args.also_untuned and tuning is not None else None
     problem = next(filter(None, (drafter_problem(c.drafter, pair.draft, pair.target, c.exit_layer, pair.vocab_map)
@@ -179,6 +181,7 @@ def cmd_bench(args) -> int:
         # would hand it over
         same = cheaper_draft(pair, quant, lean=False) if isinstance(spec_pair.draft, LeanDraft) else spec_pair.draft
         assistants = {"same": same, **({"loaded": pair.draft} if same is not pair.draft else {})}
+    spec_pair = with_steps(loaded, spec_pair, spec, status=lambda s: print(s, file=sys.stderr))
     cost_pair = spec_pair
     if plan.config.drafter == "self":  # the draft step is the target's early exit (no cost model for a sweep)
         layer = cost_exit_layer(plan)
@@ -205,7 +208,7 @@ def cmd_bench(args) -> int:
 
         llamacpp = compare_llamacpp(args.compare_llamacpp, spec, [r.prompt for r in bench.reported], bench.chosen,
                                     status=lambda s: print(s, file=sys.stderr))
-    meta = {"machine": info, "draft": pair.draft_name, "target": pair.target_name,
+    meta = {"machine": info, "draft": pair.draft_name, "target": spec_pair.target_name,
             "draft_quant": {"bits": quant.bits, "group_size": quant.group_size,
                             "applied": spec_pair.draft is not pair.draft,
                             "step": type(spec_pair.draft).__name__},

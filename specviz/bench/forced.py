@@ -26,6 +26,8 @@ from specviz.engine.drafters import Draft, ModelDrafter, point_mass_draft
 from specviz.engine.plumbing import at
 from specviz.engine.rules import Verdict, verify
 from specviz.engine.sampling import SamplingParams, draw, make_generator
+from specviz.models.compiled import CompileCounts
+from specviz.bench.syncs import counting_host_reads
 
 
 def keep_every_draft(p, q, tokens, generator, greedy: bool = False) -> Verdict:
@@ -44,8 +46,8 @@ class ForcedDrafter:
     def __init__(self, inner: ModelDrafter, continuation: list[int], prompt_len: int, vocab_size: int):
         self.inner, self.continuation, self.prompt_len, self.vocab_size = inner, continuation, prompt_len, vocab_size
 
-    def prefill(self, ids: torch.Tensor) -> None:
-        self.inner.prefill(ids)
+    def prefill(self, ids: torch.Tensor, room: int = 0) -> None:
+        self.inner.prefill(ids, room)
 
     def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft:
         drafted = self.inner.propose(ids, history, k)  # the draft's true cost: its k steps
@@ -70,6 +72,10 @@ class ForcedRun:
     event_s: float  # in the round's statistics, host transfer and event (overhead_time)
     ideal_tokens_per_s: float  # the cost model's rate for these rounds: no engine overhead at all
     target_alone_tokens_per_s: float  # the target alone's loop over the same tokens, measured beside it
+    host_syncs_per_round: float = 0.0  # reads of device values by the host (`syncs.py`), the prompt's round out
+    host_syncs_per_ar_token: float = 0.0  # the same in the target alone's loop, per token after the first
+    compiles: int = 0  # graphs torch compiled in either timed loop: 0, or the rates are no measure
+    cudagraph_skips: int = 0  # graphs that ran without CUDA graphs in either loop (launch-bound again)
 
     @property
     def tokens_per_s(self) -> float:
@@ -93,25 +99,30 @@ class ForcedRun:
         return 1e3 * (self.decode_s - self.draft_s - self.verify_s) / self.rounds
 
 
-def timed_events(events) -> tuple[list, float]:
-    """All events of a run and the wall seconds spent producing them after the first (which read the prompt)."""
+def timed_events(events, device: torch.device) -> tuple[list, float, int, CompileCounts]:
+    """All events of a run; the wall seconds spent producing them after the first (which read the prompt), the
+    host reads meanwhile, and the graphs compiled or skipped meanwhile."""
     it = iter(events)
     first = [next(it)]
-    t0 = time.perf_counter()
-    rest = list(it)
-    return first + rest, time.perf_counter() - t0
+    before = CompileCounts.now()
+    with counting_host_reads(device) as reads:
+        t0 = time.perf_counter()
+        rest = list(it)
+        seconds = time.perf_counter() - t0
+    return first + rest, seconds, reads[0], CompileCounts.now().since(before)
 
 
 def forced_run(pair, prompt: list[int], k: int, new_tokens: int, cost: CostModel) -> ForcedRun:
     """The round loop at K with every draft accepted (see the module's doc), the target alone beside it."""
     greedy = DecodeConfig(k=k, max_new_tokens=new_tokens + k + 1, adaptive="fixed")
-    steps, alone_s = timed_events(autoregressive_generate(pair, prompt, greedy))  # the recording, timed
+    steps, alone_s, ar_reads, ar_compiles = timed_events(autoregressive_generate(pair, prompt, greedy),
+                                                         pair.device)  # the recording, timed
     continuation = [s.token.id for s in steps]
     config = DecodeConfig(k=k, max_new_tokens=new_tokens, adaptive="fixed")
     inner = ModelDrafter(pair.draft, SamplingParams(0.0), make_generator(pair.device, 0), pair.vocab_size)
     drafter = ForcedDrafter(inner, continuation, len(prompt), pair.vocab_size)
-    rounds, decode_s = timed_events(speculative_generate(pair, prompt, config, drafter=drafter,
-                                                         rule=keep_every_draft))
+    rounds, decode_s, reads, compiles = timed_events(speculative_generate(pair, prompt, config, drafter=drafter,
+                                                                          rule=keep_every_draft), pair.device)
     timed = rounds[1:]  # as `decode_s`: the first round's wall time includes reading the prompt
     tokens = sum(len(r.new_token_ids) for r in timed)
     drafted = sum(r.k for r in rounds)
@@ -120,4 +131,7 @@ def forced_run(pair, prompt: list[int], k: int, new_tokens: int, cost: CostModel
                      argmax_agreement=sum(d.p == 1.0 for r in rounds for d in r.drafted) / drafted if drafted else 1.0,
                      decode_s=decode_s, draft_s=sum(r.draft_time for r in timed),
                      verify_s=sum(r.verify_time for r in timed), event_s=sum(r.overhead_time for r in timed),
-                     ideal_tokens_per_s=ideal, target_alone_tokens_per_s=(len(steps) - 1) / alone_s)
+                     ideal_tokens_per_s=ideal, target_alone_tokens_per_s=(len(steps) - 1) / alone_s,
+                     host_syncs_per_round=reads / len(timed), host_syncs_per_ar_token=ar_reads / (len(steps) - 1),
+                     compiles=compiles.graphs + ar_compiles.graphs,
+                     cudagraph_skips=compiles.cudagraph_skips + ar_compiles.cudagraph_skips)

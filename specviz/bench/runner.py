@@ -1,8 +1,9 @@
 """Run the benchmark so that a skeptic accepts its ratios.
 
 Methods, each timed wall-clock around the whole call (prompt reading included, as a user waits):
-- the target alone, twice: specviz's AR lane and transformers' plain `generate()`. The faster of the
-  two is the baseline, so the AR lane's per-token instrumentation can never inflate a speedup;
+- the target alone, twice: specviz's AR lane and transformers' plain `generate()` (three times where the
+  target's one-token step runs compiled: the AR lane on its eager step too). The fastest is the baseline, so
+  neither the AR lane's per-token instrumentation nor a step that loses in use can inflate a speedup;
 - speculative decoding at a setting (K, confidence cut);
 - transformers' assisted generation with the SAME draft specviz runs (its int4 weights, through the
   Hugging Face forward generate() needs) and with the draft as loaded, each at specviz's K and at HF's
@@ -33,8 +34,11 @@ from specviz.bench.prompts import BenchPrompt
 from specviz.engine import DecodeConfig, autoregressive_generate, speculative_generate
 from specviz.engine.config import CUT_MODES
 from specviz.models import encode_prompt
+from specviz.models.compiled import CompileCounts, warm_sizes
 
 AR, AR_HF = "ar", "ar_hf"  # the target alone: specviz's lane, transformers' generate()
+EAGER = " eager"  # a method's suffix: the same lane on the eager one-token step (the pair's runs compiled)
+AR_EAGER = AR + EAGER
 
 
 @dataclass
@@ -43,6 +47,7 @@ class Timed:
     seconds: float  # the whole call, prompt reading included
     stall: float | None = None  # fraction of the call's wall time another task waited for a CPU
     events: list | None = None  # specviz's Rounds or Steps (the first carries the prompt's forward)
+    compiles: int = 0  # graphs torch compiled (or CUDA graphs skipped) during the call: then no measure of speed
 
     @property
     def prefill(self) -> float:
@@ -122,24 +127,33 @@ def split(prompts: list[BenchPrompt]) -> tuple[list[BenchPrompt], list[BenchProm
     return tune, report
 
 
+def guarded(fn: Callable[[], object], device, tokens_of: Callable[[object], list[int]] = lambda out: out,
+            events: bool = True) -> Timed:
+    """fn() timed (`noise.timed`), with what torch compiled meanwhile (a compile inside a timed call is no measure
+    of speed: `measure` takes such a call again)."""
+    before = CompileCounts.now()
+    out, seconds, stall = timed(fn, device)
+    changed = CompileCounts.now().since(before)
+    return Timed(tokens_of(out), seconds, stall, out if events else None, changed.graphs + changed.cudagraph_skips)
+
+
 def spec_method(pair, config: DecodeConfig, suffix: str = "") -> Method:
     def run(ids):
-        rounds, seconds, stall = timed(lambda: list(speculative_generate(pair, ids, config)), pair.device)
-        return Timed(spec_token_ids(rounds), seconds, stall, rounds)
+        return guarded(lambda: list(speculative_generate(pair, ids, config)), pair.device, spec_token_ids)
     return Method(f"spec {setting_name(config)}{suffix}", run)
 
 
 def ar_method(pair, config: DecodeConfig, suffix: str = "") -> Method:
     def run(ids):
-        steps, seconds, stall = timed(lambda: list(autoregressive_generate(pair, ids, config)), pair.device)
-        return Timed([s.token.id for s in steps], seconds, stall, steps)
+        return guarded(lambda: list(autoregressive_generate(pair, ids, config)), pair.device,
+                       lambda steps: [s.token.id for s in steps])
     return Method(AR + suffix, run)
 
 
 def hf_method(hf: HFGenerate, name: str, max_new_tokens: int, setting: HFSetting | None = None,
               assistant=None, lookup: bool = False) -> Method:
     def run(ids):
-        return Timed(*timed(lambda: hf.generate(ids, max_new_tokens, setting, assistant, lookup), hf.device))
+        return guarded(lambda: hf.generate(ids, max_new_tokens, setting, assistant, lookup), hf.device, events=False)
     return Method(name, run)
 
 
@@ -153,6 +167,11 @@ def hf_assisted(hf: HFGenerate, config: DecodeConfig, assistants: dict[str, obje
                              "heuristic" if config.adaptive == "acceptance" else "constant")
     return [hf_method(hf, f"hf {label} {s.name}", n, s, assistant)
             for label, assistant in assistants.items() for s in (same_k, HF_DEFAULT)]
+
+
+def disturbance(runs: dict[str, Timed]) -> float:
+    """How disturbed a repetition was: its worst CPU stall, or wholly (1.0) where torch compiled inside a call."""
+    return max((1.0 if r.compiles else r.stall or 0.0 for r in runs.values()), default=0.0)
 
 
 def measure(prompt: BenchPrompt, ids: list[int], methods: list[Method], plan: Plan,
@@ -171,8 +190,7 @@ def measure(prompt: BenchPrompt, ids: list[int], methods: list[Method], plan: Pl
                 tick(f"{prompt.id}: {m.name}")
             return {m.name: runs[m.name] for m in methods}  # stored in the methods' own order
 
-        runs, attempts = calmest(once, lambda runs: max((r.stall or 0.0 for r in runs.values()), default=0.0),
-                                 plan.max_stall, plan.retries, on_retry)
+        runs, attempts = calmest(once, disturbance, plan.max_stall, plan.retries, on_retry)
         result.reps.append(runs)
         result.orders.append([m.name for m in order])
         result.attempts += attempts
@@ -202,7 +220,10 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assi
               progress: bool = True, untuned=None) -> Bench:
     """Tune (with several settings), then measure the chosen one against every baseline.
     `assistants`: the drafts transformers gets ({} or None: no assisted generation). `untuned`: `pair` on the
-    kernels as loaded; the target alone and the chosen chain and tree run on it too (methods named ...`UNTUNED`)."""
+    kernels as loaded; the target alone and the chosen chain and tree run on it too (methods named ...`UNTUNED`).
+    Where `pair`'s target step runs compiled, the target alone also runs on its eager step (`AR_EAGER`)."""
+    eager = getattr(pair, "eager_steps", None)
+    eager = eager if eager is not None and eager.target is not pair.target else None
     from tqdm.auto import tqdm
 
     settings, trees = plan.settings(), plan.tree_settings()
@@ -223,11 +244,14 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assi
         return [ar_method(pair, chosen), hf_method(hf, AR_HF, chosen.max_new_tokens),
                 *(spec_method(pair, c) for c in specs.values()),
                 *([ar_method(untuned, chosen, UNTUNED)] if untuned is not None else []),
+                *([ar_method(eager, chosen, EAGER)] if eager is not None else []),
                 *(spec_method(untuned, c, UNTUNED) for c in (chosen, tree) if untuned is not None and c is not None),
                 *(hf_assisted(hf, chosen, assistants) if assistants else [])]
 
     def short(c):
         return replace(c, max_new_tokens=8)
+    warm_sizes(pair.target, sets=2)  # a compiled step's every cache size and buffer set, before any timing
+    warm_sizes(pair.draft)
     for m in [*(spec_method(pair, short(c)) for c in settings + trees), *reported_methods(short(settings[0]))]:
         m.run(encoded[prompts[0].id])  # first calls pay for allocations and kernel selection
     per_report = len(reported_methods(plan.config, trees[0] if trees else None))

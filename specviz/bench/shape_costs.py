@@ -56,11 +56,14 @@ def step_report(pair, prompt: list[int], args, bandwidth: float) -> dict:
     from specviz.bench.bandwidth import step_bound
     from specviz.bench.costs import measure_costs_once
     from specviz.bench.forced import forced_run
+    from specviz.models.compiled import warm_sizes
     from specviz.models.kernels import step_bytes
 
     # what compiling each step cost (`steps.compiled_now`, at load): neither a step nor a surprise
     compile_s = {role: round(m.compile_s, 2) for role, m in (("draft", pair.draft), ("target", pair.target))
                  if hasattr(m, "compile_s")}
+    warm_sizes(pair.target, sets=2)  # every cache size and buffer set the loops use, compiled before any timing
+    warm_sizes(pair.draft)
     cost = measure_costs_once(pair, prompt, args.max_verify, args.reps)
     forced = [forced_run(pair, prompt, k, args.forced_tokens, cost) for k in map(int, several_values(args.forced_k))]
     return {
@@ -73,6 +76,11 @@ def step_report(pair, prompt: list[int], args, bandwidth: float) -> dict:
                   "draft": step_bound(step_bytes(pair.draft), bandwidth, cost.draft_step_s)},
         "predicted": predictions(cost),
         "forced": [forced_summary(f) for f in forced],
+        # the loop's host reads (aim: at most 2 a round, 1 a token) and what compiled inside the timed loops (aim 0)
+        "host_syncs_per_round": max((round(f.host_syncs_per_round, 2) for f in forced), default=None),
+        "host_syncs_per_ar_token": max((round(f.host_syncs_per_ar_token, 2) for f in forced), default=None),
+        "compiles_in_timed_runs": sum(f.compiles for f in forced),
+        "cudagraph_skips": sum(f.cudagraph_skips for f in forced),
     }
 
 
@@ -94,7 +102,7 @@ def cmd_costs(args) -> int:
     from specviz.bench.command import machine
     from specviz.models.loading import load_pair, with_speedups
     from specviz.models.memory import weights_bytes
-    from specviz.models.steps import with_steps
+    from specviz.models.steps import failure, with_steps
     from specviz.models.synthetic import prompt_ids
 
     steps = several_values(args.step)
@@ -117,22 +125,30 @@ def cmd_costs(args) -> int:
                        "args": {k: v for k, v in vars(args).items() if k != "func"},
                        "weights_estimate_bytes": estimate[0] if estimate else None},
               "bandwidth_gb_s": round(bandwidth / 1e9, 2), "steps": {}}
-    for s in steps:
-        pair = eager if s == "eager" else with_steps(loaded, eager, replace(spec, step=s), status)
-        status(f"Measuring the {s} steps of {pair.draft_name} → {pair.target_name}…")
-        report["steps"][s] = step_report(pair, prompt, args, bandwidth)
-    if loaded.device.type == "cuda":
-        report["meta"]["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated(loaded.device)
+    for s in steps:  # the JSON written after each mode: a call cut off at its limit keeps what was measured
+        try:
+            pair = eager if s == "eager" else with_steps(loaded, eager, replace(spec, step=s), status)
+            status(f"Measuring the {s} steps of {pair.draft_name} → {pair.target_name}…")
+            report["steps"][s] = step_report(pair, prompt, args, bandwidth)
+        except Exception as e:  # noqa: BLE001 - a failing mode is recorded, and the next one still runs
+            status(f"The {s} steps failed: {failure(e)}")
+            report["steps"][s] = {"error": failure(e)}
+        if loaded.device.type == "cuda":
+            report["meta"]["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated(loaded.device)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False))
     print(format_costs(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False))
         print(f"wrote {args.json}")
-    return 0
+    return 0 if not any("error" in r for r in report["steps"].values()) else 1
 
 
 def format_costs(report: dict) -> str:
-    """The report side by side, one column per step mode."""
-    modes = list(report["steps"])
+    """The report side by side, one column per step mode (a failed mode's error below)."""
+    modes = [m for m, r in report["steps"].items() if "error" not in r]
+    failed = [f"{m}: failed ({r['error']})" for m, r in report["steps"].items() if "error" in r]
+    if not modes:
+        return "\n".join(failed)
     rows = [("", modes)]
 
     def row(label, get):
@@ -159,12 +175,15 @@ def format_costs(report: dict) -> str:
                                                               f"{r['forced'][j]['verify_ms_per_round']:.1f}, "
                                                               f"{r['forced'][j]['overhead_ms_per_round']:.2f}")
         row("  verify's argmax = recording", lambda r, j=j: f"{r['forced'][j]['argmax_agreement']:.2f}")
+        row("  host reads: a round, an AR token", lambda r, j=j: f"{r['forced'][j]['host_syncs_per_round']:.1f}, "
+                                                                f"{r['forced'][j]['host_syncs_per_ar_token']:.1f}")
+    row("compiled / skipped in timed loops", lambda r: f"{r['compiles_in_timed_runs']} / {r['cudagraph_skips']}")
     width = max(len(label) for label, _ in rows) + 2
     meta = report["meta"]
     head = (f"{meta['machine'].get('gpu') or meta['machine']['cpu']}, {meta['device']}, {meta['dtype']}, "
             f"torch {meta['machine']['torch']}; bandwidth (triad) {report['bandwidth_gb_s']} GB/s")
     lines = [head] + [label.ljust(width) + "".join(v.rjust(22) for v in values) for label, values in rows]
-    return "\n".join(lines)
+    return "\n".join(lines + failed)
 
 
 if __name__ == "__main__":  # `python -m specviz.bench.shape_costs costs ...`: where the app's packages are missing

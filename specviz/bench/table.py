@@ -50,6 +50,9 @@ def format_table(report: dict) -> str:
                      f"{_fmt(t['mean_accepted_tokens'])} tok/round, round ms {t['round_ms']}{mark}")
     lines += ["", f"summary ({s['setting']}, reported on {len(s['reported_on'])} prompt(s) x {s['reps']} rep(s), "
                   f"{s['device']}, {s['dtype']}):",
+              *([f"  ⚠ the baseline check failed ({c['baseline_check']['sentence']}): the speedup below is scaled "
+                 f"by the lowest T(n)/T1 (as measured: {_fmt(s['speedup_as_measured'])}x)"]
+                if s.get("baseline_check_ok") is False and s.get("speedup_as_measured") != s["speedup"] else []),
               f"  speedup over the target alone {_fmt(s['speedup'])}x {_ci(s['speedup_ci95'])} "
               f"(baseline: {s['baseline']}; AR {_fmt(s['ar_tokens_per_s'])} tok/s, "
               f"transformers {_fmt(s['ar_hf_tokens_per_s'])} tok/s; decode alone over the AR lane "
@@ -63,7 +66,9 @@ def format_table(report: dict) -> str:
               f"  predicted {_fmt(s['predicted_speedup'])}x   efficiency {_fmt(s['efficiency'])}   "
               f"event overhead {_fmt(s['event_overhead'], '.3f')}   best K predicted {s['best_k_predicted']}",
               f"  CPU contention: worst call kept stalled {_fmt(s['max_cpu_stall'], '.1%')} of its time; "
-              f"{s['remeasured']} repetition(s) measured again"]
+              f"{s['remeasured']} repetition(s) measured again"
+              + (f"; ⚠ torch compiled inside {s['compiles_in_timed_runs']} kept call(s): those are no measure of "
+                 "speed" if s.get("compiles_in_timed_runs") else "; nothing compiled inside a timed call")]
     if t := report.get("tree"):
         rates = lambda rows: ", ".join(f"{row['rate']:.2f} ({row['accepted']}/{row['tried']})" for row in rows)
         lines += [f"  tree ({t['setting']}, tuned like the chain): {_fmt(t['speedup'])}x {_ci(t['speedup_ci95'])}; "

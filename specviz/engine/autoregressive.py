@@ -26,7 +26,7 @@ def autoregressive_generate(pair, prompt_ids: list[int], config: DecodeConfig, *
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     generated: list[int] = []
     t0 = clock(device)
-    cache = prefilled(pair.target, ids, prompt_cache)
+    cache = prefilled(pair.target, ids, prompt_cache, room=config.room)
     prefill_time = clock(device) - t0
     feed = ids[:, cache.get_seq_length():]  # the prompt's last token (the whole of a one-token prompt)
     for index in range(config.max_new_tokens):

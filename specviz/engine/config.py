@@ -57,6 +57,12 @@ class DecodeConfig:
                                          "(K caps the tree's depth)")
 
     @property
+    def room(self) -> int:
+        """Tokens a run may add to its KV caches after the prompt: its new tokens and a round's K + 1 past them
+        (both lanes size their static caches by it, so that both use the same compiled graphs)."""
+        return self.max_new_tokens + self.k + 1
+
+    @property
     def stop_below(self) -> float:
         """The draft's top-probability cut: `confidence` in "confidence" mode, 0 (off) otherwise."""
         return self.confidence if self.adaptive == "confidence" else 0.0

@@ -33,7 +33,7 @@ class Draft:
 class Drafter(Protocol):
     name: str
 
-    def prefill(self, ids: torch.Tensor) -> None: ...
+    def prefill(self, ids: torch.Tensor, room: int = 0) -> None: ...  # room: tokens the run may add
 
     def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft: ...
 
@@ -69,8 +69,9 @@ class ModelDrafter:
         return fit_ids(ids, self.rows) if self.rows < self.vocab_size else ids
 
     @torch.inference_mode()
-    def prefill(self, ids: torch.Tensor) -> None:
-        self.cache = prefilled(self.model, self.fit(ids), self.prompt_cache, static=self.static)
+    def prefill(self, ids: torch.Tensor, room: int = 0) -> None:
+        self.cache = None  # its buffers back to the pool first: a run holds one set per model, the set warmed
+        self.cache = prefilled(self.model, self.fit(ids), self.prompt_cache, static=self.static, room=room)
 
     # three seams where a draft with another vocabulary (`MappedDrafter`) differs: what it reads of the
     # committed tokens, how its scores become the target's, and how it reads back a token it drafted
@@ -159,11 +160,13 @@ class MappedDrafter(ModelDrafter):
         return torch.tensor([draft_ids], dtype=torch.long, device=device)
 
     @torch.inference_mode()
-    def prefill(self, ids: torch.Tensor) -> None:
+    def prefill(self, ids: torch.Tensor, room: int = 0) -> None:
         self.mapped, self.covered, self.kept, self.drafted = [], 0, [], []
         self.read_committed(ids)
+        self.cache = None
+        # (the draft's tokenization may be longer than the target's: room for twice the target's tokens)
         self.cache = prefilled(self.model, self.tensor(self.mapped, ids.device), self.prompt_cache,
-                               static=self.static)
+                               static=self.static, room=2 * room)
 
     def context(self, ids: torch.Tensor) -> torch.Tensor:
         self.read_committed(ids)
@@ -228,7 +231,7 @@ class PromptLookupDrafter:
     def continuation(self, history: list[int], k: int) -> list[int]:
         return lookup_continuation(history, k, self.max_ngram)
 
-    def prefill(self, ids: torch.Tensor) -> None:
+    def prefill(self, ids: torch.Tensor, room: int = 0) -> None:
         pass  # no model, no cache
 
     def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft:
@@ -246,8 +249,8 @@ class HybridDrafter:
     def __init__(self, lookup: PromptLookupDrafter, model: ModelDrafter):
         self.lookup, self.model = lookup, model
 
-    def prefill(self, ids: torch.Tensor) -> None:
-        self.model.prefill(ids)
+    def prefill(self, ids: torch.Tensor, room: int = 0) -> None:
+        self.model.prefill(ids, room)
 
     def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft:
         draft = self.lookup.propose(ids, history, k)

@@ -47,12 +47,13 @@ def prefill(model, cache, ids: torch.Tensor) -> None:
         model(ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
 
 
-def new_cache(model, static: bool = True):
+def new_cache(model, static: bool = True, tokens: int = 0):
     """A fresh KV cache for `model`. A model with a compiled one-token step (`models.compiled`) hands out the
-    static caches its step was compiled for; any other model, and any caller that reorders a cache (trees:
-    `static=False`), gets a DynamicCache. Both are read and cut the same way: `get_seq_length`, `crop(-n)`."""
+    static caches its step was compiled for, sized up front for `tokens` (so a run never changes size, or meets
+    a graph, midway); any other model, and any caller that reorders a cache (trees: `static=False`), gets a
+    DynamicCache. Both are read and cut the same way: `get_seq_length`, `crop(-n)`."""
     make = getattr(model, "new_cache", None) if static else None
-    return make() if make is not None else DynamicCache()
+    return make(tokens) if make is not None else DynamicCache()
 
 
 class PromptCache:
@@ -62,21 +63,22 @@ class PromptCache:
     def __init__(self):
         self.saved: dict[tuple, DynamicCache] = {}
 
-    def copy(self, model, ids: torch.Tensor, static: bool = True):
+    def copy(self, model, ids: torch.Tensor, static: bool = True, room: int = 0):
         # keyed by the model itself, not its id: an id is reused once its object is gone, and equal views
         # of one model (the self drafter's early exit at one depth) must share an entry
-        key = (model, tuple(ids[0].tolist()), static)
+        key = (model, tuple(ids[0].tolist()), static, room)
         if key not in self.saved:
-            self.saved[key] = prefilled(model, ids, static=static)
+            self.saved[key] = prefilled(model, ids, static=static, room=room)
         return copy.deepcopy(self.saved[key])
 
 
-def prefilled(model, ids: torch.Tensor, prompt_cache: PromptCache | None = None, *, static: bool = True):
+def prefilled(model, ids: torch.Tensor, prompt_cache: PromptCache | None = None, *, static: bool = True,
+              room: int = 0):
     """A cache holding the prompt (see `prefill`): read now, or copied from `prompt_cache`; `static`: see
-    `new_cache`."""
+    `new_cache`; `room`: the tokens the run may add after the prompt (a static cache is sized for them)."""
     if prompt_cache is not None:
-        return prompt_cache.copy(model, ids, static)
-    cache = new_cache(model, static)
+        return prompt_cache.copy(model, ids, static, room)
+    cache = new_cache(model, static, ids.shape[1] + room)
     prefill(model, cache, ids)
     return cache
 

@@ -57,8 +57,8 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
     history, generated = list(prompt_ids), []
     k = config.k
     t0 = clock(device)
-    cache = prefilled(pair.target, ids, prompt_cache)
-    drafter.prefill(ids)
+    cache = prefilled(pair.target, ids, prompt_cache, room=config.room)
+    drafter.prefill(ids, config.room)
     prefill_time = clock(device) - t0
     for index in range(config.max_new_tokens):
         # never draft more than can be emitted: k accepted + 1 correction/bonus <= tokens left

@@ -135,17 +135,18 @@ def compile_mode(device: torch.device) -> str | None:
     return "reduce-overhead" if device.type == "cuda" else None
 
 
-def with_compiled_step(model: nn.Module, sizes: tuple[int, ...] = SIZES) -> nn.Module:
+def with_compiled_step(model: nn.Module, sizes: tuple[int, ...] = SIZES, wide: nn.Module | None = None) -> nn.Module:
     """A copy of a Hugging Face causal LM (its weights shared) whose one-token forwards on its own static caches
     run compiled; `new_cache()` hands out those caches, of the `sizes` given (tokens; a run moves up as it grows).
-    Any other call runs the model's own forward."""
+    Any other call runs `wide` (default: the model's own forward): given the same model on tuned kernels, the
+    prompt and every verify run where they are fastest, not on the kernels as loaded."""
     param = next(model.parameters())
     fast = copy.deepcopy(model, memo={id(t): t for t in [*model.parameters(), *model.buffers()]})
-    eager = fast.forward  # the class's forward, bound to the copy
+    eager = fast.forward if wide is None else wide.forward  # wide's forward takes the same static cache
     # transformers renamed the cache argument (past_key_values -> cache); inside the graph, use the current name
     cache_arg = "cache" if "cache" in inspect.signature(eager).parameters else "past_key_values"
     mode = compile_mode(param.device)
-    step = torch.compile(eager, mode=mode, dynamic=False)
+    step = torch.compile(fast.forward, mode=mode, dynamic=False)
     graphs = mode == "reduce-overhead"  # CUDA graphs: their outputs live in buffers the next replay overwrites
     # each model's shape and cache size is a graph of its own: past torch's default of 8 per function (the draft
     # and the target share one, their class's forward) it would run the rest eagerly, and say so only in a log
@@ -175,7 +176,8 @@ def with_compiled_step(model: nn.Module, sizes: tuple[int, ...] = SIZES) -> nn.M
         return out
 
     fast.forward = forward  # an instance attribute: nn.Module.__call__ finds it before the class's
-    fast.new_cache = lambda: StaticKV(pool)
+    fast.new_cache = lambda tokens=0: StaticKV(pool, pool.size_for(tokens))
+    fast.static_pool = pool
     fast.compiled_step = True
     return fast.eval()
 
@@ -184,7 +186,54 @@ def is_compiled(model) -> bool:
     return getattr(model, "compiled_step", False)
 
 
+@torch.inference_mode()
+def warm_sizes(model: nn.Module, sets: int = 1) -> None:
+    """A compiled model's step on every static size and on `sets` buffer sets of each, compiled now rather than
+    inside a timed run: a graph is specialised to its cache's buffers (size and addresses), and a race holds two
+    of the target's at once (one per lane). The sets stay in the pool, so runs borrow these."""
+    if not is_compiled(model):
+        return
+    one = torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device)
+    for size in model.static_pool.sizes:
+        caches = [StaticKV(model.static_pool, size) for _ in range(sets)]
+        for cache in caches:
+            model(one, past_key_values=cache, use_cache=True, logits_to_keep=1)
+
+
+@dataclass(frozen=True)
+class CompileCounts:
+    """torch's process-wide compile counters: graphs compiled (a first compile or a recompile: a new cache size,
+    a new buffer set) and graphs that CUDA graphs skipped (each then launch-bound again)."""
+
+    graphs: int = 0
+    cudagraph_skips: int = 0
+
+    @staticmethod
+    def now() -> CompileCounts:
+        from torch._dynamo.utils import counters
+
+        return CompileCounts(counters["stats"]["unique_graphs"], counters["inductor"]["cudagraph_skips"])
+
+    def since(self, before: CompileCounts) -> CompileCounts:
+        return CompileCounts(self.graphs - before.graphs, self.cudagraph_skips - before.cudagraph_skips)
+
+    def sentence(self) -> str | None:
+        """Why a run that saw these is no measure of speed (None: nothing compiled, nothing skipped)."""
+        parts = [f"torch compiled {self.graphs} graph(s) during it (a cache size or a buffer set met for the "
+                 "first time)"] if self.graphs else []
+        parts += [f"{self.cudagraph_skips} graph(s) ran without CUDA graphs"] if self.cudagraph_skips else []
+        return "; ".join(parts) or None
+
+
 # ---- choosing by measurement ---------------------------------------------------------------------------------
+
+# The compiled step replaces the eager one only when faster by more than this: on a 2-core Zen 4 the probe chose
+# a compiled step that had won by 0.4 % and 0.9 % (noise), which then cost 1.25-1.4x the eager step in the race.
+STEP_MARGIN = 0.05
+# A wider forward cheaper than this fraction of a one-token step means the one-token step is not the model's
+# fastest (any kernel can run one row as two): a target alone timed on it would inflate every speedup.
+FLAT_FLOOR = 0.95
+
 
 @dataclass(frozen=True)
 class StepTimes:
@@ -196,12 +245,14 @@ class StepTimes:
 
     @property
     def compiled_wins(self) -> bool:
-        return self.compiled_s < self.eager_s
+        return self.compiled_s < (1 - STEP_MARGIN) * self.eager_s
 
 
-def time_step(model: nn.Module, prompt_ids: list[int], reps: int = 9, warmup: int = 3) -> float:
-    """Median seconds of one-token forwards after a prompt, each cropped back off (so all at one length), on the
-    cache the engine would give the model (static for a compiled one)."""
+def forward_times(model: nn.Module, prompt_ids: list[int], n: int = 1, reps: int = 9, warmup: int = 3,
+                  crop: bool = True) -> list[float]:
+    """Seconds of n-token forwards after a prompt, on the cache the engine would give the model (static for a
+    compiled one): each cropped back off (so all at one length), or, with `crop=False`, one after another, the
+    cache growing as in a run."""
     from transformers import DynamicCache
 
     device = next(model.parameters()).device
@@ -213,19 +264,43 @@ def time_step(model: nn.Module, prompt_ids: list[int], reps: int = 9, warmup: in
         for rep in range(warmup + reps):
             sync(device)
             t0 = time.perf_counter()
-            model(ids[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1).logits.float()
+            model(ids[:, -n:], past_key_values=cache, use_cache=True, logits_to_keep=n).logits.float()
             sync(device)
             t1 = time.perf_counter()
-            cache.crop(-1)
+            if crop:
+                cache.crop(-n)
             if rep >= warmup:
                 times.append(t1 - t0)
-    return statistics.median(times)
+    return times
 
 
-def measure_step(eager: nn.Module, compiled: nn.Module, prompt_ids: list[int],
+def time_step(model: nn.Module, prompt_ids: list[int], reps: int = 9, warmup: int = 3) -> float:
+    """Median seconds of one-token forwards after a prompt, each cropped back off."""
+    return statistics.median(forward_times(model, prompt_ids, reps=reps, warmup=warmup))
+
+
+def measure_step(eager: nn.Module, compiled: nn.Module, prompts: list[list[int]],
                  timer: Callable[..., float] = time_step) -> StepTimes:
-    """Both steps of one model on one prompt; the first compiled call (the compilation) timed apart."""
+    """Both steps of one model, the mean over `prompts` (the context lengths runs reach: an eager step's cost grows
+    with its context, a static cache's attends over its whole size at every one), each prompt's two timings back to
+    back, so that a slow spell of the machine falls on both. The first compiled call (the compilation) is timed
+    apart."""
     t0 = time.perf_counter()
-    timer(compiled, prompt_ids, reps=1, warmup=0)
+    timer(compiled, prompts[0], reps=1, warmup=0)
     compile_s = time.perf_counter() - t0
-    return StepTimes(eager_s=timer(eager, prompt_ids), compiled_s=timer(compiled, prompt_ids), compile_s=compile_s)
+    eager_s = compiled_s = 0.0
+    for ids in prompts:
+        eager_s += timer(eager, ids) / len(prompts)
+        compiled_s += timer(compiled, ids) / len(prompts)
+    return StepTimes(eager_s=eager_s, compiled_s=compiled_s, compile_s=compile_s)
+
+
+def consecutive_step(model: nn.Module, prompt_ids: list[int], steps: int = 16) -> float:
+    """Median seconds of one-token forwards one after another, the cache growing, as a run makes them (the probe
+    crops each back off): a compiled step is re-checked this way before it is kept."""
+    return statistics.median(forward_times(model, prompt_ids, reps=steps, warmup=2, crop=False))
+
+
+def wide_forward(model: nn.Module, prompt_ids: list[int], n: int = 2, reps: int = 5) -> float:
+    """Median seconds of an n-token forward after the prompt: T(n) on the path a verify takes."""
+    return statistics.median(forward_times(model, prompt_ids, n=n, reps=reps, warmup=1))

@@ -98,6 +98,9 @@ class ModelPair:
     target_name: str = "target"
     eos_token_ids: frozenset[int] = field(default_factory=frozenset)
     vocab_map: object | None = None  # a `families.VocabMap` when the draft has a tokenizer of its own
+    # the same pair on its eager one-token steps, where a step runs compiled (`steps.with_steps`): what a compiled
+    # step that does not hold in use falls back to (its weights are shared: it costs no memory)
+    eager_steps: ModelPair | None = None
 
     @property
     def vocab_size(self) -> int:
@@ -110,6 +113,9 @@ class ModelPair:
         """Drop the weights now, so loading another pair does not hold two in memory."""
         self.draft = None
         self.target = None
+        if self.eager_steps is not None:
+            self.eager_steps.release()
+        self.eager_steps = None
         release_memory()
 
 

@@ -14,21 +14,57 @@ import hashlib
 import logging
 import time
 from collections.abc import Callable
-from dataclasses import asdict, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from specviz.models.compiled import StepTimes, measure_step, time_step, with_compiled_step
+from specviz.models.compiled import (FLAT_FLOOR, STEP_MARGIN, StepTimes, consecutive_step, measure_step, time_step,
+                                     wide_forward, with_compiled_step)
 from specviz.models.kernel_table import KernelKey, read_keyed, table_path, write_keyed
 from specviz.models.pair import ModelLoadError, ModelPair, PairSpec
 from specviz.models.synthetic import prompt_ids
 
 log = logging.getLogger(__name__)
 
-Measure = Callable[[nn.Module, nn.Module, list[int]], StepTimes]
+Measure = Callable[[nn.Module, nn.Module, list[list[int]]], StepTimes]
 ROLES = ("draft", "target")
+# the contexts the probe times each step at: a prompt just read, and one with its reply, inside the first static
+# size (a run's usual span)
+PROBE_LENGTHS = (64, 384)
+
+
+@dataclass(frozen=True)
+class InUse:
+    """A compiled step timed as a run uses it: one-token steps one after another, the cache growing, and (for
+    the target) a 2-token forward on the path its verify takes."""
+
+    step_s: float
+    wide_s: float | None = None
+
+
+InUseMeasure = Callable[[nn.Module, list[int], bool], InUse]
+
+
+def in_use(compiled: nn.Module, ids: list[int], wide: bool) -> InUse:
+    return InUse(consecutive_step(compiled, ids), wide_forward(compiled, ids) if wide else None)
+
+
+def ms(seconds: float) -> str:
+    return f"{1e3 * seconds:.1f} ms"
+
+
+def in_use_problem(times: StepTimes, used: InUse) -> str | None:
+    """Why a compiled step that won its probe does not hold in use (None: it holds): it is no longer faster than
+    the eager step by the margin, or a wider forward costs less than it (the target alone would not be on its
+    fastest one-token path, and every speedup over it inflated)."""
+    if used.step_s > (1 - STEP_MARGIN) * times.eager_s:
+        return (f"in use it took {ms(used.step_s)} a token against {ms(times.eager_s)} eager (its probe: "
+                f"{ms(times.compiled_s)})")
+    if used.wide_s is not None and used.wide_s < FLAT_FLOOR * used.step_s:
+        return f"a 2-token forward ({ms(used.wide_s)}) cost less than its one-token step ({ms(used.step_s)})"
+    return None
 
 
 def compilable(model, spec: PairSpec, role: str) -> bool:
@@ -37,15 +73,16 @@ def compilable(model, spec: PairSpec, role: str) -> bool:
             and not (role == "target" and spec.target_quant != "none"))
 
 
-def probe_ids(model, n: int = 64) -> list[int]:
+def probe_ids(model, n: int = PROBE_LENGTHS[0]) -> list[int]:
     """A prompt any model can read (what a step costs does not depend on its ids)."""
     return prompt_ids(n, model.config.get_text_config().vocab_size)
 
 
 def step_key(eager: nn.Module, compiled: nn.Module, device: torch.device) -> KernelKey:
-    """What a choice depends on: the machine (as a kernel table's), dtype and both models' module trees."""
+    """What a choice depends on: the machine (as a kernel table's), dtype, both models' module trees and the
+    probe's contexts."""
     tree = hashlib.sha256(f"{eager!r}|{compiled!r}|{next(eager.parameters()).dtype}".encode()).hexdigest()[:20]
-    return KernelKey.of([f"step:{tree}"], device, [1])
+    return KernelKey.of([f"step:{tree}"], device, PROBE_LENGTHS)
 
 
 def measured_steps(eager: nn.Module, compiled: nn.Module, device: torch.device, measure: Measure = measure_step,
@@ -58,7 +95,7 @@ def measured_steps(eager: nn.Module, compiled: nn.Module, device: torch.device, 
         return StepTimes(**kept["times"])
     status("timing its eager and its compiled one-token step on this machine (once; cached)…")
     try:
-        times = measure(eager, compiled, probe_ids(compiled))
+        times = measure(eager, compiled, [probe_ids(compiled, n) for n in PROBE_LENGTHS])
     except Exception as e:  # noqa: BLE001 - whatever stops compiling here (no C compiler for Triton, an op it lacks)
         status(f"its step cannot be compiled here ({failure(e)}): it runs eager.")
         return None
@@ -88,10 +125,28 @@ def compiled_now(model: nn.Module, role: str) -> nn.Module:
     return model
 
 
+def decided(times: StepTimes | None) -> str:
+    """What the probe decided, in a clause."""
+    if times is None:
+        return "it runs eager"
+    verdict = "runs compiled" if times.compiled_wins else (
+        f"stays eager (compiling must win by more than {STEP_MARGIN:.0%})")
+    return f"eager {ms(times.eager_s)}, compiled {ms(times.compiled_s)}: it {verdict}"
+
+
+def wide_model(loaded: nn.Module, eager: nn.Module) -> nn.Module | None:
+    """What a compiled target runs its wider forwards (prompt, verify) on: the eager target where it is the loaded
+    one on tuned kernels (a Hugging Face model still, on the same static cache)."""
+    return eager if eager is not loaded and hasattr(eager, "generate") else None
+
+
 def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Callable[[str], None] = log.info,
-               measure: Measure = measure_step, folder: Path | None = None) -> ModelPair:
+               measure: Measure = measure_step, folder: Path | None = None,
+               check: InUseMeasure = in_use) -> ModelPair:
     """`eager` (the pair on its eager speed-ups) with each model's step as `spec.step` asks: compiled from the
-    `loaded` model, or left as it is; for `auto`, whichever `measured_steps` found faster."""
+    `loaded` model, or left as it is; for `auto`, compiled only where `measured_steps` found it faster by the
+    margin and it held when timed as a run uses it (`in_use_problem`): otherwise eager, said in one sentence. The
+    pair keeps `eager` (`ModelPair.eager_steps`), for a check in use to fall back on."""
     if spec.step == "eager":
         return eager
     chosen = {}
@@ -102,16 +157,42 @@ def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Call
                 raise ModelLoadError(f"the {role} runs on custom kernels (--target-quant {spec.target_quant}) that "
                                      "are not compiled: use --step eager or --target-quant none.")
             continue
-        compiled = with_compiled_step(model)  # (compiled at its first call)
+        plain = getattr(eager, role)
+        compiled = with_compiled_step(model, wide=wide_model(model, plain) if role == "target" else None)
         if spec.step == "auto":
-            times = measured_steps(getattr(eager, role), compiled, loaded.device, measure, folder,
+            times = measured_steps(plain, compiled, loaded.device, measure, folder,
                                    lambda line: status(f"The {role}: {line}"))
             if times is None or not times.compiled_wins:
+                status(f"The {role}'s one-token step: {decided(times)}.")
                 continue
+            problem = in_use_problem(times, check(compiled, probe_ids(compiled, PROBE_LENGTHS[-1]), role == "target"))
+            if problem:
+                status(f"The {role}'s compiled step won its probe ({decided(times)}) but not in use: {problem}; it "
+                       "runs eager.")
+                continue
+            compiled.step_probe = times  # for the check in use (`checked_in_use`)
         else:
             status(f"Compiling the {role}'s one-token step…")
             compiled_now(compiled, role)
         status(f"The {role}'s one-token step runs compiled.")
         chosen[role] = compiled
-    names = {f"{role}_name": f"{getattr(loaded, f'{role}_name')} [compiled step]" for role in chosen}
-    return replace(eager, **chosen, **names)
+    if not chosen:
+        return eager
+    names = {f"{role}_name": f"{getattr(eager, f'{role}_name')} [compiled step]" for role in chosen}
+    return replace(eager, **chosen, **names, eager_steps=eager)
+
+
+def checked_in_use(pair: ModelPair, step_s: float) -> tuple[ModelPair, str | None]:
+    """`pair` as it should run on after its target alone took `step_s` a token in a run: where `auto` chose a
+    compiled target step that did not hold (`in_use_problem`), the same pair on its eager target step, and the
+    sentence that says so; otherwise `pair` and None."""
+    times = getattr(pair.target, "step_probe", None)
+    if times is None or pair.eager_steps is None:
+        return pair, None
+    problem = in_use_problem(times, InUse(step_s))
+    if problem is None:
+        return pair, None
+    back = pair.eager_steps
+    return (replace(pair, target=back.target, target_name=back.target_name),
+            f"The target's compiled one-token step did not hold in this run ({problem}): this run's speed is "
+            "not reported, and the target runs eager from now on.")

@@ -19,6 +19,7 @@ from specviz.engine import Round, speculative_generate
 from specviz.engine.events import round_from_dict
 from specviz.runs.job import prepare
 from specviz.runs.limits import Limits, budget
+from specviz.runs.model_thread import ModelThread
 from specviz.runs.pacing import pacer
 from specviz.runs.recorded import COMPLETE, Recording, clock_time, key_of, Meanwhile, recording
 from specviz.runs.session import Session
@@ -82,10 +83,11 @@ class Stepper:
     generation: int
     done: bool = False
     notice: str = ""  # for its owner: why the previous paused run was closed
+    worker: ModelThread | None = None  # the session's model thread, where the run is advanced and closed
 
     def close(self) -> None:
         try:
-            self.events.close()
+            (self.worker.call if self.worker is not None else lambda close: close())(self.events.close)
         except ValueError:  # a step is running right now (Run pressed meanwhile): it ends with its session
             pass
 
@@ -107,11 +109,12 @@ def step(session: Session, limits: Limits, stepper: Stepper | None, prompt, sett
         if stepper is not None:
             stepper.close()
         events = speculative_generate(job.pair, job.ids, job.config)
-        stepper = Stepper(events, Trace(job.meta, source="Step mode"), key, session.generation, notice=notice)
+        stepper = Stepper(events, Trace(job.meta, source="Step mode"), key, session.generation, notice=notice,
+                          worker=session.worker)
     else:
         stepper.notice = ""
     with session.turn("step", owner), session.using():
-        r = next(stepper.events, None)
+        r = session.worker.call(lambda: next(stepper.events, None))
         stepper.done = r is None or r.finished is not None
         if stepper.done:
             session.untrack(stepper.events)

@@ -23,6 +23,7 @@ from specviz.analysis.divergence import Divergence, first_divergence
 from specviz.analysis.stats import RunStats, ratio, run_stats
 from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
 from specviz.engine.events import Finish, round_from_dict, step_from_dict
+from specviz.models.compiled import CompileCounts
 from specviz.runs.job import prepare
 from specviz.runs.limits import Limits, budget
 from specviz.runs.pacing import pacer
@@ -104,6 +105,7 @@ class RaceState:
     recorded: bool = False  # a replay: the clocks are the times a trace recorded
     shared_cpu: bool = False  # another job (a replay, a page rendered) ran on the CPU during the race
     recorded_at: float | None = None  # a recorded answer: when this server ran it (epoch seconds), timed as live
+    timing_note: str | None = None  # why this race's speed is not reported (a compiled step that did not hold)
 
     @property
     def greedy(self) -> bool:
@@ -226,14 +228,17 @@ def raced(session: Session, limits: Limits, job, key, owner: str | None, first_i
     first = "spec" if session.next_race() % 2 == 0 else "ar"
 
     def run(pair) -> Iterator[RaceState]:
-        started = session.beside.started
+        started, compiles = session.beside.started, CompileCounts.now()
         stop = budget(limits.max_seconds)
         tape = [] if key is not None else None
         with closing(race_decoders(pair, job.ids, job.config, job.meta, first=first, should_stop=stop,
                                    tape=tape)) as states:
             for state in states:
                 state.shared_cpu = state.shared_cpu or session.beside.since(started)
-                if tape is not None and state.done and {state.ar.finished, state.spec.finished} <= set(COMPLETE):
+                if state.done:
+                    state.timing_note = timing_note(CompileCounts.now().since(compiles), session, pair, state)
+                if tape is not None and state.done and state.timing_note is None and \
+                        {state.ar.finished, state.spec.finished} <= set(COMPLETE):
                     items = [(lane, event.to_dict(), seconds) for lane, event, seconds in tape]
                     session.recordings.put(key, recording(items, state.shared_cpu))
                 yield state
@@ -243,6 +248,15 @@ def raced(session: Session, limits: Limits, job, key, owner: str | None, first_i
                               first=first_in_line)
     if found.recording is not None:
         yield from beside(session, replay_recorded(found.recording, job.meta))
+
+
+def timing_note(compiled: CompileCounts, session: Session, pair, state: RaceState) -> str | None:
+    """Why a finished race's speed is not reported, in one sentence (None: it is): torch compiled during it, or
+    the target's compiled step did not hold in use (`Session.check_steps`, judged only on a race free of
+    compiles). Such a race is not recorded either."""
+    if (why := compiled.sentence()) is not None:
+        return f"This race's speed is not a measure: {why}; the next race runs on what was compiled."
+    return session.check_steps(pair, state.ar.events)
 
 
 def beside(session: Session, states: Iterator) -> Iterator:

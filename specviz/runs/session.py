@@ -8,6 +8,7 @@ module-level state. `stream` lends the pair to one run at a time, in turn (`turn
 from __future__ import annotations
 
 import itertools
+import statistics
 import threading
 import time
 import unicodedata
@@ -21,7 +22,10 @@ from specviz.models import ModelLoadError, ModelPair, PairSpec, load_pair, load_
 from specviz.models.memory import check_fits
 from specviz.models.pair import OUT_OF_MEMORY, release_memory
 from specviz.models.presets import PRESETS
+from specviz.models.compiled import warm_sizes
+from specviz.models.steps import checked_in_use
 from specviz.runs.errors import InputError
+from specviz.runs.model_thread import ModelThread
 from specviz.runs.recorded import Recordings
 from specviz.runs.settings import checked_values
 from specviz.runs.turns import Turns
@@ -46,14 +50,16 @@ def clean_source(value, role: str, *, optional: bool = False) -> str | None:
 
 
 def warm_up(pair: ModelPair) -> None:
-    """A few tokens through both lanes right after a load. A process's first forwards pay one-time costs
-    (allocations, kernel selection, weights paged in); without this they land on the first click and
-    slow the first race's lanes unequally."""
+    """A few tokens through both lanes right after a load, interleaved as a race runs them (both lanes' caches
+    held at once), and a compiled step on every cache size and buffer set a race can use (`warm_sizes`). A
+    process's first forwards pay one-time costs (allocations, kernel selection, weights paged in, compiling);
+    without this they land on the first click and slow the first race's lanes unequally."""
+    warm_sizes(pair.target, sets=2)  # a race's two lanes
+    warm_sizes(pair.draft)
     ids = pair.tokenizer("Hello, world", add_special_tokens=False)["input_ids"] or [0]
     config = DecodeConfig(k=2, max_new_tokens=3, adaptive="fixed", drafter="model" if pair.draft else "lookup")
-    for generate in (speculative_generate, autoregressive_generate):
-        for _ in generate(pair, ids, config):
-            pass
+    for _ in itertools.zip_longest(speculative_generate(pair, ids, config), autoregressive_generate(pair, ids, config)):
+        pass
 
 
 def failure(e: Exception, spec: PairSpec) -> str:
@@ -90,7 +96,8 @@ class BesideQueue:
 
 
 class Session:
-    """Holds the current pair. `using()` lends it to one run at a time; `load()` swaps it.
+    """Holds the current pair. `using()` lends it to one run at a time; `load()` swaps it; `worker` (a
+    `ModelThread`) does all its model work.
 
     `spec` is the pair the server was started with: it is always allowed, and it alone may run remote
     model code (if its `trust_remote_code` says so); a pair chosen in the UI never does.
@@ -117,6 +124,7 @@ class Session:
         self.beside = BesideQueue()  # jobs run beside the model queue: a race timed meanwhile says so
         self.turns = Turns()  # the model's queue: each job's place and estimated wait
         self.recordings = recordings  # answers of complete runs whose request fixes them (None: off)
+        self.worker = ModelThread()  # where all model work happens: load, compile, warm-up, every forward
 
     def next_race(self) -> int:
         return next(self.races)
@@ -131,7 +139,7 @@ class Session:
         for old, last in list(self.paused.items()):
             if now - last > limits.paused_seconds or len(self.paused) > limits.max_paused:
                 del self.paused[old]
-                old.close()
+                self.worker.call(old.close)
 
     def untrack(self, run: Generator) -> None:
         self.paused.pop(run, None)
@@ -161,7 +169,7 @@ class Session:
                 ticket.started = None  # it never ran: no duration for the estimates
                 return
             with self.using() as pair:
-                yield from events_of(pair)
+                yield from self.worker.iterate(lambda: events_of(pair))
 
     @contextmanager
     def turn(self, kind: str, owner: str | None = None) -> Iterator[None]:
@@ -185,6 +193,16 @@ class Session:
             yield self.require()
         finally:
             self.lock.release()
+
+    def check_steps(self, pair: ModelPair, steps: list) -> str | None:
+        """After a run on `pair` whose target alone made `steps`: where the target's compiled one-token step did
+        not hold in use (`models.steps.checked_in_use`), the served pair runs it eager from now on, and the
+        sentence that says so (the run's speed is not to be reported); None where it held. Call it holding the
+        pair (`using`)."""
+        if not steps or self.pair is not pair:
+            return None
+        self.pair, problem = checked_in_use(pair, statistics.median(s.time for s in steps))
+        return problem
 
     def is_origin(self, draft: str | None, target: str) -> bool:
         return self.origin is not None and (self.origin.draft, self.origin.target) == (draft, target)
@@ -222,7 +240,7 @@ class Session:
         try:
             try:
                 self.fits(spec)  # measured now: what the served pair holds is already counted out
-                pair = self._load(spec, status)
+                pair = self.worker.call(lambda: self._load(spec, status))
             except Exception as e:  # any failure (OOM included): free what it held; the served pair stays
                 release_memory(e)
                 raise ModelLoadError(f"{failure(e, spec)} (now serving: {self.name}).") from e
@@ -241,10 +259,10 @@ class Session:
     def _release(self) -> None:
         self.generation += 1
         for run in list(self.paused):
-            run.close()  # not running: every step of a paused run holds the lock we hold now
+            self.worker.call(run.close)  # not running: every step of a paused run holds the lock we hold now
         self.paused.clear()
         if self.pair is not None:
-            self.pair.release()
+            self.worker.call(self.pair.release)
         self.pair = None
 
     def context_length(self) -> int | None:

@@ -81,7 +81,8 @@ def speed_html(state: RaceState) -> str:
     why = (f'<span class="sv-live-why">{escape(sentence(e))}</span>{economics_html(e, state.meta)}'
            if e else "")
     notes = "".join(f'<span class="sv-live-why">{escape(n)}</span>'
-                    for n in teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished)))
+                    for n in teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished),
+                                                    state.timing_note))
     if state.recorded_at is not None:  # plainly, under the verdict: these numbers were measured before
         nums = f'<span class="sv-live-recorded">{escape(teach.recorded_note(state.recorded_at))}</span>' + nums
     return f'<div class="sv-live-speed">{verdict}{nums}{why}{notes}</div>'

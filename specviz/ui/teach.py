@@ -208,9 +208,10 @@ def stats_markdown(s: RunStats, source: str) -> str:
     ])
 
 
-def race_caveats(shared_cpu: bool, finishes: tuple) -> list[str]:
-    """What a reader of a race's numbers must know: another job shared the CPU, or the budget cut it short."""
-    out = []
+def race_caveats(shared_cpu: bool, finishes: tuple, timing_note: str | None = None) -> list[str]:
+    """What a reader of a race's numbers must know: its timing did not hold, another job shared the CPU, or the
+    budget cut it short."""
+    out = [f"⚠ {timing_note}"] if timing_note else []
     if shared_cpu:
         out.append("⚠ Another job (a replay, or a page being rendered) used the CPU during this race: both clocks "
                    "may include some of its time, so the speedup is less certain than usual.")

@@ -152,7 +152,7 @@ def race_result(state: RaceState) -> str:
                 "near-tie that low precision can flip when the target scores K+1 tokens at once instead of one. "
                 "The rule is exact; the arithmetic of a batched forward is not bit-identical.")
     lines += [teach.recorded_note(state.recorded_at)] if state.recorded_at is not None else []
-    lines += teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished))
+    lines += teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished), state.timing_note)
     return "\n\n".join(lines)
 
 
