@@ -74,7 +74,8 @@ def cmd_atlas(args) -> int:
         return 2
     config = validate(DecodeConfig, values_of(args, DecodeConfig), CLI_LIMITS)
     spec = validate(PairSpec, values_of(args, PairSpec))
-    session = Session(load_spec(spec), spec)
+    session = Session(spec=spec)
+    session.pair = session.worker.call(lambda: load_spec(spec))  # loaded (and compiled) where its runs will run
     stream = atlases.run_atlas(session, CLI_LIMITS, prompts, config, race=args.race)
     state = next(stream)  # validated: what will run, and each prompt skipped in one sentence
     for problem in state.problems:

@@ -307,6 +307,14 @@ def test_the_faster_target_alone_is_the_baseline():
     assert s["ar_tokens_per_s"] == pytest.approx(20.0)  # both rates reported
 
 
+def test_generate_on_its_static_cache_gives_the_target_alone_s_tokens(tiny):
+    """The GPU baseline candidate (transformers compiles a static-cache generate() there): the same greedy tokens as
+    generate() on its dynamic cache, here on the CPU where it is not compiled (and not raced)."""
+    hf = HFGenerate(tiny.target, tiny.eos_token_ids, None, tiny.device)
+    ids = encode_prompt(tiny.tokenizer, "the a of")
+    assert hf.generate(ids, 12, static=True) == hf.generate(ids, 12)
+
+
 def test_the_ar_lane_on_its_eager_step_is_a_baseline_where_the_target_step_runs_compiled():
     """A compiled target step that loses in use must not become the baseline: the eager lane is timed beside it."""
     results = synthetic_results()
@@ -611,12 +619,13 @@ def test_cli_chooses_the_steps_on_the_tuned_pair_and_times_the_eager_target_besi
 
     from specviz import cli
     from specviz.models import compiled, steps
+    from specviz.models.step_timing import StepTimes
 
     probed = []
 
     def faster(eager, compiled_model, *args, **kwargs):
         probed.append(eager)
-        return compiled.StepTimes(eager_s=0.010, compiled_s=0.001, compile_s=1.0)
+        return StepTimes(eager_s=0.010, compiled_s=0.001, compile_s=1.0)
 
     monkeypatch.setattr(steps, "measured_steps", faster)
     monkeypatch.setattr(steps, "consecutive_step", lambda *a, **k: 0.001)

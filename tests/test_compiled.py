@@ -16,7 +16,8 @@ from helpers import EXACT, TEST_DEVICE, TEST_DTYPE, same_greedy
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.engine.plumbing import new_cache, prefilled, rollback
 from specviz.models import ModelLoadError, PairSpec
-from specviz.models.compiled import MAX_LEN, SIZES, StaticKV, StepTimes, is_compiled, with_compiled_step
+from specviz.models.compiled import MAX_LEN, SIZES, StaticKV, is_compiled, with_compiled_step
+from specviz.models.step_timing import StepTimes
 from specviz.models.loading import load_spec
 from specviz.models.steps import InUse, checked_in_use, with_steps
 from specviz.runs.session import Session
@@ -29,10 +30,11 @@ CLOSE = dict(rtol=1e-4, atol=1e-4) if EXACT else dict(rtol=0.05, atol=0.05)  # l
 
 @pytest.fixture(scope="module")
 def pairs():
-    """The mini synthetic pair (vocabularies differing by padding, as Qwen2.5 0.5B and 7B), eager and compiled."""
+    """The mini synthetic pair (vocabularies differing by padding, as Qwen2.5 0.5B and 7B), eager and compiled: the
+    target's verify too, padded to 6 tokens (K = 4's 5, and fewer after a cut) or 12."""
     eager = synthetic_pair(*MINI, device=str(TEST_DEVICE), dtype=TEST_DTYPE, seed=5)
     compiled = replace(eager, draft=with_compiled_step(eager.draft, sizes=(24, 256)),
-                       target=with_compiled_step(eager.target, sizes=(24, 256)))  # runs grow past the first size
+                       target=with_compiled_step(eager.target, sizes=(24, 256), widths=(6, 12)))  # runs grow
     return eager, compiled
 
 
@@ -61,13 +63,16 @@ def test_the_static_cache_reads_and_cuts_like_a_dynamic_one(pairs):
         assert static.get_seq_length() == dynamic.get_seq_length()
 
     both(ids[:, 19:20])  # the compiled step
-    both(ids[:, 20:26], keep=6)  # a verify, eager on the static cache
+    both(ids[:, 20:23], keep=3)  # a verify, compiled padded to 6 tokens: the padding's rows and entries dropped
+    both(ids[:, 23:26], keep=2)  # (the padding was overwritten; a verify keeping fewer rows than it feeds)
     rollback(static, 22), rollback(dynamic, 22)  # the round's cut
     assert static.get_seq_length() == 22
     both(ids[:, 22:23])  # overwrites the stale entry at 22
     twin = copy.deepcopy(static)
     both(ids[:, 23:24])
     assert twin.get_seq_length() == 23  # the copy did not move with the original
+    both(ids[:, 24:26], keep=1)  # a draft's catch-up: two compiled steps, the last one's row
+    both(ids[:, 26:29], keep=3)
     with pytest.raises(ValueError, match="negative count"):
         static.crop(1)
 
@@ -86,6 +91,27 @@ def test_the_step_is_compiled_once_for_every_position_and_cache():
         for i in range(start, 40):  # the last token of the ids so far, as the round loop feeds it
             last = torch.tensor([prompt[:i]], device=TEST_DEVICE)[:, -1:]
             model(last, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    assert counters["stats"]["unique_graphs"] - before == 1
+
+
+@torch.inference_mode()
+def test_a_verify_is_one_graph_per_width_whatever_it_drafted():
+    """Verifies of 2 to 6 tokens (a confidence cut drafts fewer than K), at any position: one graph, the width 6."""
+    from torch._dynamo.utils import counters
+
+    model = with_compiled_step(synthetic_pair(None, MINI[1], device=str(TEST_DEVICE), seed=9).target, sizes=(128,),
+                               widths=(6,))
+    prompt = prompt_ids(60, 1000, seed=3)
+    cache = prefilled(model, torch.tensor([prompt[:10]], device=TEST_DEVICE))
+    model(torch.tensor([prompt[9:10]], device=TEST_DEVICE), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    before = counters["stats"]["unique_graphs"]
+    position = 10
+    for n in (2, 3, 4, 5, 6, 3, 2):
+        out = model(torch.tensor([prompt[position:position + n]], device=TEST_DEVICE), past_key_values=cache,
+                    use_cache=True, logits_to_keep=n)
+        assert out.logits.shape[1] == n and cache.get_seq_length() == position + n
+        rollback(cache, position + 1)  # a round that kept one
+        position += 1
     assert counters["stats"]["unique_graphs"] - before == 1
 
 
@@ -208,7 +234,7 @@ def test_a_compiled_target_slower_in_a_run_than_its_probe_falls_back_to_eager(tm
     lines = []
     pair = steps_with(tmp_path, StepTimes(eager_s=0.2308, compiled_s=0.2168, compile_s=30.0), InUse(0.2168, 0.22),
                       lines)
-    same, note = checked_in_use(pair, 0.2170)
+    same, note = checked_in_use(pair, 0.2300)  # (a run's step pays for sampling too: no margin in use)
     assert same is pair and note is None
     back, note = checked_in_use(pair, 0.245)
     assert not is_compiled(back.target) and back.target is pair.eager_steps.target
@@ -216,10 +242,12 @@ def test_a_compiled_target_slower_in_a_run_than_its_probe_falls_back_to_eager(tm
     assert note.count(". ") == 0 and "did not hold in this run (in use it took 245.0 ms a token against 230.8 ms " \
         "eager" in note and note.endswith("the target runs eager from now on.")
     session = Session(pair)
-    assert session.check_steps(pair, [SimpleNamespace(time=t) for t in (0.25, 0.24, 0.26)]) == \
-        checked_in_use(pair, 0.25)[1]
+    slow = [SimpleNamespace(time=t) for t in (0.25, 0.24, 0.26) * 3]
+    assert session.check_steps(pair, slow[:7]) is None and session.check_steps(pair, slow, shared_cpu=True) is None
+    assert is_compiled(session.pair.target)  # too short, or shared: not judged
+    assert session.check_steps(pair, slow) == checked_in_use(pair, 0.25)[1]
     assert not is_compiled(session.pair.target)
-    assert session.check_steps(session.pair, [SimpleNamespace(time=0.3)]) is None  # eager now: nothing to drop
+    assert session.check_steps(session.pair, slow) is None  # eager now: nothing to drop
 
 
 def test_eager_and_compiled_are_taken_as_asked(tmp_path):

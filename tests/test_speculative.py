@@ -482,7 +482,7 @@ def test_a_drafter_whose_q_gives_its_token_no_mass_is_refused(tiny):
     class Lying:
         name = "lying"
 
-        def prefill(self, ids):
+        def prefill(self, ids, room=0):
             pass
 
         def propose(self, ids, history, k):

@@ -45,6 +45,7 @@ rule and of the round loops caught by the same statistics.
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -495,3 +496,37 @@ def test_negative_control_quantized_target(quantized_pairs, monkeypatch, quant):
     stats = end_to_end_stats(quantized_pairs[quant], control(QUANT_RUNS))
     print("always accept,", quant, "target", stats)
     assert detected(stats, 1e-3, 0.05), stats
+
+
+COMPILED_RUNS = 1_000
+
+
+@pytest.fixture(scope="module")
+def compiled_pair() -> ModelPair:
+    """A tiny Qwen2 target and a noisy copy of it as the draft, both on compiled one-token steps, the target's verify
+    compiled too, padded to 4 tokens (K = 2 verifies 3, fewer at the end)."""
+    from specviz.models.compiled import with_compiled_step
+
+    target = tiny_model(3, V)
+    pair = on_test_device(ModelPair(draft=noisy_copy(target, 0.4, seed=2), target=target, tokenizer=tiny_tokenizer(),
+                                    device=torch.device("cpu"), dtype=torch.float32,
+                                    eos_token_ids=frozenset({EOS_ID})))
+    return replace(pair, draft=with_compiled_step(pair.draft, sizes=(16,)),
+                   target=with_compiled_step(pair.target, sizes=(16,), widths=(4,)))
+
+
+def test_the_compiled_path_samples_the_target_distribution(compiled_pair):
+    """1,000 runs on the compiled steps and verify (the exact distribution from the target's eager forwards): the
+    TV bound is the one 1,000 perfect samples stay under 999 times in 1,000, as for the self drafter."""
+    stats = end_to_end_stats(compiled_pair, COMPILED_RUNS)
+    bound = tv_bound(exact_joint(tables(compiled_pair.target, TEMPERATURE_1)), COMPILED_RUNS)
+    print("compiled path", stats, "TV bound", bound)
+    assert consistent(stats, 1e-3, bound), stats
+
+
+def test_negative_control_compiled_path(compiled_pair, monkeypatch):
+    always_accept(monkeypatch)
+    stats = end_to_end_stats(compiled_pair, control(COMPILED_RUNS))
+    print("always accept, compiled path", stats)
+    assert detected(stats, 1e-3, tv_bound(exact_joint(tables(compiled_pair.target, TEMPERATURE_1)),
+                                          control(COMPILED_RUNS)))

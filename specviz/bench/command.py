@@ -139,6 +139,7 @@ def cmd_bench(args) -> int:
     from specviz.models.draft import DraftQuant, cheaper_draft, with_cheaper_draft
     from specviz.bench.bandwidth import triad_bandwidth
     from specviz.models.draft.lean import LeanDraft
+    from specviz.models.compiled import is_compiled
     from specviz.models.steps import with_steps
     from specviz.models.target import with_target, with_tuned_draft
 
@@ -171,6 +172,7 @@ def cmd_bench(args) -> int:
     spec_pair = replace(cheap, target=pair.target, target_name=pair.target_name)
     if tuning is not None:
         spec_pair = with_tuned_draft(spec_pair)
+    spec_pair = with_steps(loaded, spec_pair, spec, status=lambda s: print(s, file=sys.stderr))
     hf = HFGenerate(pair.target, pair.eos_token_ids, pair.tokenizer.pad_token_id, pair.device,
                     plan.config.sampling, plan.config.seed)  # the same warps and seed as specviz's runs
     assistants = {}
@@ -179,9 +181,10 @@ def cmd_bench(args) -> int:
     if args.compare_hf and plan.config.drafter not in ("lookup", "self") and pair.vocab_map is None:
         # "same": specviz's cheaper draft through the Hugging Face forward generate() needs; "loaded": as a user
         # would hand it over
-        same = cheaper_draft(pair, quant, lean=False) if isinstance(spec_pair.draft, LeanDraft) else spec_pair.draft
+        # (a compiled draft step is the loaded draft's: transformers gets that draft as loaded)
+        same = cheaper_draft(pair, quant, lean=False) if isinstance(spec_pair.draft, LeanDraft) else \
+            pair.draft if is_compiled(spec_pair.draft) else spec_pair.draft
         assistants = {"same": same, **({"loaded": pair.draft} if same is not pair.draft else {})}
-    spec_pair = with_steps(loaded, spec_pair, spec, status=lambda s: print(s, file=sys.stderr))
     cost_pair = spec_pair
     if plan.config.drafter == "self":  # the draft step is the target's early exit (no cost model for a sweep)
         layer = cost_exit_layer(plan)
@@ -208,10 +211,10 @@ def cmd_bench(args) -> int:
 
         llamacpp = compare_llamacpp(args.compare_llamacpp, spec, [r.prompt for r in bench.reported], bench.chosen,
                                     status=lambda s: print(s, file=sys.stderr))
-    meta = {"machine": info, "draft": pair.draft_name, "target": spec_pair.target_name,
+    meta = {"machine": info, "draft": spec_pair.draft_name, "target": spec_pair.target_name,
             "draft_quant": {"bits": quant.bits, "group_size": quant.group_size,
-                            "applied": spec_pair.draft is not pair.draft,
-                            "step": type(spec_pair.draft).__name__},
+                            "applied": spec_pair.draft is not pair.draft and not is_compiled(spec_pair.draft),
+                            "step": "compiled" if is_compiled(spec_pair.draft) else type(spec_pair.draft).__name__},
             "hf_drafts": list(assistants), "prompts": str(args.prompts or "specviz/data/prompts.jsonl"),
             "target_quant": spec.target_quant, "kernels": spec.kernels,
             # when and how it ran: the docs' benchmark pages name both (scripts/docs.py renders the flags as a command)

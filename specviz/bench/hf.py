@@ -68,11 +68,12 @@ class HFGenerate:
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], max_new_tokens: int, setting: HFSetting | None = None,
-                 assistant=None, lookup: bool = False) -> list[int]:
-        """The new token ids. No setting: the target alone. With a setting: assisted by `assistant`, or by
-        prompt lookup (`lookup`, K = the setting's). An assistant's settings are restored afterwards."""
+                 assistant=None, lookup: bool = False, static: bool = False) -> list[int]:
+        """The new token ids. No setting: the target alone (`static`: on transformers' static cache, which its
+        generate() compiles on a GPU). With a setting: assisted by `assistant`, or by prompt lookup (`lookup`,
+        K = the setting's). An assistant's settings are restored afterwards."""
         ids = torch.tensor([prompt_ids], dtype=torch.long, device=self.device)
-        extra = {}
+        extra = {"cache_implementation": "static"} if static else {}
         if setting is not None and lookup:
             # no HF default for K: 10 is its documented example; the n-gram as long as specviz's lookup matches
             extra.update(prompt_lookup_num_tokens=setting.k or 10, max_matching_ngram_size=LOOKUP_MAX_NGRAM)

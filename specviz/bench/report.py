@@ -19,13 +19,14 @@ from specviz.analysis.divergence import first_divergence
 from specviz.analysis.intervals import ci95, ratio_of_ratios
 from specviz.analysis.predict import CostModel, best_k, predicted_speedup, predicted_speedup_for_rounds
 from specviz.analysis.stats import SpecStats, ratio, spec_stats, tree_acceptance
-from specviz.bench.runner import AR, AR_EAGER, AR_HF, UNTUNED, Bench, PromptResult, setting_name
-from specviz.models.compiled import FLAT_FLOOR
+from specviz.bench.runner import AR, AR_EAGER, AR_HF, AR_HF_STATIC, UNTUNED, Bench, PromptResult, setting_name
+from specviz.models.step_timing import FLAT_FLOOR
 
 PREDICT_KS = range(1, 17)
 BASELINE_NAMES = {AR: "specviz's AR lane", AR_HF: "transformers generate()",
                   AR + UNTUNED: "specviz's AR lane on the kernels as loaded",
-                  AR_EAGER: "specviz's AR lane on the eager one-token step"}
+                  AR_EAGER: "specviz's AR lane on the eager one-token step",
+                  AR_HF_STATIC: "transformers generate() on its static cache, compiled"}
 
 
 def _round(x: float | None, digits: int = 4) -> float | None:

@@ -1,9 +1,10 @@
 """Run the benchmark so that a skeptic accepts its ratios.
 
 Methods, each timed wall-clock around the whole call (prompt reading included, as a user waits):
-- the target alone, twice: specviz's AR lane and transformers' plain `generate()` (three times where the
-  target's one-token step runs compiled: the AR lane on its eager step too). The fastest is the baseline, so
-  neither the AR lane's per-token instrumentation nor a step that loses in use can inflate a speedup;
+- the target alone, twice: specviz's AR lane and transformers' plain `generate()` (and where the target's
+  one-token step runs compiled, the AR lane on its eager step too; on a GPU, `generate()` on its static cache,
+  compiled). The fastest is the baseline, so neither the AR lane's per-token instrumentation nor a step that
+  loses in use can inflate a speedup;
 - speculative decoding at a setting (K, confidence cut);
 - transformers' assisted generation with the SAME draft specviz runs (its int4 weights, through the
   Hugging Face forward generate() needs) and with the draft as loaded, each at specviz's K and at HF's
@@ -37,6 +38,7 @@ from specviz.models import encode_prompt
 from specviz.models.compiled import CompileCounts, warm_sizes
 
 AR, AR_HF = "ar", "ar_hf"  # the target alone: specviz's lane, transformers' generate()
+AR_HF_STATIC = "ar_hf static"  # generate() on its static cache, compiled: run on a GPU only (on a CPU it is slower)
 EAGER = " eager"  # a method's suffix: the same lane on the eager one-token step (the pair's runs compiled)
 AR_EAGER = AR + EAGER
 
@@ -151,9 +153,10 @@ def ar_method(pair, config: DecodeConfig, suffix: str = "") -> Method:
 
 
 def hf_method(hf: HFGenerate, name: str, max_new_tokens: int, setting: HFSetting | None = None,
-              assistant=None, lookup: bool = False) -> Method:
+              assistant=None, lookup: bool = False, static: bool = False) -> Method:
     def run(ids):
-        return guarded(lambda: hf.generate(ids, max_new_tokens, setting, assistant, lookup), hf.device, events=False)
+        return guarded(lambda: hf.generate(ids, max_new_tokens, setting, assistant, lookup, static), hf.device,
+                       events=False)
     return Method(name, run)
 
 
@@ -242,6 +245,8 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assi
             c = replace(chosen, adaptive=mode, confidence=chosen.confidence if cut is None else cut)
             specs.setdefault(setting_name(c), c)
         return [ar_method(pair, chosen), hf_method(hf, AR_HF, chosen.max_new_tokens),
+                *([hf_method(hf, AR_HF_STATIC, chosen.max_new_tokens, static=True)] if hf.device.type == "cuda"
+                  else []),
                 *(spec_method(pair, c) for c in specs.values()),
                 *([ar_method(untuned, chosen, UNTUNED)] if untuned is not None else []),
                 *([ar_method(eager, chosen, EAGER)] if eager is not None else []),

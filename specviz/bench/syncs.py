@@ -31,7 +31,8 @@ def counting_host_reads(device: torch.device) -> Iterator[list[int]]:
     def spy(name, original):
         def read(self, *args, **kwargs):
             out = original(self, *args, **kwargs)
-            if self.device == device and self.untyped_storage().data_ptr() not in host:
+            on_device = self.device.type == device.type and device.index in (None, self.device.index)
+            if on_device and self.untyped_storage().data_ptr() not in host:
                 count[0] += 1
             if name == "cpu":
                 host[out.untyped_storage().data_ptr()] = out

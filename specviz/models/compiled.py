@@ -4,17 +4,20 @@ Eager PyTorch launches every small kernel of a forward from Python, hundreds per
 target's step is still bound by reading its weights, but a small draft's step is then bound by those
 launches, and can cost most of a target step (c near 1, where speculation loses). `torch.compile` fuses
 the step, and on CUDA replays it as one CUDA graph (`mode="reduce-overhead"`); a graph needs every tensor
-at a fixed address and a fixed shape, so the KV cache is preallocated (a static cache, in a few sizes: `SIZES`)
-and only the one-token step is compiled: the draft's step and the target-alone step. Wider forwards (the
-prompt, a verify over K + 1 tokens) run eagerly on the same cache.
+at a fixed address and a fixed shape, so the KV cache is preallocated (a static cache, in a few sizes: `SIZES`,
+the size chosen up front for a run's prompt, new tokens and a round past them) and the compiled forwards are of
+fixed widths: the one-token step (the draft's step, the target alone's, a draft's catch-up as a few steps) and,
+where it pays, the target's verify padded to `VERIFY_WIDTHS`. The prompt runs eagerly on the same cache. Every
+size, width and buffer set a race uses is compiled at load (`warm_sizes`), so none compiles inside a timed run
+(`CompileCounts` tells if one did).
 
 The engine uses a static cache as it uses a dynamic one (`engine.plumbing.new_cache` asks the model for
 one; `get_seq_length`, `crop(-n)`): its length is kept on the host, so reading it costs no device sync, and
 cropping only moves the write position back (entries past it are masked by position, then overwritten).
 Trees keep dynamic caches (they reorder them) and so never run compiled.
 
-Whether compiling pays is measured, not assumed (`measure_step`; `models.steps` chooses per model and keeps
-the answer per machine): a compiled step computes the same logits up to rounding, and exactness holds against
+Whether compiling pays is measured, not assumed (`step_timing.measure_step`; `models.steps` chooses per model
+and keeps the answer per machine): a compiled step computes the same logits up to rounding, and exactness holds against
 the model as it runs, in both lanes.
 """
 
@@ -23,16 +26,11 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-import statistics
-import time
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 from torch import nn
-
-from specviz.models.kernels import sync
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +133,21 @@ def compile_mode(device: torch.device) -> str | None:
     return "reduce-overhead" if device.type == "cuda" else None
 
 
-def with_compiled_step(model: nn.Module, sizes: tuple[int, ...] = SIZES, wide: nn.Module | None = None) -> nn.Module:
+# A verify over n tokens runs compiled padded to the first of these widths >= n (K + 1 for the default K = 8, and
+# twice that): one graph per width and cache size, whatever K a round drafted.
+VERIFY_WIDTHS = (9, 17)
+CATCH_UP = 4  # a forward over at most this many tokens keeping one row (a draft catching up): that many steps
+
+
+def with_compiled_step(model: nn.Module, sizes: tuple[int, ...] = SIZES, wide: nn.Module | None = None,
+                       widths: tuple[int, ...] = ()) -> nn.Module:
     """A copy of a Hugging Face causal LM (its weights shared) whose one-token forwards on its own static caches
     run compiled; `new_cache()` hands out those caches, of the `sizes` given (tokens; a run moves up as it grows).
-    Any other call runs `wide` (default: the model's own forward): given the same model on tuned kernels, the
-    prompt and every verify run where they are fastest, not on the kernels as loaded."""
+    A forward over a few tokens keeping one row of logits (a draft catching up after a full round) runs as that
+    many compiled steps; a verify over n tokens, with `widths` (`verify_widths`, settable), compiled padded to the
+    first width >= n (the padding rows' logits dropped, their cache entries cut). Any other call runs `wide`
+    (default: the model's own forward): given the same model on tuned kernels, the prompt runs where it is
+    fastest, not on the kernels as loaded."""
     param = next(model.parameters())
     fast = copy.deepcopy(model, memo={id(t): t for t in [*model.parameters(), *model.buffers()]})
     eager = fast.forward if wide is None else wide.forward  # wide's forward takes the same static cache
@@ -154,29 +162,48 @@ def with_compiled_step(model: nn.Module, sizes: tuple[int, ...] = SIZES, wide: n
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None) or max(sizes)
     pool = StaticPool(model.config, tuple(sorted({min(size, limit) for size in sizes})), param.dtype, param.device)
 
+    def compiled(ids: torch.Tensor, cache: StaticKV, keep: int):
+        """The compiled forward over `ids` (1 x width) on `cache`; its logits copied out of CUDA graphs' buffers."""
+        if graphs:
+            torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs were copied out: reuse them
+        # a fresh tensor: a slice of the ids would carry their row's stride, and each new stride would compile the
+        # step again
+        fresh = ids.new_empty(ids.shape).copy_(ids)
+        out = step(fresh, **{cache_arg: cache.hf}, use_cache=True, logits_to_keep=keep)
+        if graphs:
+            out.logits = out.logits.clone()  # copied out before the next replay overwrites them
+        cache.length += ids.shape[1]
+        return out
+
     def forward(input_ids=None, past_key_values=None, use_cache=True, logits_to_keep=0, **kw):
-        if not isinstance(past_key_values, StaticKV):
-            return eager(input_ids, past_key_values=past_key_values, use_cache=use_cache,
-                         logits_to_keep=logits_to_keep, **kw)
+        cache = past_key_values
+        if not isinstance(cache, StaticKV):
+            return eager(input_ids, past_key_values=cache, use_cache=use_cache, logits_to_keep=logits_to_keep, **kw)
         n = input_ids.shape[1]
-        past_key_values.reserve(n)
-        if n == 1 and not kw:
-            if graphs:
-                torch.compiler.cudagraph_mark_step_begin()  # the last replay's outputs were copied out: reuse them
-            # a fresh (1, 1) tensor: a slice of the ids would carry their row's stride, and each new stride would
-            # compile the step again
-            one = input_ids.new_empty((1, 1)).copy_(input_ids)
-            out = step(one, **{cache_arg: past_key_values.hf}, use_cache=True, logits_to_keep=logits_to_keep)
-            if graphs:
-                out.logits = out.logits.clone()  # copied out before the next replay overwrites them
-        else:
-            out = eager(input_ids, **{cache_arg: past_key_values.hf}, use_cache=True, logits_to_keep=logits_to_keep,
-                        **kw)
-        past_key_values.length += n
+        if not kw and (n == 1 or (logits_to_keep == 1 and n <= CATCH_UP)):
+            cache.reserve(n)
+            for i in range(n):  # the last step's logits are the forward's one row
+                out = compiled(input_ids[:, i:i + 1], cache, logits_to_keep)
+            return out
+        width = next((w for w in fast.verify_widths if w >= n), None)
+        if not kw and width is not None and cache.length + width <= cache.pool.sizes[-1]:
+            cache.reserve(width)
+            keep = min(logits_to_keep or n, n)
+            padded = torch.cat([input_ids, input_ids[:, -1:].expand(1, width - n)], dim=1)
+            out = compiled(padded, cache, width)
+            out.logits = out.logits[:, n - keep:n]
+            if width > n:  # the padding's entries: cut off the length (masked, then overwritten)
+                cache.crop(n - width)
+            return out
+        cache.reserve(n)
+        out = eager(input_ids, **{cache_arg: cache.hf}, use_cache=True, logits_to_keep=logits_to_keep, **kw)
+        cache.length += n
         return out
 
     fast.forward = forward  # an instance attribute: nn.Module.__call__ finds it before the class's
-    fast.new_cache = lambda tokens=0: StaticKV(pool, pool.size_for(tokens))
+    fast.verify_widths = tuple(sorted(widths))
+    # (a run's tokens are a hint: one longer than the largest size is refused only if it really grows past it)
+    fast.new_cache = lambda tokens=0: StaticKV(pool, pool.size_for(min(tokens, pool.sizes[-1])))
     fast.static_pool = pool
     fast.compiled_step = True
     return fast.eval()
@@ -188,16 +215,21 @@ def is_compiled(model) -> bool:
 
 @torch.inference_mode()
 def warm_sizes(model: nn.Module, sets: int = 1) -> None:
-    """A compiled model's step on every static size and on `sets` buffer sets of each, compiled now rather than
-    inside a timed run: a graph is specialised to its cache's buffers (size and addresses), and a race holds two
-    of the target's at once (one per lane). The sets stay in the pool, so runs borrow these."""
+    """A compiled model's step and verify widths on every static size and on `sets` buffer sets of each, compiled
+    now rather than inside a timed run: a graph is specialised to its cache's buffers (size and addresses), and a
+    race holds two of the target's at once (one per lane). The sets stay in the pool, so runs borrow these."""
     if not is_compiled(model):
         return
-    one = torch.zeros((1, 1), dtype=torch.long, device=next(model.parameters()).device)
+    device = next(model.parameters()).device
     for size in model.static_pool.sizes:
         caches = [StaticKV(model.static_pool, size) for _ in range(sets)]
         for cache in caches:
-            model(one, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            # the step and each verify width's graph, three times: CUDA graph trees run a graph eagerly at its first
+            # call and record it at the next
+            for n in (1, *(w for w in model.verify_widths if w <= size)) * 3:
+                model(torch.zeros((1, n), dtype=torch.long, device=device), past_key_values=cache, use_cache=True,
+                      logits_to_keep=n)
+                cache.crop(-n)
 
 
 @dataclass(frozen=True)
@@ -223,84 +255,3 @@ class CompileCounts:
                  "first time)"] if self.graphs else []
         parts += [f"{self.cudagraph_skips} graph(s) ran without CUDA graphs"] if self.cudagraph_skips else []
         return "; ".join(parts) or None
-
-
-# ---- choosing by measurement ---------------------------------------------------------------------------------
-
-# The compiled step replaces the eager one only when faster by more than this: on a 2-core Zen 4 the probe chose
-# a compiled step that had won by 0.4 % and 0.9 % (noise), which then cost 1.25-1.4x the eager step in the race.
-STEP_MARGIN = 0.05
-# A wider forward cheaper than this fraction of a one-token step means the one-token step is not the model's
-# fastest (any kernel can run one row as two): a target alone timed on it would inflate every speedup.
-FLAT_FLOOR = 0.95
-
-
-@dataclass(frozen=True)
-class StepTimes:
-    """One model's one-token step, eager (as the pair otherwise runs it) and compiled, in seconds."""
-
-    eager_s: float
-    compiled_s: float
-    compile_s: float  # the compilation itself, paid once per process
-
-    @property
-    def compiled_wins(self) -> bool:
-        return self.compiled_s < (1 - STEP_MARGIN) * self.eager_s
-
-
-def forward_times(model: nn.Module, prompt_ids: list[int], n: int = 1, reps: int = 9, warmup: int = 3,
-                  crop: bool = True) -> list[float]:
-    """Seconds of n-token forwards after a prompt, on the cache the engine would give the model (static for a
-    compiled one): each cropped back off (so all at one length), or, with `crop=False`, one after another, the
-    cache growing as in a run."""
-    from transformers import DynamicCache
-
-    device = next(model.parameters()).device
-    ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-    times = []
-    with torch.inference_mode():
-        cache = getattr(model, "new_cache", DynamicCache)()
-        model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-        for rep in range(warmup + reps):
-            sync(device)
-            t0 = time.perf_counter()
-            model(ids[:, -n:], past_key_values=cache, use_cache=True, logits_to_keep=n).logits.float()
-            sync(device)
-            t1 = time.perf_counter()
-            if crop:
-                cache.crop(-n)
-            if rep >= warmup:
-                times.append(t1 - t0)
-    return times
-
-
-def time_step(model: nn.Module, prompt_ids: list[int], reps: int = 9, warmup: int = 3) -> float:
-    """Median seconds of one-token forwards after a prompt, each cropped back off."""
-    return statistics.median(forward_times(model, prompt_ids, reps=reps, warmup=warmup))
-
-
-def measure_step(eager: nn.Module, compiled: nn.Module, prompts: list[list[int]],
-                 timer: Callable[..., float] = time_step) -> StepTimes:
-    """Both steps of one model, the mean over `prompts` (the context lengths runs reach: an eager step's cost grows
-    with its context, a static cache's attends over its whole size at every one), each prompt's two timings back to
-    back, so that a slow spell of the machine falls on both. The first compiled call (the compilation) is timed
-    apart."""
-    t0 = time.perf_counter()
-    timer(compiled, prompts[0], reps=1, warmup=0)
-    compile_s = time.perf_counter() - t0
-    eager_s = compiled_s = 0.0
-    for ids in prompts:
-        eager_s += timer(eager, ids) / len(prompts)
-        compiled_s += timer(compiled, ids) / len(prompts)
-    return StepTimes(eager_s=eager_s, compiled_s=compiled_s, compile_s=compile_s)
-
-
-def consecutive_step(model: nn.Module, prompt_ids: list[int], steps: int = 16) -> float:
-    """Median seconds of one-token forwards one after another, the cache growing, as a run makes them (the probe
-    crops each back off): a compiled step is re-checked this way before it is kept."""
-    return statistics.median(forward_times(model, prompt_ids, reps=steps, warmup=2, crop=False))
-
-
-def wide_forward(model: nn.Module, prompt_ids: list[int], n: int = 2, reps: int = 5) -> float:
-    """Median seconds of an n-token forward after the prompt: T(n) on the path a verify takes."""
-    return statistics.median(forward_times(model, prompt_ids, n=n, reps=reps, warmup=1))

@@ -5,7 +5,10 @@ the compiled step is the loaded model compiled on a static cache (`compiled.with
 depends on the machine: on a GPU compiling removes the launch overhead that dominates a small draft's step, on
 a CPU it may lose to hand-picked kernels. So `auto` times both for each model once, and keeps the answer per
 machine, torch, thread count, dtype and model (beside the kernel tables): later loads compile only a model
-whose compiled step won.
+whose compiled step won, by more than a margin no repeated probe crosses by noise (`STEP_MARGIN`), and held when
+timed as a run uses it (`in_use_problem`). A target's verify runs compiled (padded to `VERIFY_WIDTHS`) only
+beside its compiled step, where it too won by the margin. The first races check the choice again
+(`checked_in_use`): a compiled step that loses in use is dropped, said in one sentence.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specviz.models.compiled import (FLAT_FLOOR, STEP_MARGIN, StepTimes, consecutive_step, measure_step, time_step,
-                                     wide_forward, with_compiled_step)
+from specviz.models.compiled import VERIFY_WIDTHS, with_compiled_step
+from specviz.models.step_timing import (FLAT_FLOOR, STEP_MARGIN, StepTimes, consecutive_step, measure_step, time_step,
+                                        wide_forward)
 from specviz.models.kernel_table import KernelKey, read_keyed, table_path, write_keyed
 from specviz.models.pair import ModelLoadError, ModelPair, PairSpec
 from specviz.models.synthetic import prompt_ids
@@ -55,11 +59,11 @@ def ms(seconds: float) -> str:
     return f"{1e3 * seconds:.1f} ms"
 
 
-def in_use_problem(times: StepTimes, used: InUse) -> str | None:
+def in_use_problem(times: StepTimes, used: InUse, margin: float = STEP_MARGIN) -> str | None:
     """Why a compiled step that won its probe does not hold in use (None: it holds): it is no longer faster than
     the eager step by the margin, or a wider forward costs less than it (the target alone would not be on its
     fastest one-token path, and every speedup over it inflated)."""
-    if used.step_s > (1 - STEP_MARGIN) * times.eager_s:
+    if used.step_s > (1 - margin) * times.eager_s:
         return (f"in use it took {ms(used.step_s)} a token against {ms(times.eager_s)} eager (its probe: "
                 f"{ms(times.compiled_s)})")
     if used.wide_s is not None and used.wide_s < FLAT_FLOOR * used.step_s:
@@ -82,7 +86,7 @@ def step_key(eager: nn.Module, compiled: nn.Module, device: torch.device) -> Ker
     """What a choice depends on: the machine (as a kernel table's), dtype, both models' module trees and the
     probe's contexts."""
     tree = hashlib.sha256(f"{eager!r}|{compiled!r}|{next(eager.parameters()).dtype}".encode()).hexdigest()[:20]
-    return KernelKey.of([f"step:{tree}"], device, PROBE_LENGTHS)
+    return KernelKey.of([f"step+verify:{tree}"], device, PROBE_LENGTHS)
 
 
 def measured_steps(eager: nn.Module, compiled: nn.Module, device: torch.device, measure: Measure = measure_step,
@@ -134,6 +138,13 @@ def decided(times: StepTimes | None) -> str:
     return f"eager {ms(times.eager_s)}, compiled {ms(times.compiled_s)}: it {verdict}"
 
 
+def verify_decided(times: StepTimes) -> str:
+    if times.verify_compiled_s is None:
+        return "not measured"
+    return (f"{VERIFY_WIDTHS[0]} tokens: eager {ms(times.verify_eager_s)}, compiled {ms(times.verify_compiled_s)}; "
+            f"compiling must win by more than {STEP_MARGIN:.0%}")
+
+
 def wide_model(loaded: nn.Module, eager: nn.Module) -> nn.Module | None:
     """What a compiled target runs its wider forwards (prompt, verify) on: the eager target where it is the loaded
     one on tuned kernels (a Hugging Face model still, on the same static cache)."""
@@ -158,13 +169,19 @@ def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Call
                                      "are not compiled: use --step eager or --target-quant none.")
             continue
         plain = getattr(eager, role)
-        compiled = with_compiled_step(model, wide=wide_model(model, plain) if role == "target" else None)
+        target = role == "target"  # (a target verifies: its verify may run compiled too)
+        compiled = with_compiled_step(model, wide=wide_model(model, plain) if target else None,
+                                      widths=VERIFY_WIDTHS if target else ())
         if spec.step == "auto":
             times = measured_steps(plain, compiled, loaded.device, measure, folder,
                                    lambda line: status(f"The {role}: {line}"))
             if times is None or not times.compiled_wins:
                 status(f"The {role}'s one-token step: {decided(times)}.")
                 continue
+            if not times.compiled_verify_wins:
+                compiled.verify_widths = ()
+                if target:
+                    status(f"The target's verify stays eager ({verify_decided(times)}).")
             problem = in_use_problem(times, check(compiled, probe_ids(compiled, PROBE_LENGTHS[-1]), role == "target"))
             if problem:
                 status(f"The {role}'s compiled step won its probe ({decided(times)}) but not in use: {problem}; it "
@@ -184,12 +201,13 @@ def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Call
 
 def checked_in_use(pair: ModelPair, step_s: float) -> tuple[ModelPair, str | None]:
     """`pair` as it should run on after its target alone took `step_s` a token in a run: where `auto` chose a
-    compiled target step that did not hold (`in_use_problem`), the same pair on its eager target step, and the
-    sentence that says so; otherwise `pair` and None."""
+    compiled target step that did not hold (`in_use_problem`; no margin here, since a run's step also pays for
+    sampling and its event, which the probe's eager forward does not), the same pair on its eager target step,
+    and the sentence that says so; otherwise `pair` and None."""
     times = getattr(pair.target, "step_probe", None)
     if times is None or pair.eager_steps is None:
         return pair, None
-    problem = in_use_problem(times, InUse(step_s))
+    problem = in_use_problem(times, InUse(step_s), margin=0.0)
     if problem is None:
         return pair, None
     back = pair.eager_steps

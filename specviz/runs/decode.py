@@ -108,7 +108,9 @@ def step(session: Session, limits: Limits, stepper: Stepper | None, prompt, sett
     if notice or stepper is None or stepper.done or stepper.key != key or stepper.generation != session.generation:
         if stepper is not None:
             stepper.close()
-        events = speculative_generate(job.pair, job.ids, job.config)
+        # on the eager steps' dynamic caches: a paused run holding a static cache's buffers would make the next race
+        # take new ones, and new buffers are new graphs (compiled inside that race)
+        events = speculative_generate(job.pair.eager_steps or job.pair, job.ids, job.config)
         stepper = Stepper(events, Trace(job.meta, source="Step mode"), key, session.generation, notice=notice,
                           worker=session.worker)
     else:

@@ -256,7 +256,7 @@ def timing_note(compiled: CompileCounts, session: Session, pair, state: RaceStat
     compiles). Such a race is not recorded either."""
     if (why := compiled.sentence()) is not None:
         return f"This race's speed is not a measure: {why}; the next race runs on what was compiled."
-    return session.check_steps(pair, state.ar.events)
+    return session.check_steps(pair, state.ar.events, state.shared_cpu)
 
 
 def beside(session: Session, states: Iterator) -> Iterator:

@@ -33,6 +33,7 @@ from specviz.runs.turns import Turns
 Loader = Callable[..., ModelPair]
 
 MAX_SOURCE_CHARS = 400
+MIN_STEPS_JUDGED = 8  # a race's target alone must make this many steps before its step time judges a compiled one
 
 
 def clean_source(value, role: str, *, optional: bool = False) -> str | None:
@@ -194,12 +195,12 @@ class Session:
         finally:
             self.lock.release()
 
-    def check_steps(self, pair: ModelPair, steps: list) -> str | None:
+    def check_steps(self, pair: ModelPair, steps: list, shared_cpu: bool = False) -> str | None:
         """After a run on `pair` whose target alone made `steps`: where the target's compiled one-token step did
         not hold in use (`models.steps.checked_in_use`), the served pair runs it eager from now on, and the
-        sentence that says so (the run's speed is not to be reported); None where it held. Call it holding the
-        pair (`using`)."""
-        if not steps or self.pair is not pair:
+        sentence that says so (the run's speed is not to be reported); None where it held, or where the run was
+        too short or shared the CPU to judge it. Call it holding the pair (`using`)."""
+        if len(steps) < MIN_STEPS_JUDGED or shared_cpu or self.pair is not pair:
             return None
         self.pair, problem = checked_in_use(pair, statistics.median(s.time for s in steps))
         return problem
