@@ -122,9 +122,13 @@ def test_live_view_shows_the_four_parts_on_one_laptop_screen(page, app_url):
         speed = page.inner_text("#sv-live-speed")
         assert re.search(r"\d+\.\d\d× (faster|slower)", speed) and "tok/s" in speed and "prefill" in speed
         assert page.locator("#sv-live-spec .sv-tok.sv-accepted").count() > 0
-        assert "min(1, p/q)" in page.get_attribute("#sv-live-spec .sv-tok.sv-accepted", "title")
+        tip = page.get_attribute("#sv-live-spec .sv-tok.sv-accepted", "title")
+        assert "min(1, p/q)" in tip and "β = Σ min(p, q) = 1.0000" in tip  # greedy: the argmaxes agreed
         assert page.locator("#sv-live-ar .sv-tok.sv-target").count() > 0
         page.wait_for_selector("#sv-live-pq .js-plotly-plot .bars", timeout=30_000)
+        # the latest round's bars mark β at each position, and the title its expected accepted length
+        assert "β = Σ min(p, q)" in page.text_content("#sv-live-pq .legend")
+        assert "expected" in page.text_content("#sv-live-pq .gtitle")
     finally:
         page.set_viewport_size({"width": 1400, "height": 1000})
 

@@ -13,12 +13,11 @@ from __future__ import annotations
 import math
 from collections import defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 
-from specviz.analysis.acceptance import reliability
 from specviz.analysis.predict import CostModel, predicted_speedup_for_rounds
 from specviz.analysis.rejections import PromptRun, Rejection, chain_rounds, rejections
-from specviz.analysis.stats import ratio, spec_stats
+from specviz.analysis.stats import mean_beta, ratio, spec_stats
 from specviz.analysis.token_classes import CLASSES, UNDRAFTABLE, token_class
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED, Round
 
@@ -34,10 +33,31 @@ class Count:
     n: int  # tested
     accepted: int
     rate: float  # accepted / n (0 when n = 0)
+    # what should have happened: the mean β = Σ min(p, q) of the same tested drafts (None: none recorded, as in
+    # older traces and trees)
+    expected: float | None = None
 
 
-def count(n: int, accepted: int) -> Count:
-    return Count(n, accepted, ratio(accepted, n))
+def count(n: int, accepted: int, betas: Sequence[float | None] = ()) -> Count:
+    return Count(n, accepted, ratio(accepted, n), mean_beta(betas) if len(betas) == n else None)
+
+
+Z99 = 2.5758  # the normal quantile of a two-sided 99 % interval
+
+
+def beta_range(betas: Sequence[float]) -> tuple[float, float] | None:
+    """The acceptance rate the drafts' βs predict, as a 99 % interval: the accepted count is a sum of independent
+    Bernoulli(β_i) (a Poisson binomial: mean Σβ, variance Σβ(1 - β)), its normal approximation over n."""
+    if not betas:
+        return None
+    n, mean = len(betas), sum(betas)
+    half = Z99 * math.sqrt(sum(b * (1 - b) for b in betas))
+    return max(0.0, (mean - half) / n), min(1.0, (mean + half) / n)
+
+
+def tested(rounds: Sequence[Round]) -> list:
+    """The drafted tokens the target tested (accepted or rejected), in order."""
+    return [t for r in rounds for t in r.drafted if t.status != NOT_VERIFIED]
 
 
 @dataclass(frozen=True)
@@ -52,6 +72,11 @@ class PromptRow:
     predicted_speedup: float | None  # the cost model on this run's rounds
     measured_speedup: float | None  # its race, when it raced
     finished: str | None
+    tested: Count = Count(0, 0, 0.0)  # accepted / tested, with the mean β of the same drafts
+    # the 99 % range of acceptance those βs predict (`beta_range`), and whether the realised rate fell outside it:
+    # a draft that truly disagrees, or an unlucky run, told apart (None: no β recorded)
+    expected_range: tuple[float, float] | None = None
+    outside_expected: bool | None = None
 
 
 @dataclass(frozen=True)
@@ -134,8 +159,12 @@ def predicted(rounds: Sequence[Round], cost: CostModel | None) -> float | None:
 
 def prompt_row(run: PromptRun, cost: CostModel | None) -> PromptRow:
     s = spec_stats(run.rounds)
+    tokens = tested(chain_rounds(run))
+    trial = count(len(tokens), sum(t.status == ACCEPTED for t in tokens), [t.beta for t in tokens])
+    span = beta_range([t.beta for t in tokens]) if trial.expected is not None else None
     return PromptRow(run.id, run.kind, len(run.prompt_ids), s.rounds, s.tokens, count(s.drafted, s.accepted),
-                     s.mean_accepted_tokens, predicted(run.rounds, cost), run.measured_speedup, run.finished)
+                     s.mean_accepted_tokens, predicted(run.rounds, cost), run.measured_speedup, run.finished,
+                     trial, span, None if span is None else not span[0] <= trial.rate <= span[1])
 
 
 def worst_first(rows: Sequence[PromptRow]) -> list[PromptRow]:
@@ -143,28 +172,32 @@ def worst_first(rows: Sequence[PromptRow]) -> list[PromptRow]:
     return sorted(rows, key=lambda r: (r.acceptance.n == 0, r.acceptance.rate, r.tokens_per_round, r.id))
 
 
-def binned(values: Sequence[float], outcomes: Sequence[bool], edges: Sequence[float]) -> tuple[Bin, ...]:
-    """Acceptance per bin [edges[i], edges[i+1]) of `values`; empty bins left out."""
+def binned(values: Sequence[float], tokens: Sequence, edges: Sequence[float]) -> tuple[Bin, ...]:
+    """Acceptance (and mean β) of the tested `tokens` per bin [edges[i], edges[i+1]) of their `values`; empty bins
+    left out."""
     rows = []
     for low, high in zip(edges, edges[1:]):
-        inside = [(v, o) for v, o in zip(values, outcomes) if low <= v < high]
+        inside = [(v, t) for v, t in zip(values, tokens) if low <= v < high]
         if inside:
             rows.append(Bin(low, None if math.isinf(high) else high, sum(v for v, _ in inside) / len(inside),
-                            count(len(inside), sum(o for _, o in inside))))
+                            count(len(inside), sum(t.status == ACCEPTED for _, t in inside),
+                                  [t.beta for _, t in inside])))
     return tuple(rows)
 
 
 def where(runs: Sequence[PromptRun]) -> Where:
-    s = spec_stats([r for run in runs for r in chain_rounds(run)])
-    tokens = [t for run in runs for r in chain_rounds(run) for t in r.drafted if t.status != NOT_VERIFIED]
-    outcomes = [t.status == ACCEPTED for t in tokens]
-    # the acceptance model's reliability bins, with the confidence q_soft as the prediction; observed x n is
-    # a whole number of accepted tokens (round() only undoes the float division)
-    confidence = tuple(Bin(b.low, b.high, b.predicted, count(b.n, round(b.observed * b.n)))
-                       for b in reliability([t.q_soft for t in tokens], outcomes, CONFIDENCE_BINS)) if tokens else ()
-    shown = [(t.q_entropy, o) for t, o in zip(tokens, outcomes) if t.q_entropy is not None]
-    entropy = binned([v for v, _ in shown], [o for _, o in shown], ENTROPY_EDGES)
-    return Where(tuple(count(t, p) for t, p in zip(s.tested, s.passed)), confidence, entropy)
+    rounds = [r for run in runs for r in chain_rounds(run)]
+    s = spec_stats(rounds)
+    tokens = tested(rounds)
+    # the acceptance model's reliability bins, with the confidence q_soft as the prediction
+    edges = [b / CONFIDENCE_BINS for b in range(CONFIDENCE_BINS)] + [math.inf]  # (its last bin holds q_soft = 1)
+    confidence = tuple(replace(b, high=min(b.high or 1.0, 1.0)) for b in binned([t.q_soft for t in tokens], tokens,
+                                                                                 edges))
+    shown = [t for t in tokens if t.q_entropy is not None]
+    entropy = binned([t.q_entropy for t in shown], shown, ENTROPY_EDGES)
+    at = [[r.drafted[i].beta for r in rounds if len(r.drafted) > i and r.drafted[i].status != NOT_VERIFIED]
+          for i in range(len(s.tested))]
+    return Where(tuple(count(t, p, b) for t, p, b in zip(s.tested, s.passed, at)), confidence, entropy)
 
 
 def context_before(rej: Rejection) -> str:
@@ -193,9 +226,10 @@ class _Tally:
     accepted: int = 0
     rejections: int = 0
     lost: int = 0
+    betas: list = field(default_factory=list)
 
     def row(self, name: str) -> ClassRow:
-        return ClassRow(name, count(self.n, self.accepted), self.rejections, self.lost)
+        return ClassRow(name, count(self.n, self.accepted, self.betas), self.rejections, self.lost)
 
 
 def classes(runs: Sequence[PromptRun], special_ids: frozenset[int] = frozenset()
@@ -211,12 +245,14 @@ def classes(runs: Sequence[PromptRun], special_ids: frozenset[int] = frozenset()
                     row = tally[token_class(t.text, t.id in special_ids)]
                     row.n += 1
                     row.accepted += 1
+                    row.betas.append(t.beta)
         for rej in rejections([run]):
             e = rej.round.emitted
             for row in [tally[token_class(e.text, e.id in special_ids)], *([] if e.draftable else [undraftable])]:
                 row.n += 1
                 row.rejections += 1
                 row.lost += rej.lost
+                row.betas.append(rej.round.drafted[rej.index].beta)
     return [t.row(name) for name, t in tally.items()], undraftable.row(UNDRAFTABLE)
 
 

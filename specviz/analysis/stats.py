@@ -115,6 +115,17 @@ class RunStats:
         }
 
 
+def mean_beta(betas: Sequence[float | None]) -> float | None:
+    """The mean β = Σ min(p, q) of some drafts: the acceptance they should have had on average (None when any of
+    them has none recorded: an older trace, a tree)."""
+    return None if not betas or None in betas else sum(betas) / len(betas)
+
+
+def tested_betas(rounds: Sequence[Round]) -> list[float | None]:
+    """β of every drafted token the target tested (accepted or rejected)."""
+    return [t.beta for r in rounds for t in r.drafted if t.status != NOT_VERIFIED]
+
+
 def _grow(counts: list[int], n: int) -> None:
     counts.extend([0] * (n - len(counts)))
 

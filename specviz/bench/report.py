@@ -18,7 +18,8 @@ from specviz.analysis.acceptance import calibration
 from specviz.analysis.divergence import first_divergence
 from specviz.analysis.intervals import ci95, ratio_of_ratios
 from specviz.analysis.predict import CostModel, best_k, predicted_speedup, predicted_speedup_for_rounds
-from specviz.analysis.stats import SpecStats, ratio, spec_stats, tree_acceptance
+from specviz.analysis.stats import SpecStats, mean_beta, ratio, spec_stats, tested_betas, tree_acceptance
+from specviz.engine.events import ACCEPTED, NOT_VERIFIED
 from specviz.bench.runner import AR, AR_EAGER, AR_HF, AR_HF_STATIC, UNTUNED, Bench, PromptResult, setting_name
 from specviz.models.step_timing import FLAT_FLOOR
 
@@ -92,6 +93,13 @@ def setting_record(results: Sequence[PromptResult], method: str, cost: CostModel
                      "verify": _round(1e3 * stats.verify_s / stats.rounds, 2),
                      "overhead": _round(1e3 * stats.overhead_s / stats.rounds, 2)} if stats.rounds else None,
     }
+
+
+def expected_vs_realised(rounds) -> dict:
+    tested = [t for r in rounds for t in r.drafted if t.status != NOT_VERIFIED]
+    return {"mean_beta": _round(mean_beta(tested_betas(rounds))),
+            "accepted_when_tested": _round(ratio(sum(t.status == ACCEPTED for t in tested), len(tested))),
+            "tested": len(tested)}
 
 
 def run_record(res: PromptResult, rep: int, spec: str, base: str, greedy: bool, cost: CostModel | None) -> dict:
@@ -231,6 +239,10 @@ def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: st
         "chosen": record,
         "acceptance_by_kind": {kind: _round(pooled_spec(rs, spec).acceptance_rate)
                                for kind, rs in by_kind(results).items()},
+        # what acceptance should be: the mean β = Σ min(p, q) of the tested drafts, beside the realised rate of the
+        # same drafts (accepted / tested)
+        "expected_acceptance_by_kind": {kind: expected_vs_realised(rounds_of(rs, spec))
+                                        for kind, rs in by_kind(results).items()},
         "costs": cost_record(cost, cost_stall),
         # fitted on the tuning prompts' rounds (or every other reported prompt, without a grid), judged on the rest
         "acceptance_model": calibration(*([rounds_of(bench.tuning, spec), rounds_of(results, spec)] if bench.tuning

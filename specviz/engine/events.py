@@ -43,6 +43,9 @@ class DraftedToken:
     # entropy (nats) of softmax(draft logits) at temperature 1, where the draft proposed x: how unsure it showed
     # itself, informative even when greedy (None in older traces and in tree rounds)
     q_entropy: float | None = None
+    # β = Σ min(p, q) over the vocabulary at this position, from the warped p and q the rule used: the chance it is
+    # accepted before u is drawn (greedy: 1 where the argmaxes agree, else 0; None in older traces and trees)
+    beta: float | None = None
 
 
 @dataclass
@@ -100,6 +103,18 @@ class Round:
     @property
     def tokens_emitted(self) -> int:
         return len(self.new_token_ids)
+
+    @property
+    def expected_accepted(self) -> float | None:
+        """The drafted tokens a round like this accepts on average: Σ_i Π_{j<=i} β_j (None without β)."""
+        betas = [t.beta for t in self.drafted]
+        if not betas or None in betas:
+            return None
+        total, reach = 0.0, 1.0
+        for b in betas:
+            reach *= b
+            total += reach
+        return total
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -26,6 +26,12 @@ def acceptance_probs(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor) -> 
     return torch.where(qx > 0, px / qx.clamp_min(torch.finfo(qx.dtype).tiny), torch.zeros_like(px)).clamp(max=1.0)
 
 
+def overlap(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """β = Σ_x min(p(x), q(x)) = 1 - TV(p, q) row-wise: the probability that a token drawn from q is accepted, before
+    it is drawn (the mean of min(1, p/q) over x ~ q). Greedy (point masses): 1 where the argmaxes agree, else 0."""
+    return torch.minimum(p, q).sum(-1)
+
+
 def residual(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
     """norm(max(0, p - q)) row-wise. Where p == q a rejection has probability 0, so any row works: use p."""
     r = (p - q).clamp_min(0.0)

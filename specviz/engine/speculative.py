@@ -19,7 +19,7 @@ from specviz.engine.events import (
 from specviz.engine.plumbing import (
     Pieces, PromptCache, at, clock, fit_ids, model_vocab, pad_vocab, prefilled, rollback, to_host,
 )
-from specviz.engine.rules import verify
+from specviz.engine.rules import overlap, verify
 from specviz.engine.sampling import logits_to_probs, make_generator
 from specviz.engine.tokens import candidates, emitted_token, shown, target_stats, top
 from specviz.engine.tree_round import accept_first_children, point_mass_rule, tree_generate
@@ -114,11 +114,16 @@ def _round_stats(draft, logits, p, verdict, config) -> dict[str, torch.Tensor]:
     return dict(
         tokens=draft.tokens, n=n, next=nxt, next_p=verdict.next_prob, next_p_soft=at(at(p_soft, n), nxt),
         accept_prob=verdict.accept_prob, u=verdict.u,
-        q=draft.q.gather(-1, idx).squeeze(-1), p=p[:k].gather(-1, idx).squeeze(-1),
+        q=draft.q.gather(-1, idx).squeeze(-1), p=p[:k].gather(-1, idx).squeeze(-1), beta=_beta(draft, logits, p),
         q_soft=q_soft.gather(-1, idx).squeeze(-1), p_soft=p_soft[:k].gather(-1, idx).squeeze(-1),
         q_entropy=torch.special.entr(q_soft).sum(-1),  # entr(0) = 0: tokens the draft cannot say (-inf) add none
         **target, **top(shown(draft.logits, draft.q, greedy), top_n, "q"), **top(verdict.residual, top_n, "r"),
     )
+
+
+def _beta(draft, logits, p) -> torch.Tensor:
+    """Each drafted position's β from the same warped p and q the rule used (a seam: a test's mutant swaps it)."""
+    return overlap(p[:draft.k], draft.q)
 
 
 def drafting_stop(config: DecodeConfig, predictor: AcceptanceModel) -> StopRule | None:
@@ -146,7 +151,7 @@ def _round_event(h, n, new, k, pieces, predictor: AcceptanceModel, **fields) -> 
             id=tid, text=pieces(tid), q=h["q"][i], p=h["p"][i], accept_prob=h["accept_prob"][i], u=h["u"][i],
             status=status, q_soft=h["q_soft"][i], p_soft=h["p_soft"][i], target_top2_gap=h["gap"][i],
             q_top=candidates(h, "q", i, pieces), p_top=candidates(h, "p", i, pieces),
-            residual_top=candidates(h, "r", i, pieces), q_entropy=h["q_entropy"][i],
+            residual_top=candidates(h, "r", i, pieces), q_entropy=h["q_entropy"][i], beta=h["beta"][i],
         )
         token.predicted = predictor.predict(token_features(token, i, fields["drafter"]))
         drafted.append(token)

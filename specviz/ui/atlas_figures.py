@@ -18,6 +18,15 @@ def n_label(c: Count) -> str:
     return f"{c.rate:.0%}<br>n={c.n}"
 
 
+def expected_markers(fig: go.Figure, xs: list, counts: list[Count], **where) -> None:
+    """The mean β = Σ min(p, q) of the same drafts beside each realised rate: what should have happened."""
+    shown = [(x, c.expected) for x, c in zip(xs, counts) if c.expected is not None]
+    if shown:
+        fig.add_scatter(x=[x for x, _ in shown], y=[e for _, e in shown], mode="markers", name="expected (mean β)",
+                        marker=dict(symbol="diamond-open", size=12, color="#7c3aed", line=dict(width=2)),
+                        hovertemplate="%{x}: expected %{y:.1%} (mean β)<extra></extra>", **where)
+
+
 def position_figure(where: Where) -> go.Figure:
     counts = [c for c in where.by_position if c.n]
     if not counts:
@@ -25,7 +34,9 @@ def position_figure(where: Where) -> go.Figure:
     xs = [str(i + 1) for i, c in enumerate(where.by_position) if c.n]
     fig = go.Figure(go.Bar(x=xs, y=[c.rate for c in counts], text=[n_label(c) for c in counts],
                            textposition="outside", marker_color=COLORS[ACCEPTED], customdata=[c.n for c in counts],
-                           hovertemplate="position %{x}: %{y:.1%} of %{customdata} accepted<extra></extra>"))
+                           name="accepted", hovertemplate="position %{x}: %{y:.1%} of %{customdata} accepted"
+                                                          "<extra></extra>"))
+    expected_markers(fig, xs, counts)
     fig.update_xaxes(title="draft position in the round")
     fig.update_yaxes(title="accepted, when tested", range=[0, 1.2], tickformat=".0%")
     return _layout(fig, "Acceptance by draft position (given the drafts before it were accepted)", 300)
@@ -48,6 +59,11 @@ def confidence_figure(where: Where) -> go.Figure:
                     name="measured", text=[f"n={b.acceptance.n}" for b in bins], textposition="top center",
                     marker=dict(size=10, color=COLORS[ACCEPTED]), customdata=[bin_label(b, 1) for b in bins],
                     hovertemplate="confidence %{customdata} (mean %{x:.2f}): %{y:.1%} accepted<extra></extra>")
+    known = [b for b in bins if b.acceptance.expected is not None]
+    if known:  # what the βs of the same drafts predicted
+        fig.add_scatter(x=[b.mean for b in known], y=[b.acceptance.expected for b in known], mode="markers",
+                        name="expected (mean β)", marker=dict(symbol="diamond-open", size=11, color="#7c3aed"),
+                        hovertemplate="confidence %{x:.2f}: expected %{y:.1%} (mean β)<extra></extra>")
     fig.update_xaxes(title="the draft's probability of its token (softmax, T=1)", range=[0, 1.02])
     fig.update_yaxes(title="accepted", range=[0, 1.1], tickformat=".0%")
     return _layout(fig, "Acceptance by the draft's confidence (a reliability curve)", 300)
@@ -76,6 +92,7 @@ def classes_figure(rows: tuple[ClassRow, ...]) -> go.Figure:
     fig.add_bar(x=names, y=[r.acceptance.rate for r in rows], text=[n_label(r.acceptance) for r in rows],
                 textposition="outside", marker_color=COLORS[ACCEPTED], showlegend=False,
                 hovertemplate="%{x}: %{y:.1%} accepted<extra></extra>", row=1, col=1)
+    expected_markers(fig, names, [r.acceptance for r in rows], row=1, col=1, showlegend=False)
     fig.add_bar(x=names, y=[r.tokens_lost for r in rows], text=[f"{r.rejections} rej." for r in rows],
                 textposition="outside", marker_color=COLORS[REJECTED], showlegend=False,
                 hovertemplate="%{x}: %{y} drafts thrown away<extra></extra>", row=1, col=2)

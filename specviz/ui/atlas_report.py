@@ -53,7 +53,7 @@ document.querySelectorAll('table.sv-sortable th').forEach((th, col) => th.addEve
 """
 
 PROMPT_COLUMNS = ("prompt", "kind", "prompt tokens", "acceptance", "accepted / drafted", "tokens per round",
-                  "predicted speedup", "measured speedup", "finished")
+                  "predicted speedup", "measured speedup", "finished", "accepted when tested", "expected (β)")
 
 
 def share(c: Count) -> str:
@@ -65,12 +65,22 @@ def times(x: float | None) -> str:
     return "—" if x is None else f"{x:.2f}×"
 
 
+def expected(row: PromptRow) -> str:
+    """The acceptance the drafts' βs predict (99 % range), flagged where the realised rate fell outside it."""
+    if row.expected_range is None:
+        return "—"
+    low, high = row.expected_range
+    flag = " ⚠ outside" if row.outside_expected else ""
+    return f"{row.tested.expected:.0%} ({low:.0%}–{high:.0%}){flag}"
+
+
 def prompt_values(row: PromptRow) -> list:
     """One table row, as plain values (the app's dataframe) in PROMPT_COLUMNS' order."""
     a = row.acceptance
     return [row.id, row.kind, row.prompt_tokens, round(a.rate, 3), f"{a.accepted} / {a.n}",
             round(row.tokens_per_round, 2), None if row.predicted_speedup is None else round(row.predicted_speedup, 2),
-            None if row.measured_speedup is None else round(row.measured_speedup, 2), row.finished or "—"]
+            None if row.measured_speedup is None else round(row.measured_speedup, 2), row.finished or "—",
+            share(row.tested), expected(row)]
 
 
 def prompts_table(rows: tuple[PromptRow, ...], traces: dict[str, str] | None = None) -> str:
@@ -87,7 +97,9 @@ def prompts_table(rows: tuple[PromptRow, ...], traces: dict[str, str] | None = N
                  f'<td class="sv-n">{row.tokens_per_round:.2f}</td>',
                  f'<td class="sv-n" data-v="{row.predicted_speedup or 0}">{times(row.predicted_speedup)}</td>',
                  f'<td class="sv-n" data-v="{row.measured_speedup or 0}">{times(row.measured_speedup)}</td>',
-                 f"<td>{escape(row.finished or '—')}</td>"]
+                 f"<td>{escape(row.finished or '—')}</td>",
+                 f'<td class="sv-n" data-v="{row.tested.rate}">{escape(share(row.tested))}</td>',
+                 f'<td class="sv-n" data-v="{row.tested.expected or 0}">{escape(expected(row))}</td>']
         body.append(f"<tr>{''.join(cells)}</tr>")
     return f'<table class="sv-sortable"><thead><tr>{head}</tr></thead><tbody>{"".join(body)}</tbody></table>'
 

@@ -69,6 +69,11 @@ def pq_figure(r: Round | None, greedy: bool, *, verdict: bool = True, height: in
                         marker=dict(symbol="line-ew-open", size=34, color="#0f172a",
                                     line=dict(width=3, color="#0f172a")),
                         hovertemplate="min(1, p/q) = %{y:.4f}<extra></extra>")
+        if r.expected_accepted is not None:  # what should happen on average: β = Σ min(p, q) at each position
+            fig.add_scatter(x=x, y=[t.beta for t in r.drafted], mode="markers", name="β = Σ min(p, q)",
+                            marker=dict(symbol="diamond-open", size=11, color="#7c3aed",
+                                        line=dict(width=2, color="#7c3aed")),
+                            hovertemplate="β = Σ min(p, q) = %{y:.4f}<extra></extra>")
         if not greedy:  # greedy draws no u: min(1, p/q) is 0 or 1
             fig.add_scatter(x=x, y=[t.u for t in r.drafted], mode="markers", name="u (accept iff u < min(1, p/q))",
                             marker=dict(symbol="x-thin-open", size=13, color="#f59e0b",
@@ -81,9 +86,11 @@ def pq_figure(r: Round | None, greedy: bool, *, verdict: bool = True, height: in
                         marker=dict(color=COLORS[e.kind]), hovertemplate=f"{e.kind} p = %{{y:.4f}}<extra></extra>")
     note = (" (softmax at T=1)" if height < COMPACT else " · greedy: bars show softmax at T=1") if greedy else ""
     stage = "" if verdict else " (drafted, not yet verified)"
+    expected = (f" · accepted {r.n_accepted}, expected {r.expected_accepted:.2f}"
+                if verdict and r.expected_accepted is not None else "")
     fig.update_yaxes(range=[0, 1.05], title="probability")
     fig.update_layout(barmode="group", bargap=0.25)
-    return _layout(fig, f"Round {r.index + 1}: draft q vs target p{stage}{note}", height)
+    return _layout(fig, f"Round {r.index + 1}: draft q vs target p{stage}{expected}{note}", height)
 
 
 def _hbar(fig, cands: list[Candidate], col: int, color: str, highlight: int | None, name: str):
@@ -112,8 +119,10 @@ def drilldown_figure(token: DraftedToken | EmittedToken | None, greedy: bool, em
     if token.residual_top:
         _hbar(fig, token.residual_top, 3, "#93c5fd", emitted_id, "residual")
     fig.update_annotations(font=dict(size=12))
-    return _layout(fig, f"'{short(token.text, 16)}' ({token.status.replace('_', ' ')}); highlighted: the drafted "
-                        "token, and in the residual the correction", height=300)
+    rule = (f"; min(1, p/q) {token.accept_prob:.2f}" + ("" if greedy else f", u {token.u:.2f}")
+            + ("" if token.beta is None else f", β = Σ min(p, q) {token.beta:.2f}"))
+    return _layout(fig, f"'{short(token.text, 16)}' ({token.status.replace('_', ' ')}{rule}); highlighted: the "
+                        "drafted token, and in the residual the correction", height=300)
 
 
 def stats_figure(stats: RunStats) -> go.Figure:

@@ -82,6 +82,9 @@ def drafted_tip(t: DraftedToken, greedy: bool) -> str:
         lines += [f"p(x) = {t.p:.4f}", f"q(x) = {t.q:.4f}"]
     lines += [f"min(1, p/q) = {t.accept_prob:.4f}", "u: none drawn (greedy: min(1, p/q) is 0 or 1)" if greedy
               else f"u = {t.u:.4f}"]
+    if t.beta is not None:  # what should happen on average, beside what did
+        lines.append(f"β = Σ min(p, q) = {t.beta:.4f}: " + ("1 where the two argmaxes agree, else 0" if greedy else
+                                                          "the chance a draft here is accepted, before u is drawn"))
     if t.status == NOT_VERIFIED:
         lines.append("(not tested: an earlier draft was rejected)")
     lines.append(f"target top-2 logit gap = {t.target_top2_gap:.3f}")
