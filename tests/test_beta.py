@@ -113,3 +113,31 @@ def test_the_atlas_flags_a_prompt_whose_acceptance_falls_outside_what_beta_predi
     assert rows["honest"].tested.expected == pytest.approx(sum(t.beta for t in tested) / len(tested))
     low, high = rows["honest"].expected_range
     assert low < rows["honest"].tested.expected < high and not math.isnan(low)
+
+
+@pytest.mark.parametrize("temperature", [0.3, 1.0, 2.5])
+def test_the_lesson_s_measured_acceptance_follows_one_minus_tv(temperature):
+    """The How it works lesson: at each temperature, β is 1 - TV of the two distributions shown, and the rounds
+    through the rule land inside the range β predicts."""
+    from specviz.analysis.overlap_lesson import beta_curve, overlap_point
+
+    point = overlap_point(temperature)
+    tv = 0.5 * np.abs(np.array(point.p) - np.array(point.q)).sum()
+    assert point.beta == pytest.approx(1 - tv, abs=1e-6) == beta_curve([temperature])[0]
+    low, high = point.expected_range
+    assert low <= point.measured <= high
+
+
+def test_the_lesson_is_in_the_how_it_works_tab_and_moves_with_its_slider(tiny):
+    from specviz.models import PairSpec
+    from specviz.runs.limits import Limits
+    from specviz.runs.session import Session
+    from specviz.server import build_server
+    from specviz.ui.lesson import lesson_view
+
+    demo = build_server(Session(tiny, PairSpec("tiny", "tiny")), Limits())
+    ids = {getattr(b, "elem_id", None): b for b in demo.blocks.values()}
+    slider = ids["sv-lesson-t"]
+    assert (slider._id, "change") in {(t[0], t[1]) for dep in demo.config["dependencies"] for t in dep["targets"]}
+    cold, hot = lesson_view(0.3)[0], lesson_view(2.5)[0]
+    assert "β = 1 − TV(p, q)" in cold and cold != hot

@@ -174,6 +174,9 @@ def test_prefill_from_a_run_without_the_target_alone(session):
     later = drafting(record.rounds)
     verify = statistics.fmean(x.verify_time for x in later)
     assert a == round(acceptance_of(record.rounds), 2) and k == 4
+    tested = [t for x in record.rounds for t in x.drafted if t.status != NOT_VERIFIED]
+    expected = prefill(record, expected=True)  # the acceptance its βs predict, the rest as measured
+    assert expected[0] == round(sum(t.beta for t in tested) / len(tested), 2) and expected[1:3] == (k, c)
     assert c == pytest.approx(sum(x.draft_time for x in later) / sum(x.k for x in later) / verify, abs=1e-3)
     assert r == 1.0  # the verify pass is the target step here
     assert tps == pytest.approx(1 / verify, abs=0.05)

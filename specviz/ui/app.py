@@ -25,7 +25,7 @@ from specviz.runs.settings import flat_values
 from specviz.ui import handlers as h
 from specviz.runs.broadcast import Broadcast
 from specviz.runs.room import is_presenter
-from specviz.ui import atlas, engines, follow, live, render, teach, tree_view, whatif
+from specviz.ui import atlas, engines, follow, lesson, live, render, teach, tree_view, whatif
 from specviz.ui.controls import controls
 from specviz.ui.examples import EXAMPLES
 from specviz.ui.figures import drilldown_figure, empty_figure, race_figure, stats_figure
@@ -155,6 +155,7 @@ def formulas_tab() -> None:
     with gr.Tab("How it works", id="formulas"):
         gr.Markdown(teach.FORMULAS, elem_id="sv-formulas", latex_delimiters=[
             {"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}])
+        lesson.lesson_panel()
 
 
 def pair_panel(session: Session) -> dict:

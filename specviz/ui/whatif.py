@@ -9,7 +9,7 @@ from __future__ import annotations
 import gradio as gr
 import plotly.graph_objects as go
 
-from specviz.analysis.stats import run_stats
+from specviz.analysis.stats import mean_beta, run_stats, tested_betas
 from specviz.analysis.whatif import table, teaching_lines, what_if
 from specviz.runs.trace import Trace
 from specviz.ui.figures import empty_figure, speedup_figure
@@ -21,7 +21,9 @@ SEEDS = (0.73, 4, 0.1, 1.0, 30.0, 2.0)
 NOTE = ("What would another acceptance, K or draft give? **Use the last run** (or opening this tab after a run) "
         "fills in what the run measured: α̂, its K, ĉ, the verify ratio and the target's speed. A run with the "
         "target alone (**Run**) measures the target's step; **Rounds only** takes the verify pass as the target "
-        "step, so its verify ratio reads 1.0. Capacity and cost are for one stream on the hardware priced.")
+        "step, so its verify ratio reads 1.0. **Use its mean β** takes the acceptance from what the run's draft and "
+        "target distributions predict (β = Σ min(p, q), averaged over its tested drafts) instead of what its draws "
+        "gave. Capacity and cost are for one stream on the hardware priced.")
 
 
 def whatif_markdown(acceptance, k, draft_cost, verify_ratio, target_tokens_per_s=None, gpu_hour_price=None) -> str:
@@ -45,15 +47,18 @@ def whatif_view(acceptance, k, draft_cost, verify_ratio, target_tokens_per_s=Non
         return f"*{e}*", empty_figure(str(e), 340)
 
 
-def prefill(record: Trace | None) -> tuple[float, int, float, float, float] | None:
-    """The last run's measurements as inputs (acceptance … target tokens/s); None before a run that drafted."""
+def prefill(record: Trace | None, expected: bool = False) -> tuple[float, int, float, float, float] | None:
+    """The last run's measurements as inputs (acceptance … target tokens/s); None before a run that drafted.
+    `expected`: the acceptance is the run's mean β, what its distributions predict (where it recorded them)."""
     if record is None or not record.rounds:
         return None
     s = run_stats(record.rounds, record.ar_steps or None)
     if s.cost is None:  # nothing drafted: no ĉ
         return None
     t1 = s.cost.target_step_s
-    return round(s.alpha, 2), s.k, round(s.cost.c, 3), round(s.cost.verify_time(s.k + 1) / t1, 3), round(1 / t1, 1)
+    beta = mean_beta(tested_betas(record.rounds)) if expected else None
+    return (round(s.alpha if beta is None else beta, 2), s.k, round(s.cost.c, 3),
+            round(s.cost.verify_time(s.k + 1) / t1, 3), round(1 / t1, 1))
 
 
 def run_key(record: Trace | None) -> tuple[int, int] | None:
@@ -77,17 +82,19 @@ def whatif_tab(max_k: int) -> dict:
                                                      info="the target alone (empty: no rates)")
             parts["gpu_hour_price"] = gr.Number(price, minimum=0, label="$ per GPU-hour",
                                                 info="empty: no cost")
-        parts["use_run"] = gr.Button("Use the last run", elem_id="sv-whatif-run")
+        with gr.Row():
+            parts["use_run"] = gr.Button("Use the last run", elem_id="sv-whatif-run")
+            parts["use_beta"] = gr.Button("Use its mean β as the acceptance", elem_id="sv-whatif-beta")
         summary, fig = whatif_view(*SEEDS)
         parts["summary"] = gr.Markdown(summary, elem_id="sv-whatif-summary", latex_delimiters=[])
         parts["fig"] = gr.Plot(fig, show_label=False, elem_id="sv-whatif-plot")
     return parts
 
 
-def fill(record: Trace | None, used: tuple | None, always: bool) -> tuple:
+def fill(record: Trace | None, used: tuple | None, always: bool, expected: bool = False) -> tuple:
     """The inputs but the price (never measured) and the run they came from: a skip for each input when there is
     no run, or when the tab is reopened on the run already used (keep the visitor's edits)."""
-    values = prefill(record)
+    values = prefill(record, expected)
     if values is None or (not always and run_key(record) == used):
         return (*[gr.skip()] * (len(INPUTS) - 1), used)
     return (*values, run_key(record))
@@ -99,7 +106,8 @@ def wire(parts: dict, record: gr.State) -> None:
     outputs = [parts["summary"], parts["fig"]]
     gr.on([c.input for c in inputs], whatif_view, inputs, outputs, api_visibility="private", queue=False)
     used = gr.State(None)  # the run_key the inputs were last filled from
-    for trigger, always in ((parts["tab"].select, False), (parts["use_run"].click, True)):
-        trigger(lambda rec, key, always=always: fill(rec, key, always), [record, used], [*inputs[:-1], used],
-                api_visibility="private", queue=False).then(whatif_view, inputs, outputs, api_visibility="private",
-                                                           queue=False)
+    for trigger, always, expected in ((parts["tab"].select, False, False), (parts["use_run"].click, True, False),
+                                      (parts["use_beta"].click, True, True)):
+        trigger(lambda rec, key, always=always, expected=expected: fill(rec, key, always, expected), [record, used],
+                [*inputs[:-1], used], api_visibility="private", queue=False).then(
+            whatif_view, inputs, outputs, api_visibility="private", queue=False)
