@@ -225,9 +225,10 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assi
     `assistants`: the drafts transformers gets ({} or None: no assisted generation). `untuned`: `pair` on the
     kernels as loaded; the target alone and the chosen chain and tree run on it too (methods named ...`UNTUNED`).
     Where `pair`'s target step runs compiled, the target alone also runs on its eager step (`AR_EAGER`)."""
+    from tqdm.auto import tqdm
+
     eager = getattr(pair, "eager_steps", None)
     eager = eager if eager is not None and eager.target is not pair.target else None
-    from tqdm.auto import tqdm
 
     settings, trees = plan.settings(), plan.tree_settings()
     several = len(settings) > 1 or len(trees) > 1

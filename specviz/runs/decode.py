@@ -87,7 +87,10 @@ class Stepper:
 
     def close(self) -> None:
         try:
-            (self.worker.call if self.worker is not None else lambda close: close())(self.events.close)
+            if self.worker is None:
+                self.events.close()
+            else:
+                self.worker.call(self.events.close)
         except ValueError:  # a step is running right now (Run pressed meanwhile): it ends with its session
             pass
 
