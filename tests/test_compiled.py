@@ -5,8 +5,9 @@ from __future__ import annotations
 
 import copy
 import gc
+import json
+from dataclasses import asdict, replace
 from types import SimpleNamespace
-from dataclasses import replace
 
 import pytest
 import torch
@@ -212,6 +213,24 @@ def test_a_compiled_step_must_win_its_probe_by_the_margin(tmp_path):
     pair = steps_with(tmp_path / "b", StepTimes(eager_s=0.2308, compiled_s=0.2168, compile_s=30.0),
                       InUse(0.2168, 0.2168), lines)
     assert is_compiled(pair.target) and pair.target.step_probe.compiled_s == 0.2168
+
+
+def test_the_verify_is_compiled_at_the_narrowest_widths_that_each_win(tmp_path):
+    """Per width, by the same margin; a narrow width that loses stops the list (short verifies would otherwise be
+    padded to a wide one); kept measurements come back the same."""
+    def times(*verify):
+        return StepTimes(eager_s=0.010, compiled_s=0.005, compile_s=1.0, verify=verify)
+
+    assert times((9, 0.020, 0.012), (17, 0.030, 0.020)).verify_widths == (9, 17)
+    assert times((9, 0.020, 0.012), (17, 0.030, 0.029)).verify_widths == (9,)
+    assert times((9, 0.020, 0.0195), (17, 0.030, 0.010)).verify_widths == ()  # 9 lost by noise: none
+    kept = times((9, 0.020, 0.012), (17, 0.030, 0.029))
+    assert StepTimes.of(json.loads(json.dumps(asdict(kept)))) == kept
+    lines = []
+    pair = steps_with(tmp_path, kept, InUse(0.005, 0.006), lines)
+    assert pair.target.verify_widths == (9,) and pair.draft.verify_widths == ()
+    assert any(line.startswith("The target's verify runs compiled at 9 tokens (9 tokens: eager 20.0 ms, compiled "
+                               "12.0 ms; 17 tokens: eager 30.0 ms, compiled 29.0 ms)") for line in lines)
 
 
 def test_a_compiled_step_that_does_not_hold_in_use_is_dropped_at_load_in_one_sentence(tmp_path):

@@ -31,17 +31,29 @@ class StepTimes:
     eager_s: float
     compiled_s: float
     compile_s: float  # the compilation itself, paid once per process
-    # a verify at the first of VERIFY_WIDTHS, eager and compiled (padded): a target's only
-    verify_eager_s: float | None = None
-    verify_compiled_s: float | None = None
+    # a target's verify at each width: (tokens, eager seconds, compiled seconds)
+    verify: tuple[tuple[int, float, float], ...] = ()
 
     @property
     def compiled_wins(self) -> bool:
         return self.compiled_s < (1 - STEP_MARGIN) * self.eager_s
 
     @property
-    def compiled_verify_wins(self) -> bool:
-        return self.verify_compiled_s is not None and self.verify_compiled_s < (1 - STEP_MARGIN) * self.verify_eager_s
+    def verify_widths(self) -> tuple[int, ...]:
+        """The verify widths to compile: the narrowest ones, in order, each faster compiled by the margin (a verify
+        is padded to the first width that holds it, so a narrow width that loses would send short verifies to a
+        wide one: the widths stop there)."""
+        kept = []
+        for width, eager_s, compiled_s in sorted(self.verify):
+            if compiled_s >= (1 - STEP_MARGIN) * eager_s:
+                break
+            kept.append(width)
+        return tuple(kept)
+
+    @staticmethod
+    def of(fields: dict) -> StepTimes:
+        """From a kept measurement (JSON lists back to tuples)."""
+        return StepTimes(**{**fields, "verify": tuple(tuple(v) for v in fields.get("verify", ()))})
 
 
 def forward_times(model: nn.Module, prompt_ids: list[int], n: int = 1, reps: int = 9, warmup: int = 3,
@@ -88,12 +100,11 @@ def measure_step(eager: nn.Module, compiled: nn.Module, prompts: list[list[int]]
     for ids in prompts:
         eager_s += timer(eager, ids) / len(prompts)
         compiled_s += timer(compiled, ids) / len(prompts)
-    verify = {}
-    if widths := getattr(compiled, "verify_widths", ()):  # the verify too, eager (as the pair runs it) and padded
-        n = widths[0]
-        verify = {"verify_eager_s": sum(wide_forward(eager, ids, n) for ids in prompts) / len(prompts),
-                  "verify_compiled_s": sum(wide_forward(compiled, ids, n) for ids in prompts) / len(prompts)}
-    return StepTimes(eager_s=eager_s, compiled_s=compiled_s, compile_s=compile_s, **verify)
+    # a target's verify at each width too, eager (as the pair runs it) and compiled
+    verify = tuple((n, sum(wide_forward(eager, ids, n) for ids in prompts) / len(prompts),
+                    sum(wide_forward(compiled, ids, n) for ids in prompts) / len(prompts))
+                   for n in getattr(compiled, "verify_widths", ()))
+    return StepTimes(eager_s=eager_s, compiled_s=compiled_s, compile_s=compile_s, verify=verify)
 
 
 def consecutive_step(model: nn.Module, prompt_ids: list[int], steps: int = 16) -> float:

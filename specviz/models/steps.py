@@ -7,7 +7,7 @@ a CPU it may lose to hand-picked kernels. So `auto` times both for each model on
 machine, torch, thread count, dtype and model (beside the kernel tables): later loads compile only a model
 whose compiled step won, by more than a margin no repeated probe crosses by noise (`STEP_MARGIN`), and held when
 timed as a run uses it (`in_use_problem`). A target's verify runs compiled (padded to `VERIFY_WIDTHS`) only
-beside its compiled step, where it too won by the margin. The first races check the choice again
+beside its compiled step, at the widths where it too won by the margin (`StepTimes.verify_widths`). The first races check the choice again
 (`checked_in_use`): a compiled step that loses in use is dropped, said in one sentence.
 """
 
@@ -86,7 +86,7 @@ def step_key(eager: nn.Module, compiled: nn.Module, device: torch.device) -> Ker
     """What a choice depends on: the machine (as a kernel table's), dtype, both models' module trees and the
     probe's contexts."""
     tree = hashlib.sha256(f"{eager!r}|{compiled!r}|{next(eager.parameters()).dtype}".encode()).hexdigest()[:20]
-    return KernelKey.of([f"step+verify:{tree}"], device, PROBE_LENGTHS)
+    return KernelKey.of([f"step+verify widths:{tree}"], device, PROBE_LENGTHS)
 
 
 def measured_steps(eager: nn.Module, compiled: nn.Module, device: torch.device, measure: Measure = measure_step,
@@ -96,7 +96,7 @@ def measured_steps(eager: nn.Module, compiled: nn.Module, device: torch.device, 
     key = step_key(eager, compiled, device)
     path = table_path(key, folder).with_name(f"step-{key.digest()}.json")
     if (kept := read_keyed(path, key)) is not None:
-        return StepTimes(**kept["times"])
+        return StepTimes.of(kept["times"])
     status("timing its eager and its compiled one-token step on this machine (once; cached)…")
     try:
         times = measure(eager, compiled, [probe_ids(compiled, n) for n in PROBE_LENGTHS])
@@ -139,10 +139,13 @@ def decided(times: StepTimes | None) -> str:
 
 
 def verify_decided(times: StepTimes) -> str:
-    if times.verify_compiled_s is None:
-        return "not measured"
-    return (f"{VERIFY_WIDTHS[0]} tokens: eager {ms(times.verify_eager_s)}, compiled {ms(times.verify_compiled_s)}; "
-            f"compiling must win by more than {STEP_MARGIN:.0%}")
+    """What the probe decided for the verify, in a sentence."""
+    if not times.verify:
+        return "The target's verify stays eager (not measured)."
+    each = "; ".join(f"{w} tokens: eager {ms(e)}, compiled {ms(c)}" for w, e, c in times.verify)
+    kept = times.verify_widths
+    return (f"The target's verify runs compiled at {', '.join(map(str, kept))} tokens ({each})." if kept else
+            f"The target's verify stays eager ({each}; compiling must win by more than {STEP_MARGIN:.0%}).")
 
 
 def wide_model(loaded: nn.Module, eager: nn.Module) -> nn.Module | None:
@@ -178,10 +181,9 @@ def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Call
             if times is None or not times.compiled_wins:
                 status(f"The {role}'s one-token step: {decided(times)}.")
                 continue
-            if not times.compiled_verify_wins:
-                compiled.verify_widths = ()
-                if target:
-                    status(f"The target's verify stays eager ({verify_decided(times)}).")
+            if target:  # (a draft verifies nothing)
+                compiled.verify_widths = times.verify_widths
+                status(verify_decided(times))
             problem = in_use_problem(times, check(compiled, probe_ids(compiled, PROBE_LENGTHS[-1]), role == "target"))
             if problem:
                 status(f"The {role}'s compiled step won its probe ({decided(times)}) but not in use: {problem}; it "
