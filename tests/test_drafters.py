@@ -171,3 +171,24 @@ def test_every_drafted_token_carries_the_shipped_prediction(tiny):
                 1 / (1 + math.exp(-(shipped.bias + shipped.weights[0] * top[0] + shipped.weights[2] * i
                                     + shipped.weights[1] * -sum(p * math.log(p) for p in
                                                                 [*top, max(0.0, 1 - sum(top))] if p > 0)))))
+
+
+def test_the_cut_applied_once_a_round_keeps_the_same_drafts_with_one_host_read(monkeypatch):
+    """Greedy, the confidence cut: as it drafts (a host read per drafted token) or once a round after all K (one
+    read): the same rounds, the same drafts; the round's host reads fall to two (its event, and the cut)."""
+    from specviz.bench.syncs import counting_host_reads
+    from specviz.engine import speculative
+    from specviz.models.tiny import tiny_pair
+
+    pair = tiny_pair(noise=0.15)
+    config = DecodeConfig(k=6, max_new_tokens=30, adaptive="confidence", confidence=0.1)
+    runs, reads = {}, {}
+    for once in (False, True):
+        monkeypatch.setattr(speculative, "cut_once", lambda device, once=once: once)
+        with counting_host_reads(pair.device) as count:
+            rounds = list(speculative_generate(pair, [2, 5, 7], config))
+        runs[once] = [([t.id for t in r.drafted], r.new_token_ids) for r in rounds]
+        reads[once] = count[0] / len(rounds)
+    assert runs[True] == runs[False] and any(len(d) < 6 for d, _ in runs[True])  # the cut did cut
+    print("host reads a round, as it drafts and once:", reads)
+    assert reads[True] <= 2 < reads[False]

@@ -55,7 +55,7 @@ from helpers import TEST_DEVICE, on_test_device, other_family
 from scipy.stats import chisquare
 
 from specviz.engine import DecodeConfig, SamplingParams, speculative_generate
-from specviz.engine import rules
+from specviz.engine import rules, speculative
 from specviz.engine.early_exit import EarlyExit
 from specviz.engine.sampling import logits_to_probs, sample
 from specviz.engine.siblings import children_of, tried_nodes, walk_tree
@@ -530,3 +530,37 @@ def test_negative_control_compiled_path(compiled_pair, monkeypatch):
     print("always accept, compiled path", stats)
     assert detected(stats, 1e-3, tv_bound(exact_joint(tables(compiled_pair.target, TEMPERATURE_1)),
                                           control(COMPILED_RUNS)))
+
+
+CUT_RUNS = 1_000
+
+
+def cut_once_samples(pair, n: int) -> list[tuple]:
+    """n runs with the confidence cut applied once a round (all K drafted, then cut), as on a GPU."""
+    samples = []
+    for seed in range(n):
+        config = DecodeConfig(k=K, max_new_tokens=LENGTH, sampling=TEMPERATURE_1, seed=seed, adaptive="confidence",
+                              confidence=0.5)
+        samples.append(finish([t for r in speculative_generate(pair, PROMPT, config) for t in r.new_token_ids]))
+    return samples
+
+
+def test_the_cut_applied_once_a_round_samples_the_target_distribution(pair, monkeypatch):
+    """The drafts past the cut take draws from the generator and are dropped: the kept ones are still what the draft
+    sampled, so the output is still the target's distribution (1,000 runs, the bound 1,000 perfect samples stay
+    under 999 times in 1,000)."""
+    monkeypatch.setattr(speculative, "cut_once", lambda device: True)
+    joint = exact_joint(tables(pair.target, TEMPERATURE_1))
+    stats = statistics(cut_once_samples(pair, CUT_RUNS), joint)
+    print("cut once a round", stats)
+    assert consistent(stats, 1e-3, tv_bound(joint, CUT_RUNS)), stats
+
+
+def test_negative_control_cut_once(pair, monkeypatch):
+    monkeypatch.setattr(speculative, "cut_once", lambda device: True)
+    always_accept(monkeypatch)
+    joint = exact_joint(tables(pair.target, TEMPERATURE_1))
+    # (a cut drafts fewer tokens, so an always-accept rule strays less per run: half the runs, not an eighth)
+    stats = statistics(cut_once_samples(pair, CUT_RUNS // 2), joint)
+    print("always accept, cut once a round", stats)
+    assert detected(stats, 1e-3, tv_bound(joint, CUT_RUNS // 2)), stats

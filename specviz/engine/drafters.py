@@ -90,6 +90,7 @@ class ModelDrafter:
         tokens, qs, all_logits = [], [], []
         greedy = self.sampling.greedy
         feed = self.context(ids)
+        once = getattr(self.stop, "read_once", False)  # the cut applied after all K drafts (see `cuts`)
         for i in range(k):
             out = self.model(feed, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
             logits = self.scores(out.logits[0, -1].float())
@@ -98,7 +99,7 @@ class ModelDrafter:
             qs.append(q)
             tokens.append(x), all_logits.append(logits)
             feed = self.read_back(x)
-            if self.stop is not None and i < k - 1 and self.stop(logits, q, i):  # the last needs no check
+            if self.stop is not None and not once and i < k - 1 and self.stop(logits, q, i):  # (not the last)
                 break
         if not tokens:
             empty = torch.empty(0, self.vocab_size, device=ids.device)
@@ -106,6 +107,9 @@ class ModelDrafter:
         drafted, logits = torch.stack(tokens), torch.stack(all_logits)
         # greedy: the one warp, applied once to the whole draft (its argmax per row is what draw() took)
         q = logits_to_probs(logits, self.sampling) if greedy else torch.stack(qs)
+        if once and self.stop is not None and k > 1:
+            n = self.stop.after(logits, None if greedy else q)
+            drafted, q, logits = drafted[:n], q[:n], logits[:n]
         return Draft(drafted, q, logits)
 
     def rollback(self, keep: int) -> None:

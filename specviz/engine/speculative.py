@@ -48,7 +48,7 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
     predictor = acceptance_model or shipped_model()
     if drafter is None:
         drafter = make_drafter(config.drafter, pair.draft, config.sampling, gen, vocab, device,
-                               drafting_stop(config, predictor), prompt_cache, target=pair.target,
+                               drafting_stop(config, predictor, device), prompt_cache, target=pair.target,
                                exit_layer=config.exit_layer, vocab_map=pair.vocab_map)
     # a draft model of another family proposes only the tokens it shares with the target: mark the others
     mapping = pair.vocab_map if drafter.name in NEEDS_DRAFT_MODEL else None
@@ -126,13 +126,24 @@ def _beta(draft, logits, p) -> torch.Tensor:
     return overlap(p[:draft.k], draft.q)
 
 
-def drafting_stop(config: DecodeConfig, predictor: AcceptanceModel) -> StopRule | None:
-    """What ends a round's drafting before K: the adaptive mode's cut, if it has one."""
+def drafting_stop(config: DecodeConfig, predictor: AcceptanceModel, device: torch.device | None = None
+                  ) -> StopRule | None:
+    """What ends a round's drafting before K: the adaptive mode's cut, if it has one; applied once a round after
+    drafting all K where a host read stalls the device (`cut_once`), else as it drafts."""
+    once = cut_once(device)
     if config.adaptive == "confidence":
-        return confidence_cut(config.confidence)
+        return confidence_cut(config.confidence, once)
     if config.adaptive == "predicted":
-        return predicted_cut(predictor, config.confidence, config.drafter, config.top_n)
+        return predicted_cut(predictor, config.confidence, config.drafter, config.top_n, once)
     return None
+
+
+def cut_once(device: torch.device | None) -> bool:
+    """On a CPU a host read costs nothing and the draft steps past the cut are real work: cut as it drafts. Measured
+    on a 2-core AMD EPYC Zen 5 (the embedded pair, bf16, greedy, K 8, cut 0.4, 6 shipped prompts twice): as it
+    drafts 19.9 tok/s at 4.8 host reads a round, once a round 15.9 tok/s at 2.0 (0.80x). On a GPU each read stops
+    the host from queueing the next draft steps: cut once (a prediction until a lent GPU measures it)."""
+    return device is not None and device.type == "cuda"
 
 
 def _round_event(h, n, new, k, pieces, predictor: AcceptanceModel, **fields) -> Round:
