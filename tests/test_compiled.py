@@ -233,6 +233,22 @@ def test_the_verify_is_compiled_at_the_narrowest_widths_that_each_win(tmp_path):
                                "12.0 ms; 17 tokens: eager 30.0 ms, compiled 29.0 ms)") for line in lines)
 
 
+def test_the_probe_times_the_verify_only_beside_a_step_that_won(monkeypatch):
+    """A first start on a CPU, where the compiled step loses, compiles no verify graph at all."""
+    from specviz.models import step_timing
+
+    eager, compiled = SimpleNamespace(name="eager"), SimpleNamespace(name="compiled", verify_widths=(9, 17))
+    widths = []
+    monkeypatch.setattr(step_timing, "wide_forward", lambda model, ids, n: widths.append((model.name, n)) or
+                        (0.02 if model.name == "eager" else 0.01))
+    for compiled_s, measured in ((0.0099, []), (0.005, [("eager", 9), ("compiled", 9), ("eager", 17),
+                                                       ("compiled", 17)])):
+        widths.clear()
+        times = step_timing.measure_step(eager, compiled, [[1, 2]],
+                                         timer=lambda m, ids, **kw: 0.010 if m.name == "eager" else compiled_s)
+        assert widths == measured and times.verify_widths == ((9, 17) if measured else ())
+
+
 def test_a_compiled_step_that_does_not_hold_in_use_is_dropped_at_load_in_one_sentence(tmp_path):
     """Won its probe by 6 %, but as a run uses it: slower than eager (the 318.7 ms the bench met), or slower than a
     2-token forward (T(2)/T1 0.86): either way the pair keeps its eager steps and says why."""

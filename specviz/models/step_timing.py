@@ -9,7 +9,7 @@ from __future__ import annotations
 import statistics
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 from torch import nn
@@ -100,11 +100,14 @@ def measure_step(eager: nn.Module, compiled: nn.Module, prompts: list[list[int]]
     for ids in prompts:
         eager_s += timer(eager, ids) / len(prompts)
         compiled_s += timer(compiled, ids) / len(prompts)
+    times = StepTimes(eager_s=eager_s, compiled_s=compiled_s, compile_s=compile_s)
+    if not times.compiled_wins:  # the verify runs compiled only beside a compiled step: no graphs compiled for it
+        return times
     # a target's verify at each width too, eager (as the pair runs it) and compiled
     verify = tuple((n, sum(wide_forward(eager, ids, n) for ids in prompts) / len(prompts),
                     sum(wide_forward(compiled, ids, n) for ids in prompts) / len(prompts))
                    for n in getattr(compiled, "verify_widths", ()))
-    return StepTimes(eager_s=eager_s, compiled_s=compiled_s, compile_s=compile_s, verify=verify)
+    return replace(times, verify=verify)
 
 
 def consecutive_step(model: nn.Module, prompt_ids: list[int], steps: int = 16) -> float:
