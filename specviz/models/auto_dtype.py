@@ -7,14 +7,17 @@ one row (padding included), once, and the answer cached beside the kernel tables
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
 from torch import nn
 
-from specviz.models.kernel_table import KernelKey, read_keyed, table_path, write_keyed
+from specviz.models.kernel_table import KernelKey, keep_keyed, read_keyed, table_path
 from specviz.models.kernels import Timer, choose, kernels_of, time_group
+
+log = logging.getLogger(__name__)
 
 # One decoder layer of the embedded target (Qwen2.5-Coder-1.5B: q/o 1536x1536, k/v 256x1536, gate/up 8960x1536,
 # down 1536x8960), over 100 MB in float32: which dtype multiplies one row fastest is the machine's answer.
@@ -42,7 +45,7 @@ def cpu_dtype_timings(folder: Path | None = None, cpu: str | None = None,
         return kept["seconds"]
     with torch.inference_mode():
         seconds = {str(d).removeprefix("torch."): measure(d) for d in DTYPE_CANDIDATES}
-    write_keyed(path, key, seconds=seconds)
+    keep_keyed(path, key, "The dtype timings", log.warning, seconds=seconds)
     return seconds
 
 

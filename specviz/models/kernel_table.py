@@ -9,13 +9,16 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import platform
+import tempfile
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import torch
+from filelock import FileLock, Timeout
 
 from specviz.models.cache import cache_dir
 
@@ -70,12 +73,33 @@ def read_keyed(path: Path, key: KernelKey) -> dict | None:
 
 
 def write_keyed(path: Path, key: KernelKey, **fields) -> None:
-    """Keep a measurement for `key` (written whole, then moved in place: a reader never sees half a file)."""
+    """Keep a measurement for `key`: under a lock beside it (two processes measuring at once), written whole to a
+    temporary file of its own and moved in place (a reader never sees half a file; a failed write leaves none
+    behind). Raises OSError where the cache cannot be written (`keep_keyed` says so instead)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps({"key": asdict(key), "measured": time.strftime("%Y-%m-%d %H:%M:%S"), **fields},
-                              indent=1))
-    tmp.replace(path)
+    text = json.dumps({"key": asdict(key), "measured": time.strftime("%Y-%m-%d %H:%M:%S"), **fields}, indent=1)
+    with FileLock(path.with_name(path.name + ".lock"), timeout=60):
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "w") as out:
+                out.write(text)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+
+
+def keep_keyed(path: Path, key: KernelKey, what: str, log: Callable[[str], None], **fields) -> bool:
+    """`write_keyed`, or, where the cache cannot be written (read-only, full), one sentence saying so: the
+    measurement serves this process and is taken again at the next start."""
+    try:
+        write_keyed(path, key, **fields)
+        return True
+    except (OSError, Timeout) as e:
+        reason = e.strerror if isinstance(e, OSError) and e.strerror else type(e).__name__
+        log(f"{what} could not be saved to {path.parent} ({reason}): they serve this process and will be measured "
+            "again at the next start.")
+        return False
 
 
 def load_table(path: Path, key: KernelKey) -> dict[str, Costs] | None:
@@ -86,5 +110,5 @@ def load_table(path: Path, key: KernelKey) -> dict[str, Costs] | None:
             for shape, costs in data["costs"].items()}
 
 
-def save_table(path: Path, key: KernelKey, costs: dict[str, Costs]) -> None:
-    write_keyed(path, key, costs=costs)
+def save_table(path: Path, key: KernelKey, costs: dict[str, Costs], log: Callable[[str], None]) -> bool:
+    return keep_keyed(path, key, "The kernel timings", log, costs=costs)

@@ -279,7 +279,7 @@ def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_
                     break
             first = members[0][2]
             costs[shape] = timer(chosen, first.in_features, activation_dtype(first), device, row_counts)
-        save_table(path, key, costs)
+        save_table(path, key, costs, log.warning)
     plans = {shape: choose(c, max_rows) for shape, c in costs.items()}
     for parent, name, module, kernels in candidates:
         setattr(parent, name, TunedLinear(module, plans[shape_key(module)], kernels))

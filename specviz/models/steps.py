@@ -26,7 +26,7 @@ from torch import nn
 from specviz.models.compiled import VERIFY_WIDTHS, with_compiled_step
 from specviz.models.step_timing import (FLAT_FLOOR, STEP_MARGIN, StepTimes, consecutive_step, measure_step, time_step,
                                         wide_forward)
-from specviz.models.kernel_table import KernelKey, read_keyed, table_path, write_keyed
+from specviz.models.kernel_table import KernelKey, keep_keyed, read_keyed, table_path
 from specviz.models.pair import ModelLoadError, ModelPair, PairSpec
 from specviz.models.synthetic import prompt_ids
 
@@ -103,10 +103,7 @@ def measured_steps(eager: nn.Module, compiled: nn.Module, device: torch.device, 
     except Exception as e:  # noqa: BLE001 - whatever stops compiling here (no C compiler for Triton, an op it lacks)
         status(f"its step cannot be compiled here ({failure(e)}): it runs eager.")
         return None
-    try:
-        write_keyed(path, key, times=asdict(times))
-    except OSError as e:  # a read-only cache: the choice stands, and is measured again at the next start
-        log.warning("could not keep the step timings in %s: %s", path, e)
+    keep_keyed(path, key, "The step timings", log.warning, times=asdict(times))  # (unsaved: used all the same)
     return times
 
 

@@ -1,0 +1,73 @@
+"""Faults of the machine, not of the input: a cache that cannot be written (full, read-only) and two processes
+writing one measurement at once. A measurement that cannot be kept serves the process that took it and says so
+in one sentence; a failed write leaves nothing behind; a reader never sees half a file."""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import threading
+
+import pytest
+import torch
+
+from specviz.models import kernel_table
+from specviz.models.auto_dtype import cpu_dtype_timings
+from specviz.models.kernel_table import KernelKey, read_keyed, table_path, write_keyed
+from specviz.models.kernels import tune
+from specviz.models.tiny import tiny_pair
+
+KEY = KernelKey.of(["shape"], torch.device("cpu"), [1, 2], cpu="a cpu")
+
+
+@pytest.fixture
+def failing_writes(monkeypatch):
+    """Every write of a kept measurement fails as a full (or read-only) disk makes it fail: at its first byte."""
+    def fail(code):
+        def fdopen(fd, *args, **kwargs):
+            os.close(fd)
+            raise OSError(code, os.strerror(code))
+        monkeypatch.setattr(kernel_table.os, "fdopen", fdopen)
+    return fail
+
+
+@pytest.mark.parametrize("code", [errno.ENOSPC, errno.EROFS], ids=["full", "read-only"])
+def test_kernel_tuning_on_a_cache_it_cannot_write_runs_and_says_so_once(tmp_path, failing_writes, caplog, code):
+    failing_writes(code)
+    with caplog.at_level(logging.WARNING):
+        model, tuning = tune(tiny_pair().target, folder=tmp_path)
+    assert tuning.plans and not tuning.cached  # measured, and used, for this process
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith("The kernel timings could not be saved to ")
+    assert f"({os.strerror(code)})" in warnings[0] and "measured again at the next start" in warnings[0]
+    assert not [p for p in tmp_path.rglob("*") if p.suffix in (".json", ".tmp")]  # no partial file left
+
+
+def test_the_dtype_choice_on_a_full_cache_is_measured_and_used(tmp_path, failing_writes, caplog):
+    failing_writes(errno.ENOSPC)
+    with caplog.at_level(logging.WARNING):
+        seconds = cpu_dtype_timings(folder=tmp_path, cpu="x", measure=lambda dtype: 1.0)
+    assert set(seconds) and "The dtype timings could not be saved" in caplog.text
+    assert cpu_dtype_timings(folder=tmp_path, cpu="x", measure=lambda dtype: 2.0)["float32"] == 2.0  # again
+
+
+def test_two_writers_at_once_leave_one_whole_measurement(tmp_path):
+    """Each writes a temporary file of its own under the lock: the file read after is one writer's, whole."""
+    path = table_path(KEY, tmp_path)
+    start = threading.Barrier(8)
+
+    def writer(i):
+        start.wait()
+        write_keyed(path, KEY, costs={"shape": {"dense": {"1": float(i)}}}, pad="x" * 200_000)
+
+    threads = [threading.Thread(target=writer, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    kept = read_keyed(path, KEY)
+    assert kept is not None and len(kept["pad"]) == 200_000
+    assert json.loads(path.read_text())["costs"]["shape"]["dense"]["1"] in range(8)
+    assert not list(tmp_path.rglob("*.tmp"))
