@@ -15,11 +15,16 @@ import argparse
 import ipaddress
 import logging
 import os
+import signal
 import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 from specviz.engine import DecodeConfig
 from specviz.models import ModelLoadError, PairSpec, load_spec
+from specviz.models.pair import OUT_OF_MEMORY
 from specviz.runs.errors import InputError
 from specviz.runs.limits import CLI_LIMITS, Limits
 from specviz.runs.options import add_options, values_of
@@ -278,17 +283,46 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+INTERRUPTED, MACHINE_FAULT = 130, 3  # exit codes: Ctrl-C or SIGTERM; the machine failed (disk, memory)
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends a command as Ctrl-C does (one sentence, exit 130), where the main thread can be told; the
+    handler before it is restored after (a caller in-process, a test, keeps its own)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
     try:
-        return args.func(args)
+        with sigterm_as_interrupt():
+            return args.func(args)
     except InputError as e:
         print(f"specviz: bad flag: {e}", file=sys.stderr)
         return 2
     except ModelLoadError as e:
         print(f"specviz: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"specviz {args.command}: interrupted; nothing more was written.", file=sys.stderr)
+        return INTERRUPTED
+    except OUT_OF_MEMORY:
+        print(f"specviz {args.command}: out of memory: pick a smaller pair, a lower-precision dtype or fewer new "
+              "tokens.", file=sys.stderr)
+        return MACHINE_FAULT
+    except OSError as e:  # a full or read-only disk, a missing folder: the machine, not the flags
+        where = f" ({e.filename})" if e.filename else ""
+        print(f"specviz {args.command}: {e.strerror or e}{where}.", file=sys.stderr)
+        return MACHINE_FAULT
 
 
 if __name__ == "__main__":

@@ -71,3 +71,50 @@ def test_two_writers_at_once_leave_one_whole_measurement(tmp_path):
     assert kept is not None and len(kept["pad"]) == 200_000
     assert json.loads(path.read_text())["costs"]["shape"]["dense"]["1"] in range(8)
     assert not list(tmp_path.rglob("*.tmp"))
+
+
+def test_a_command_whose_output_cannot_be_written_says_so_in_one_sentence(tmp_path, capsys):
+    from specviz import cli
+
+    out = tmp_path / "missing" / "trace.json"  # a folder that does not exist
+    code = cli.main(["trace", "--draft", "tiny", "--target", "tiny", "--prompt", "the a", "--max-new-tokens", "3",
+                     "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == cli.MACHINE_FAULT and "Traceback" not in err
+    assert err.strip().splitlines()[-1].startswith("specviz trace: No such file or directory (")
+
+
+@pytest.mark.parametrize("fault, code, said", [
+    (KeyboardInterrupt(), 130, "interrupted; nothing more was written."),
+    (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/cache/x"), 3, "No space left on device (/cache/x)."),
+    (torch.OutOfMemoryError("CUDA out of memory"), 3, "out of memory: pick a smaller pair"),
+])
+def test_every_command_maps_a_machine_fault_to_one_sentence(monkeypatch, capsys, fault, code, said):
+    from specviz import cli
+    from specviz.bench import whatif
+
+    def broken(args):
+        raise fault
+
+    monkeypatch.setattr(whatif, "cmd_whatif", broken)
+    assert cli.main(["whatif", "--acceptance", "0.7", "--k", "4", "--draft-cost", "0.1"]) == code
+    err = capsys.readouterr().err
+    assert err.startswith("specviz whatif: ") and said in err and "Traceback" not in err
+
+
+def test_sigterm_ends_a_command_as_ctrl_c_does(monkeypatch, capsys):
+    """A real SIGTERM to this process, mid-command: one sentence, exit 130, and the handler restored after."""
+    import signal
+
+    from specviz import cli
+    from specviz.bench import whatif
+
+    before = signal.getsignal(signal.SIGTERM)
+
+    def killed(args):
+        os.kill(os.getpid(), signal.SIGTERM)
+        raise AssertionError("SIGTERM did not end the command")
+
+    monkeypatch.setattr(whatif, "cmd_whatif", killed)
+    assert cli.main(["whatif", "--acceptance", "0.7", "--k", "4", "--draft-cost", "0.1"]) == 130
+    assert "specviz whatif: interrupted" in capsys.readouterr().err and signal.getsignal(signal.SIGTERM) == before
