@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from specviz.analysis.predict import CostModel, predicted_speedup_for_rounds
 from specviz.analysis.rejections import PromptRun, Rejection, chain_rounds, rejections
-from specviz.analysis.stats import mean_beta, ratio, spec_stats
+from specviz.analysis.stats import mean_beta, ratio, spec_stats, tested_drafts
 from specviz.analysis.token_classes import CLASSES, UNDRAFTABLE, token_class
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED, Round
 
@@ -53,11 +53,6 @@ def beta_range(betas: Sequence[float]) -> tuple[float, float] | None:
     n, mean = len(betas), sum(betas)
     half = Z99 * math.sqrt(sum(b * (1 - b) for b in betas))
     return max(0.0, (mean - half) / n), min(1.0, (mean + half) / n)
-
-
-def tested(rounds: Sequence[Round]) -> list:
-    """The drafted tokens the target tested (accepted or rejected), in order."""
-    return [t for r in rounds for t in r.drafted if t.status != NOT_VERIFIED]
 
 
 @dataclass(frozen=True)
@@ -159,7 +154,7 @@ def predicted(rounds: Sequence[Round], cost: CostModel | None) -> float | None:
 
 def prompt_row(run: PromptRun, cost: CostModel | None) -> PromptRow:
     s = spec_stats(run.rounds)
-    tokens = tested(chain_rounds(run))
+    tokens = tested_drafts(chain_rounds(run))
     trial = count(len(tokens), sum(t.status == ACCEPTED for t in tokens), [t.beta for t in tokens])
     span = beta_range([t.beta for t in tokens]) if trial.expected is not None else None
     return PromptRow(run.id, run.kind, len(run.prompt_ids), s.rounds, s.tokens, count(s.drafted, s.accepted),
@@ -188,7 +183,7 @@ def binned(values: Sequence[float], tokens: Sequence, edges: Sequence[float]) ->
 def where(runs: Sequence[PromptRun]) -> Where:
     rounds = [r for run in runs for r in chain_rounds(run)]
     s = spec_stats(rounds)
-    tokens = tested(rounds)
+    tokens = tested_drafts(rounds)
     # the acceptance model's reliability bins, with the confidence q_soft as the prediction
     edges = [b / CONFIDENCE_BINS for b in range(CONFIDENCE_BINS)] + [math.inf]  # (its last bin holds q_soft = 1)
     confidence = tuple(replace(b, high=min(b.high or 1.0, 1.0)) for b in binned([t.q_soft for t in tokens], tokens,

@@ -121,9 +121,14 @@ def mean_beta(betas: Sequence[float | None]) -> float | None:
     return None if not betas or None in betas else sum(betas) / len(betas)
 
 
+def tested_drafts(rounds: Sequence[Round]) -> list:
+    """The drafted tokens the target tested (accepted or rejected), in order."""
+    return [t for r in rounds for t in r.drafted if t.status != NOT_VERIFIED]
+
+
 def tested_betas(rounds: Sequence[Round]) -> list[float | None]:
-    """β of every drafted token the target tested (accepted or rejected)."""
-    return [t.beta for r in rounds for t in r.drafted if t.status != NOT_VERIFIED]
+    """β of every drafted token the target tested."""
+    return [t.beta for t in tested_drafts(rounds)]
 
 
 def _grow(counts: list[int], n: int) -> None:

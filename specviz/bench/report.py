@@ -18,8 +18,8 @@ from specviz.analysis.acceptance import calibration
 from specviz.analysis.divergence import first_divergence
 from specviz.analysis.intervals import ci95, ratio_of_ratios
 from specviz.analysis.predict import CostModel, best_k, predicted_speedup, predicted_speedup_for_rounds
-from specviz.analysis.stats import SpecStats, mean_beta, ratio, spec_stats, tested_betas, tree_acceptance
-from specviz.engine.events import ACCEPTED, NOT_VERIFIED
+from specviz.analysis.stats import SpecStats, mean_beta, ratio, spec_stats, tested_drafts, tree_acceptance
+from specviz.engine.events import ACCEPTED
 from specviz.bench.runner import AR, AR_EAGER, AR_HF, AR_HF_STATIC, UNTUNED, Bench, PromptResult, setting_name
 from specviz.models.step_timing import FLAT_FLOOR
 
@@ -96,8 +96,8 @@ def setting_record(results: Sequence[PromptResult], method: str, cost: CostModel
 
 
 def expected_vs_realised(rounds) -> dict:
-    tested = [t for r in rounds for t in r.drafted if t.status != NOT_VERIFIED]
-    return {"mean_beta": _round(mean_beta(tested_betas(rounds))),
+    tested = tested_drafts(rounds)
+    return {"mean_beta": _round(mean_beta([t.beta for t in tested])),
             "accepted_when_tested": _round(ratio(sum(t.status == ACCEPTED for t in tested), len(tested))),
             "tested": len(tested)}
 

@@ -19,9 +19,14 @@ import torch
 from specviz.engine.acceptance import AcceptanceModel, feature_vector
 
 
+def top_probs(logits: torch.Tensor) -> torch.Tensor:
+    """The top probability of each row, max softmax = exp(max - logsumexp), without a softmax over V; on the device."""
+    return (logits.max(-1).values - torch.logsumexp(logits, -1)).exp()
+
+
 def top_prob(logits: torch.Tensor) -> float:
-    """The top probability, max softmax = exp(max - logsumexp), without a [V] softmax: a host sync."""
-    return (logits.max() - torch.logsumexp(logits, -1)).exp().item()
+    """`top_probs` of one row, read to the host (a sync)."""
+    return top_probs(logits).item()
 
 
 # (draft logits [V], the q it sampled from or None when greedy, position in the round) -> stop drafting now?
@@ -48,8 +53,7 @@ def first_stop(stops: list[bool]) -> int:
 def confidence_cut(cut: float, read_once: bool = False) -> Cut:
     """Stop once the draft's top probability (softmax of its logits) falls under `cut`."""
     def after(logits: torch.Tensor, q: torch.Tensor | None) -> int:
-        tops = (logits.max(-1).values - torch.logsumexp(logits, -1)).exp()
-        return first_stop((tops < cut).tolist())  # one host read for the round
+        return first_stop((top_probs(logits) < cut).tolist())  # one host read for the round
     return Cut(lambda logits, q, position: top_prob(logits) < cut, after, read_once)
 
 
