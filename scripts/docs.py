@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DOCS = ROOT / "docs"
 TEMPLATES = DOCS / "templates"
 REPORTS = {"bench": ROOT / "assets" / "bench", "proof": ROOT / "assets" / "proof", "atlas": ROOT / "assets" / "atlas",
-           "engines": ROOT / "assets" / "engines", "costs": ROOT / "assets" / "costs",
+           "engines": ROOT / "assets" / "engines", "costs": ROOT / "assets" / "costs", "gpu": ROOT / "assets" / "gpu",
            "data": ROOT / "specviz" / "data"}  # data: the package's fitted models (the acceptance predictor)
 REGION = re.compile(r"^(<!-- docs\.py: (?P<partial>[\w.-]+) -->\n)(?P<body>.*?)^(<!-- /docs\.py -->)", re.S | re.M)
 
@@ -340,7 +340,7 @@ def about(report: dict, path_hint: str = "") -> str:
     machine = meta.get("machine", {})
     hardware = ", ".join(x for x in [
         f"{machine['described']}: `{machine.get('cpu')}`" if machine.get("described") else f"`{machine.get('cpu')}`",
-        f"{machine.get('cpu_count')} cores",
+        f"{machine.get('cpu_count')} cores", *([f"`{machine['gpu']}`"] if machine.get("gpu") else []),
         *([f"torch {machine['torch']}", f"transformers {machine['transformers']}"] if "torch" in machine else [])])
     if "engines" in report:
         settings = engines_settings(report)
@@ -419,12 +419,29 @@ def environment(used: list[Path]):
         return lambda name: load_report(kind, name, used)
 
     env.globals.update(bench=reader("bench"), proof=reader("proof"), atlas=reader("atlas"), data=reader("data"),
-                       engines=reader("engines"), costs=reader("costs"),
-                       limit_options=limit_options,
+                       engines=reader("engines"), costs=reader("costs"), gpu=reader("gpu"),
+                       limit_options=limit_options, predicted_at=predicted_at,
+                       pytest_counts=lambda name: pytest_counts(REPORTS["gpu"] / f"{name}.log", used),
                        about=lambda report: about(report, report.source.relative_to(ROOT).as_posix()))
     env.filters.update(f=f, x=times, ci=interval, pct=percent, seq=seq, by_kind=by_kind, p=pvalue,
                        ms=lambda s, digits=0: f"{1000 * s:.{digits}f} ms", gb=lambda b: f"{b / 1e9:.2f} GB")
     return env
+
+
+def predicted_at(step: dict, acceptance: float) -> dict:
+    """The cost model's best K and speedup at one acceptance, from a `specviz costs` step report."""
+    from specviz.bench.shape_costs import cost_of, predictions
+
+    return predictions(cost_of(step), (acceptance,))[0]
+
+
+def pytest_counts(path: Path, used: list[Path]) -> str:
+    """A pytest log's last summary line (\"202 passed, 5 skipped in 250.24s\"), as pytest printed it."""
+    used.append(path)
+    lines = [m.group(1) for m in re.finditer(r"^=+ (.*(?:passed|failed).*) =+$", path.read_text(), re.M)]
+    if not lines:
+        raise ValueError(f"{path}: no pytest summary line")
+    return re.sub(r", \d+ warnings", "", lines[-1].split(" (")[0])
 
 
 def limit_options() -> list[tuple[str, object, str]]:

@@ -14,9 +14,13 @@
 #   tests-float32   the engine's tests on CUDA in float32 (greedy identity, the statistical tests and their
 #   tests-bfloat16  negative controls, trees, the mapped vocabulary, the compiled step, synthetic pairs through the
 #                   runs layer) and tests/test_cuda.py (memory estimate, CUDA graphs); the same in bf16
+#   tests-all       tests-float32, tests-bfloat16 and race at once (three pytest runs side by side)
 #   race            the app's race through the runs layer, advanced from a thread pool as Gradio does, on the model
 #                   thread, with a compiled step (CUDA graphs are per thread: this is where a second thread would
 #                   break them)
+#   serve           `specviz serve` on the 0.5B -> 7B shapes on the device, a race asked through gradio_client from
+#                   each of two threads one after the other (scripts/gpu_serve.py): both lanes to the end, the
+#                   result kept (needs the serve wheels: bash scripts/gpu_wheels.sh serve)
 # Tried on a CPU with the mini shapes: SPECVIZ_GPU_CHECK_DEVICE=cpu SPECVIZ_GPU_CHECK_SMALL=1 bash scripts/gpu_check.sh ...
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -24,8 +28,8 @@ OUT=${OUT:-/tmp/specviz-gpu}; mkdir -p "$OUT"
 device=${SPECVIZ_GPU_CHECK_DEVICE:-cuda}
 export PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 SPECVIZ_CACHE=${SPECVIZ_CACHE:-/tmp/specviz-cache}
 if compgen -G ".whl/*.whl" >/dev/null; then  # the device tool's way to bring what its image lacks
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
-    || exit 1
+  [[ -e /tmp/site/.installed ]] || { python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target /tmp/site .whl/*.whl && touch /tmp/site/.installed; } || exit 1  # once: stages may run at once
   export PYTHONPATH=.:tests:/tmp/site
 else
   export PYTHONPATH=.:tests
@@ -39,19 +43,28 @@ costs() {  # $1: target shape, $2: report name
   local draft=${small:+synthetic:mini-draft}; draft=${draft:-synthetic:qwen2.5-0.5b}
   local target=${small:+synthetic:mini-target}; target=${target:-$1}
   timeout 540 "$python" -m specviz.bench.shape_costs costs --draft "$draft" --target "$target" --device "$device" \
-    --dtype bfloat16 --step eager,compiled --max-verify 32 --forced-k 4,8 --forced-tokens 128 --json "$OUT/$2.json" 2>&1 \
+    --dtype bfloat16 --step "${SPECVIZ_GPU_CHECK_STEPS:-eager,compiled}" --max-verify 32 --forced-k 4,8 --forced-tokens 128 --json "$OUT/$2.json" 2>&1 \
     | tee "$OUT/$2.log"
 }
 
 pytests() {  # $1: dtype, $2: log name, the rest: test files
   local dtype=$1 log=$2; shift 2
-  SPECVIZ_TEST_DEVICE=$device SPECVIZ_TEST_DTYPE=$dtype timeout 540 "$python" -m pytest -q -ra -p no:cacheprovider -n 4 \
+  SPECVIZ_TEST_DEVICE=$device SPECVIZ_TEST_DTYPE=$dtype timeout "${SPECVIZ_GPU_CHECK_TIMEOUT:-540}" "$python" -m pytest -v --tb=short -ra -p no:cacheprovider -n 4 \
     --timeout 240 -o addopts="" "$@" 2>&1 | tee "$OUT/$log.log"
 }
 
 tests() {  # $1: dtype
   pytests "$1" "tests_$1" tests/test_speculative.py tests/test_statistical.py tests/test_families.py \
     tests/test_tree_round.py tests/test_compiled.py tests/test_synthetic.py tests/test_cuda.py
+}
+
+serve() {
+  local small=${SPECVIZ_GPU_CHECK_SMALL:-}
+  local draft=${small:+synthetic:mini-draft}; draft=${draft:-synthetic:qwen2.5-0.5b}
+  local target=${small:+synthetic:mini-target}; target=${target:-synthetic:qwen2.5-7b}
+  timeout "${SPECVIZ_GPU_CHECK_TIMEOUT:-540}" "$python" scripts/gpu_serve.py --draft "$draft" --target "$target" --device "$device" \
+    --step "${SPECVIZ_GPU_CHECK_STEP:-compiled}" --json "$OUT/serve.json" --log "$OUT/serve_server.log" 2>&1 \
+    | tee "$OUT/serve.log"
 }
 
 status=0
@@ -63,6 +76,12 @@ for stage in "$@"; do
     tests-float32) tests float32 || status=1 ;;
     tests-bfloat16) tests bfloat16 || status=1 ;;
     race) pytests bfloat16 race tests/test_model_thread.py || status=1 ;;
+    tests-all)  # the three test stages at once (no timing in them): one call instead of three
+      tests float32 >/dev/null & a=$!; tests bfloat16 >/dev/null & b=$!
+      pytests bfloat16 race tests/test_model_thread.py >/dev/null & c=$!
+      for p in $a $b $c; do wait $p || status=1; done
+      tail -n 3 "$OUT"/tests_float32.log "$OUT"/tests_bfloat16.log "$OUT"/race.log ;;
+    serve) serve || status=1 ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac
 done

@@ -81,7 +81,8 @@ def test_the_static_cache_reads_and_cuts_like_a_dynamic_one(pairs):
 @torch.inference_mode()
 def test_the_step_is_compiled_once_for_every_position_and_cache():
     """Each token at a new position, fed as a slice of the run's ids (its stride differs every time), and a second
-    run's cache: one graph. A recompilation per step would, after torch's limit of 8, silently run eager."""
+    run on the buffers the first gave back: one graph. A recompilation per step would, after torch's limit of 8,
+    silently run eager. (A new buffer set is a graph of its own on CUDA: `warm_sizes` makes those at load.)"""
     from torch._dynamo.utils import counters
 
     model = with_compiled_step(synthetic_pair(None, MINI[1], device=str(TEST_DEVICE), seed=9).target, sizes=(128,))
@@ -92,6 +93,7 @@ def test_the_step_is_compiled_once_for_every_position_and_cache():
         for i in range(start, 40):  # the last token of the ids so far, as the round loop feeds it
             last = torch.tensor([prompt[:i]], device=TEST_DEVICE)[:, -1:]
             model(last, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        del cache  # its buffers back to the pool: the next run borrows them, as runs do
     assert counters["stats"]["unique_graphs"] - before == 1
 
 

@@ -163,7 +163,7 @@ def end_to_end(pair, sampling: SamplingParams, n: int, drafter: str = "model",
 
 def always_accept(monkeypatch) -> None:
     """The negative control: the rule patched to keep every draft."""
-    monkeypatch.setattr(rules, "accepted_prefix", lambda accept_prob, u: torch.tensor(accept_prob.shape[0]))
+    monkeypatch.setattr(rules, "accepted_prefix", lambda accept_prob, u: torch.tensor(accept_prob.shape[0], device=accept_prob.device))
 
 
 def end_to_end_stats(pair, n: int, drafter: str = "model") -> dict:

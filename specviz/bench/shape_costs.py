@@ -51,6 +51,14 @@ def predictions(cost, alphas=ALPHAS) -> list[dict]:
     return out
 
 
+def cost_of(step: dict):
+    """The cost model of one step mode's report (`step_report`): to predict at other acceptances from it later."""
+    from specviz.analysis.predict import CostModel
+
+    return CostModel(step["target_step_ms"] / 1e3, step["draft_step_ms"] / 1e3,
+                     tuple(t / 1e3 for t in step["verify_ms"]))
+
+
 def step_report(pair, prompt: list[int], args, bandwidth: float) -> dict:
     """One step mode's costs, predictions and full-acceptance runs."""
     from specviz.bench.bandwidth import step_bound

@@ -273,7 +273,7 @@ def with_speedups(pair: ModelPair, spec: PairSpec, status: Status = log.info) ->
 
     loaded = pair
     pair, _ = with_target(pair, spec.target_quant, spec.kernels, status)
-    if spec.draft_quant != "none" and pair.draft is not None:
+    if spec.draft_quant != "none" and pair.draft is not None and pair.device.type == "cpu":  # CPU kernels only
         status(f"Packing the draft's weights as {spec.draft_quant}…")
         pair = with_cheaper_draft(pair, DraftQuant.named(spec.draft_quant))
     eager = with_tuned_draft(pair, status) if spec.kernels == "tuned" else pair
