@@ -17,7 +17,8 @@ from helpers import EXACT, TEST_DEVICE, TEST_DTYPE, same_greedy
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.engine.plumbing import new_cache, prefilled, rollback
 from specviz.models import ModelLoadError, PairSpec
-from specviz.models.compiled import MAX_LEN, SIZES, StaticKV, is_compiled, with_compiled_step
+from specviz.models.compiled import MAX_LEN, SIZES, CompileCounts, StaticKV, is_compiled, with_compiled_step
+from specviz.models.static_cache import static_mask
 from specviz.models.step_timing import StepTimes
 from specviz.models.loading import load_spec
 from specviz.models.steps import InUse, checked_in_use, with_steps
@@ -137,7 +138,7 @@ def test_a_dropped_run_gives_its_buffers_back():
 @pytest.mark.parametrize("drafter", ["model", "tree", "hybrid"])
 def test_greedy_output_on_the_compiled_steps_is_the_target_alone(pairs, drafter):
     """Float32, where exactness is proven: the target alone eager and compiled, and speculation on compiled steps
-    (a tree's caches stay dynamic), give one text, through the padded vocabulary of the pair (in bf16: up to a
+    (a tree's verify too, on the target's static cache; its draft's cache stays dynamic), give one text, through the padded vocabulary of the pair (in bf16: up to a
     near-tie, `helpers.same_greedy`)."""
     eager, compiled = pairs
     config = DecodeConfig(k=4, max_new_tokens=40, adaptive="fixed", drafter=drafter, tree_budget=8)
@@ -147,6 +148,35 @@ def test_greedy_output_on_the_compiled_steps_is_the_target_alone(pairs, drafter)
     assert same_greedy([s.token.id for s in alone_compiled], alone)
     rounds = list(speculative_generate(compiled, prompt, config))
     assert same_greedy([t for r in rounds for t in r.new_token_ids], alone_compiled)
+
+
+def test_a_trees_verify_is_the_compiled_graph_of_its_width(pairs, monkeypatch):
+    """Every tree verify of a run (9 rows at most: the pending token and 8 nodes) runs padded to a compiled width
+    (6 or 12) on the static cache, whatever shape each tree had; and a second run compiles nothing: a chain's verify of that
+    width and a tree's are one graph."""
+    from specviz.models import compiled as module
+
+    eager, compiled = pairs
+    config = DecodeConfig(k=4, max_new_tokens=24, adaptive="fixed", drafter="tree", tree_budget=8)
+    list(speculative_generate(compiled, prompt_ids(16, 1000, seed=5), config))
+    rows = []
+    monkeypatch.setattr(module, "static_mask", lambda mask, past, n, size: rows.append(n) or
+                        static_mask(mask, past, n, size))
+    before = CompileCounts.now()
+    rounds = list(speculative_generate(compiled, prompt_ids(16, 1000, seed=8), config))
+    assert CompileCounts.now().since(before) == CompileCounts()
+    assert len(rows) == len(rounds) and set(rows) <= set(compiled.target.verify_widths) and 12 in rows
+    assert len({len(r.tree) for r in rounds}) > 1  # trees of several shapes
+
+
+def test_a_padding_row_of_a_static_mask_sees_the_prompt_and_itself():
+    """Never a row that sees nothing (its NaN keys would reach later rows through masked slots)."""
+    tree = torch.zeros(1, 1, 3, 5 + 3)  # 3 rows after 5 cached tokens, every key visible
+    mask = static_mask(tree, 5, 6, 16)
+    assert mask.shape == (1, 1, 6, 16) and (mask[0, 0, :3, :8] == 0).all() and (mask[0, 0, :3, 8:] < -1e30).all()
+    for row in range(3, 6):
+        assert (mask[0, 0, row, :5] == 0).all() and mask[0, 0, row, 5 + row] == 0
+        assert (mask[0, 0, row] == 0).sum() == 6
 
 
 @pytest.mark.skipif(not EXACT, reason="in bf16 the two kernels' logits differ by more than a draw can hide")

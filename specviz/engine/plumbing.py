@@ -50,7 +50,7 @@ def prefill(model, cache, ids: torch.Tensor) -> None:
 def new_cache(model, static: bool = True, tokens: int = 0):
     """A fresh KV cache for `model`. A model with a compiled one-token step (`models.compiled`) hands out the
     static caches its step was compiled for, sized up front for `tokens` (so a run never changes size, or meets
-    a graph, midway); any other model, and any caller that reorders a cache (trees: `static=False`), gets a
+    a graph, midway); any other model, and any caller that needs a dynamic one (`static=False`: a batch), gets a
     DynamicCache. Both are read and cut the same way: `get_seq_length`, `crop(-n)`."""
     make = getattr(model, "new_cache", None) if static else None
     return make(tokens) if make is not None else DynamicCache()

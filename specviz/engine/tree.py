@@ -6,7 +6,8 @@ every node: each node attends to the cache, the pending tokens and its own ances
 its depth gives (EAGLE: a node's mask row is its parent's plus itself; position = past + depth). The logits row
 of node i is then the model's next-token distribution after the path to i, exactly as if that path alone had been
 read. Afterwards the cache holds every node; `keep_path` moves the accepted path's keys and values down into
-contiguous slots (a crop alone cannot: the path's nodes need not be the first ones).
+contiguous slots (a crop alone cannot: the path's nodes need not be the first ones). A compiled target reads the
+same tree on its static cache, the mask moved onto its slots (`models.static_cache.static_mask`).
 """
 
 from __future__ import annotations
@@ -66,7 +67,10 @@ def tree_positions(parents: list[int], pending: int, past: int, device=None) -> 
 def keep_path(cache, start: int, path: list[int]) -> None:
     """Keep the cache's first `start` slots and then the slots `start + i` for the nodes i of `path`, in order,
     dropping every other node: the accepted path becomes contiguous, as if it alone had been read. Plain
-    (full-attention) cache layers only: a sliding-window layer keeps a running length of its own."""
+    (full-attention) cache layers only: a sliding-window layer keeps a running length of its own. A compiled
+    model's static cache moves the path down in place (`keep_slots`: its buffers keep their addresses)."""
+    if (keep_slots := getattr(cache, "keep_slots", None)) is not None:
+        return keep_slots(start, path)
     if any(hasattr(layer, "cumulative_length") for layer in cache.layers):
         raise ValueError("tree speculation needs full-attention cache layers; this model has sliding-window ones.")
     for layer in cache.layers:

@@ -56,7 +56,8 @@ def tree_generate(pair, prompt_ids: list[int], config, *, prompt_cache: PromptCa
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     generated: list[int] = []
     t0 = clock(device)
-    cache = prefilled(pair.target, ids, prompt_cache, static=False)  # reordered by keep_path: a dynamic cache
+    # a compiled target's static cache, sized for the run and one tree past it (`keep_path` reorders either kind)
+    cache = prefilled(pair.target, ids, prompt_cache, room=config.max_new_tokens + config.tree_budget + 1)
     drafter.prefill(ids)
     prefill_time = clock(device) - t0
     for index in range(config.max_new_tokens):

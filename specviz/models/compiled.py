@@ -13,8 +13,9 @@ size, width and buffer set a race uses is compiled at load (`warm_sizes`), so no
 
 The engine uses a static cache as it uses a dynamic one (`engine.plumbing.new_cache` asks the model for
 one; `get_seq_length`, `crop(-n)`): its length is kept on the host, so reading it costs no device sync, and
-cropping only moves the write position back (entries past it are masked by position, then overwritten).
-Trees keep dynamic caches (they reorder them) and so never run compiled.
+cropping only moves the write position back (entries past it are masked, then overwritten). A verify runs with
+its mask and positions given (`static_cache.chain_mask`, or a tree's moved onto the static slots), so a chain's
+and a tree's verify of one width are one graph; a tree's accepted path is moved down in place (`keep_slots`).
 
 Whether compiling pays is measured, not assumed (`step_timing.measure_step`; `models.steps` chooses per model
 and keeps the answer per machine): a compiled step computes the same logits up to rounding, and exactness holds against
@@ -26,108 +27,15 @@ from __future__ import annotations
 import copy
 import inspect
 import logging
-import weakref
 from dataclasses import dataclass
 
 import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from specviz.models.static_cache import MAX_LEN, SIZES, StaticKV, StaticPool, chain_mask, static_mask  # noqa: F401
+
 log = logging.getLogger(__name__)
-
-MAX_LEN = 4096  # tokens a static cache holds: the server's longest prompt and reply, with room for a round
-# A static cache attends over its whole length at every step (the positions past the run's are masked), so a run
-# starts in the smallest size and moves up only when it needs to: each size is one more compiled graph per model.
-SIZES = (512, 2048, MAX_LEN)
-
-
-class StaticKV:
-    """One run's static KV cache, used like a DynamicCache: `get_seq_length()` (a host int: no sync) and
-    `crop(-n)`. Its buffers come from, and go back to, the compiled model's pool (`StaticPool`)."""
-
-    def __init__(self, pool: StaticPool, size: int | None = None):
-        self.pool, self.length = pool, 0
-        self.hf = pool.take(size or pool.sizes[0])
-        self.release = weakref.finalize(self, pool.give_back, self.hf)  # a run's cache is dropped, never closed
-
-    def get_seq_length(self, layer: int = 0) -> int:
-        return self.length
-
-    @property
-    def size(self) -> int:
-        return self.hf.layers[0].max_cache_len
-
-    @torch.inference_mode()  # the buffers are inference tensors (made and used in the engine's inference mode)
-    def crop(self, n: int) -> None:
-        """transformers 5's convention: crop(-n) removes the last n tokens."""
-        if n >= 0:
-            raise ValueError("a static cache is cropped by a negative count: crop(-n) removes n tokens")
-        n = min(-n, self.length)
-        for layer in self.hf.layers:  # the write position moves back; stale entries are masked, then overwritten
-            layer.cumulative_length.sub_(n)
-        self.length -= n
-
-    @torch.inference_mode()
-    def reserve(self, n: int) -> None:
-        """Room for n more tokens: the tokens held move to the next size's buffers where these are too short."""
-        if self.length + n <= self.size:
-            return
-        bigger = self.pool.take(self.pool.size_for(self.length + n))
-        copy_tokens(self.hf, bigger, self.length)
-        self.release()  # these buffers back to the pool now
-        self.hf, self.release = bigger, weakref.finalize(self, self.pool.give_back, bigger)
-
-    @torch.inference_mode()
-    def __deepcopy__(self, memo) -> StaticKV:
-        """A copy holding the same tokens in buffers of its own (a prompt read once, handed out per run)."""
-        twin = StaticKV(self.pool, self.size)
-        copy_tokens(self.hf, twin.hf, self.length)
-        twin.length = self.length
-        return twin
-
-
-def copy_tokens(source, target, length: int) -> None:
-    """The first `length` tokens' keys and values, and the write position, from one static cache to another."""
-    for mine, theirs in zip(source.layers, target.layers):
-        theirs.keys[:, :, :length].copy_(mine.keys[:, :, :length])
-        theirs.values[:, :, :length].copy_(mine.values[:, :, :length])
-        theirs.cumulative_length.copy_(mine.cumulative_length)
-
-
-class StaticPool:
-    """The static caches of one compiled model, by size, reused: a compiled graph is specialised to its buffers'
-    addresses (CUDA graphs copy any other tensor in at every replay), so runs borrow buffers instead of
-    allocating new ones, and only a few sets ever exist."""
-
-    def __init__(self, config, sizes: tuple[int, ...], dtype: torch.dtype, device: torch.device):
-        self.config, self.sizes, self.dtype, self.device = config, sizes, dtype, device
-        self.free: dict[int, list] = {size: [] for size in sizes}
-
-    def size_for(self, tokens: int) -> int:
-        fits = [size for size in self.sizes if size >= tokens]
-        if not fits:
-            raise ValueError(f"this run needs more than the {self.sizes[-1]} tokens the compiled step's static cache "
-                             "holds: use a shorter prompt or fewer new tokens, or --step eager.")
-        return fits[0]
-
-    @torch.inference_mode()  # the buffers are inference tensors: a run may start outside inference mode
-    def take(self, size: int):
-        from transformers import StaticCache
-
-        if self.free[size]:
-            cache = self.free[size].pop()
-        else:
-            text = self.config.get_text_config()
-            cache = StaticCache(config=text, max_cache_len=size)
-            head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-            cache.early_initialization(1, text.num_key_value_heads, head_dim, self.dtype, self.device)
-        for layer in cache.layers:
-            layer.cumulative_length.zero_()
-        return cache
-
-    def give_back(self, cache) -> None:
-        self.free[cache.layers[0].max_cache_len].append(cache)
-
 
 class CudaGraphs:
     """The compiled forward recorded as CUDA graphs of our own, one per buffer set, width and rows kept: a replay is
@@ -141,24 +49,25 @@ class CudaGraphs:
         self.pool = torch.cuda.graph_pool_handle()  # the graphs share one memory pool: they never run at once
         self.recorded: dict[tuple, tuple] = {}
 
-    def __call__(self, ids: torch.Tensor, cache: StaticKV, keep: int):
-        key = (id(cache.hf), ids.shape[1], keep)  # the pool's buffer sets live as long as the model
+    def __call__(self, ids: torch.Tensor, cache: StaticKV, keep: int, **inputs: torch.Tensor):
+        key = (id(cache.hf), ids.shape[1], keep, *sorted(inputs))  # the pool's buffer sets live as long as the model
         if key not in self.recorded:
-            self.recorded[key] = self.record(ids, cache, keep)
-        graph, static_ids, logits = self.recorded[key]
-        static_ids.copy_(ids)
+            self.recorded[key] = self.record(ids, cache, keep, inputs)
+        graph, static, logits = self.recorded[key]
+        for name, value in {"input_ids": ids, **inputs}.items():
+            static[name].copy_(value)
         graph.replay()
         # copied out before the next replay overwrites them
         return CausalLMOutputWithPast(logits=logits.clone(), past_key_values=cache.hf)
 
-    def record(self, ids: torch.Tensor, cache: StaticKV, keep: int) -> tuple:
+    def record(self, ids: torch.Tensor, cache: StaticKV, keep: int, inputs: dict) -> tuple:
         from torch._dynamo.utils import counters
 
-        static_ids = ids.clone()
+        static = {name: value.clone() for name, value in {"input_ids": ids, **inputs}.items()}  # copied into
         marks = [layer.cumulative_length.clone() for layer in cache.hf.layers]
 
         def call():
-            return self.step(static_ids, **{self.cache_arg: cache.hf}, use_cache=True, logits_to_keep=keep)
+            return self.step(**static, **{self.cache_arg: cache.hf}, use_cache=True, logits_to_keep=keep)
 
         def rewind():  # a warm-up's entries past the write position are masked, then overwritten
             for layer, mark in zip(cache.hf.layers, marks):
@@ -175,7 +84,7 @@ class CudaGraphs:
         with torch.cuda.graph(graph, pool=self.pool):
             logits = call().logits
         counters["specviz"]["cuda_graphs"] += 1  # torch's counters: `CompileCounts` reads them with its own
-        return graph, static_ids, logits
+        return graph, static, logits
 
 
 # A verify over n tokens runs compiled padded to the first of these widths >= n (K + 1 for the default K = 8, and
@@ -206,24 +115,39 @@ def with_compiled_step(model: nn.Module, sizes: tuple[int, ...] = SIZES, wide: n
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None) or max(sizes)
     pool = StaticPool(model.config, tuple(sorted({min(size, limit) for size in sizes})), param.dtype, param.device)
 
-    def compiled(ids: torch.Tensor, cache: StaticKV, keep: int):
-        """The compiled forward over `ids` (1 x width) on `cache` (replayed as a CUDA graph on a GPU)."""
+    def compiled(ids: torch.Tensor, cache: StaticKV, keep: int, **inputs: torch.Tensor):
+        """The compiled forward over `ids` (1 x width) on `cache` (replayed as a CUDA graph on a GPU); `inputs`:
+        a verify's mask and positions."""
         if graphs is not None:
-            out = graphs(ids, cache, keep)
+            out = graphs(ids, cache, keep, **inputs)
         else:
             # a fresh tensor: a slice of the ids would carry their row's stride, and each new stride would compile
             # the step again
             fresh = ids.new_empty(ids.shape).copy_(ids)
-            out = step(fresh, **{cache_arg: cache.hf}, use_cache=True, logits_to_keep=keep)
+            out = step(fresh, **{cache_arg: cache.hf}, use_cache=True, logits_to_keep=keep, **inputs)
         cache.length += ids.shape[1]
         return out
+
+    def verify_inputs(cache: StaticKV, n: int, rows: int, mask, positions) -> dict:
+        """A verify's mask and positions over `rows` slots after the cache's tokens: a chain's causal ones, or a
+        tree's (given over the dynamic layout, `engine.tree`) moved onto the static cache; padding rows repeat
+        the last position."""
+        past = cache.length
+        if mask is None:
+            mask = chain_mask(past, rows, cache.size, param.dtype, param.device)
+            return {"attention_mask": mask, "position_ids": torch.arange(past, past + rows, device=param.device)[None]}
+        positions = torch.cat([positions, positions[:, -1:].expand(1, rows - n)], dim=1)
+        return {"attention_mask": static_mask(mask, past, rows, cache.size), "position_ids": positions}
 
     def forward(input_ids=None, past_key_values=None, use_cache=True, logits_to_keep=0, **kw):
         cache = past_key_values
         if not isinstance(cache, StaticKV):
             return eager(input_ids, past_key_values=cache, use_cache=use_cache, logits_to_keep=logits_to_keep, **kw)
         n = input_ids.shape[1]
-        if not kw and (n == 1 or (logits_to_keep == 1 and n <= CATCH_UP)):
+        # a tree's verify: its mask over the dynamic layout [1, 1, n, length + n], each node's position
+        tree = kw.keys() == {"attention_mask", "position_ids"} and kw["attention_mask"].dim() == 4
+        mask, positions = (kw.pop("attention_mask"), kw.pop("position_ids")) if tree else (None, None)
+        if not kw and not tree and (n == 1 or (logits_to_keep == 1 and n <= CATCH_UP)):
             cache.reserve(n)
             for i in range(n):  # the last step's logits are the forward's one row
                 out = compiled(input_ids[:, i:i + 1], cache, logits_to_keep)
@@ -233,12 +157,14 @@ def with_compiled_step(model: nn.Module, sizes: tuple[int, ...] = SIZES, wide: n
             cache.reserve(width)
             keep = min(logits_to_keep or n, n)
             padded = torch.cat([input_ids, input_ids[:, -1:].expand(1, width - n)], dim=1)
-            out = compiled(padded, cache, width)
+            out = compiled(padded, cache, width, **verify_inputs(cache, n, width, mask, positions))
             out.logits = out.logits[:, n - keep:n]
             if width > n:  # the padding's entries: cut off the length (masked, then overwritten)
                 cache.crop(n - width)
             return out
         cache.reserve(n)
+        if tree:
+            kw |= verify_inputs(cache, n, n, mask, positions)
         out = eager(input_ids, **{cache_arg: cache.hf}, use_cache=True, logits_to_keep=logits_to_keep, **kw)
         cache.length += n
         return out
