@@ -177,6 +177,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from specviz.engines.policy import EngineError, EnginePolicy
     from specviz.ui.handlers import Options
     from specviz.ui.examples import EXAMPLES
+    from specviz.models.memory import pair_bytes, process_memory
 
     room = room_of(values_of(args, Room))
     engines = tuple(args.allow_engine or ())
@@ -203,6 +204,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         switching = "pair switching off: the pair is fixed (--allow-pair-switch turns it on)"
     print(f"specviz: serving {session.name} on http://{args.host}:{args.port} ({switching}; each request may hold "
           f"the model {limits.max_seconds} s at most)", flush=True)
+    rss, peak = process_memory()
+    weights = ", ".join(f"{role}'s weights {n / 1e9:.2f} GB" for role, n in pair_bytes(session.pair).items())
+    print(f"specviz: memory: {weights} resident; the process {rss / 1e9:.2f} GB, {peak / 1e9:.2f} GB at its peak "
+          "(the load)", flush=True)
     print(f"specviz: {'a room' if room.room else 'limits'}: {limits.max_new_tokens} new tokens, K up to "
           f"{limits.max_k}, {limits.max_samples} samples per side, {limits.max_seconds} s per request, "
           f"{limits.max_queue} requests waiting at most; the app opens at {defaults.max_new_tokens} new tokens; "

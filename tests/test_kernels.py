@@ -198,6 +198,34 @@ def test_a_packed_copy_never_chosen_is_let_go_and_one_chosen_counts_in_memory(tm
     assert model_bytes(packed) == model_bytes(model) + linears
 
 
+def test_a_target_packed_for_every_row_count_keeps_one_copy_of_each_weight(tmp_path):
+    """The resident bytes after release are the expected total: every linear once (its packed copy) and the rest of
+    the model (embeddings, norms) once; a step reads the same bytes and computes the same logits."""
+    model = tiny_model(0, 64)
+    linears = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear))
+    packed, _ = tune(model, folder=tmp_path, timer=fake_timer({"dense": {}, "onednn": {n: 0.1 for n in range(1, 129)}}),
+                     max_rows=2)
+    reads, ids = K.step_bytes(packed), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    assert model_bytes(packed) == model_bytes(model) + linears  # two copies, before
+    assert K.release_unused_dense(packed) == linears
+    assert model_bytes(packed) == model_bytes(model)  # one copy: the packed linears and the rest, once
+    assert K.step_bytes(packed) == reads
+    torch.testing.assert_close(packed(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+    assert K.release_unused_dense(packed) == 0  # nothing left to release
+
+
+def test_a_weight_a_plan_multiplies_by_or_another_module_holds_is_kept(tmp_path):
+    model = tiny_model(0, 64)
+    some, _ = tune(model, folder=tmp_path / "a", timer=fake_timer({"onednn": {1: 0.1, 2: 0.1}}), max_rows=2)
+    assert K.release_unused_dense(some) == 0  # dense still serves the prompt's row counts
+    model.lm_head.weight = model.model.embed_tokens.weight  # tied, as in Qwen2.5-0.5B
+    tied, _ = tune(model, folder=tmp_path / "b", timer=fake_timer({"onednn": {n: 0.1 for n in range(1, 129)}}),
+                   max_rows=2)
+    head = model.lm_head.weight.numel() * 4
+    linears = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear))
+    assert K.release_unused_dense(tied) == linears - head  # the embedding still reads the head's weight
+
+
 def test_the_memory_estimate_counts_the_packed_copy_and_not_for_a_quantized_target(tmp_path):
     tiny_model(0, 64).save_pretrained(tmp_path / "m")
     folder = str(tmp_path / "m")

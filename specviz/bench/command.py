@@ -219,7 +219,10 @@ def cmd_bench(args) -> int:
             "target_quant": spec.target_quant, "kernels": spec.kernels,
             # when and how it ran: the docs' benchmark pages name both (scripts/docs.py renders the flags as a command)
             "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-            "args": {k: v for k, v in vars(args).items() if k != "func"}}
+            "args": {k: v for k, v in vars(args).items() if k != "func"},
+            # the raced pair's weights, and the process (which also holds the pair as loaded, for transformers' lanes;
+            # `specviz serve` releases the dense weights the tuned target never uses and logs its own)
+            "memory": memory_of(spec_pair)}
     report = build_report(bench, cost, device=str(pair.device), dtype=str(pair.dtype).removeprefix("torch."),
                           meta=meta, cost_stall=cost_stall, untuned_cost=untuned_cost,
                           anchors=anchors(cost, cost_pair, bandwidth, tuning), llamacpp=llamacpp)
@@ -233,6 +236,13 @@ def cmd_bench(args) -> int:
     if args.save_predictor:
         save_predictor(bench, meta, args.save_predictor)
     return 0
+
+
+def memory_of(pair) -> dict:
+    from specviz.models.memory import pair_bytes, process_memory
+
+    rss, peak = process_memory()
+    return {"weights_bytes": pair_bytes(pair), "rss_bytes": rss, "peak_rss_bytes": peak}
 
 
 def anchors(cost, cost_pair, bandwidth: float, tuning) -> dict:

@@ -286,6 +286,27 @@ def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_
     return fast.eval(), Tuning(costs, plans, cached, path)
 
 
+def release_unused_dense(model: nn.Module) -> int:
+    """One copy of each weight: a tuned linear whose plan never multiplies by its dense weight (a packed copy serves
+    every row count) drops it, unless another part of the model holds it (a tied embedding). The weight becomes a
+    meta tensor of its shape: `step_bytes` still counts the bytes a step reads, none stay resident, and any use of
+    it fails loudly. The model as loaded shares these weights: it must not be used afterwards (`load_spec` releases
+    only where nothing does). Returns the bytes released."""
+    tuned = [m for m in model.modules() if isinstance(m, TunedLinear) and isinstance(m.inner, nn.Linear)]
+    linears = {id(m) for t in tuned for m in (t, t.inner)}
+    held = {t.untyped_storage().data_ptr() for module in model.modules() if id(module) not in linears
+            for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)]
+            if not t.is_mkldnn and t.device.type != "meta"}  # (a tied weight is listed once by parameters())
+    released = 0
+    for m in tuned:
+        weight = m.inner.weight
+        if set(m.kernels) != {"onednn"} or weight.device.type == "meta" or weight.untyped_storage().data_ptr() in held:
+            continue
+        released += weight.numel() * weight.element_size()
+        m.inner.weight = nn.Parameter(torch.empty_like(weight, device="meta"), requires_grad=False)
+    return released
+
+
 def module_bytes(module: nn.Module) -> int:
     """A linear's own weights (a quantized one's packed weights and scales; not a dense copy it keeps)."""
     return sum(t.numel() * t.element_size() for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)])

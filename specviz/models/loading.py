@@ -261,7 +261,23 @@ def load_spec(spec: PairSpec, *, loader: Callable[..., ModelPair] = load_pair, s
     pair = loader(spec.draft, spec.target, device=spec.device, dtype=spec.dtype,
                   trust_remote_code=spec.trust_remote_code, device_map=spec.device_map, status=status,
                   progress=progress)
-    return with_speedups(pair, spec, status)
+    return lean(with_speedups(pair, spec, status), status)
+
+
+def lean(pair: ModelPair, status: Status = log.info) -> ModelPair:
+    """`pair` with one copy of each target weight: the dense ones its tuned kernels never use released (the pair as
+    loaded, which shares them, is dropped by the caller). A compiled step runs on the loaded model's weights, so
+    a pair with one keeps them."""
+    from specviz.models.compiled import is_compiled
+    from specviz.models.kernels import release_unused_dense
+
+    if is_compiled(pair.target) or pair.eager_steps is not None:
+        return pair
+    released = release_unused_dense(pair.target)
+    if released:
+        status(f"The target keeps one copy of its weights: {released / 1e9:.1f} GB of dense weights its tuned kernels "
+               "never use released.")
+    return pair
 
 
 def with_speedups(pair: ModelPair, spec: PairSpec, status: Status = log.info) -> ModelPair:

@@ -118,3 +118,12 @@ def check_fits(spec: PairSpec, available=available_bytes, estimate=weights_bytes
         raise ModelLoadError(
             f"{spec.label} needs about {need / GB:.1f} GB for its weights in {str(dtype).removeprefix('torch.')} "
             f"and {device} has {free / GB:.1f} GB free: pick a smaller pair or a lower-precision dtype.")
+
+
+def process_memory() -> tuple[int, int]:
+    """This process's resident bytes now and at their peak so far (for a server: the load's)."""
+    import resource
+
+    import psutil
+
+    return psutil.Process().memory_info().rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB
