@@ -28,6 +28,7 @@ from specviz.models.pair import OUT_OF_MEMORY
 from specviz.runs.errors import InputError
 from specviz.runs.limits import CLI_LIMITS, Limits
 from specviz.runs.options import add_options, values_of
+from specviz.runs.outputs import output_problem
 from specviz.runs.settings import validate
 
 
@@ -308,6 +309,9 @@ def sigterm_as_interrupt() -> Iterator[None]:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
+    if (problem := output_problem(args)) is not None:
+        print(f"specviz {args.command}: cannot write {problem}; nothing was run.", file=sys.stderr)
+        return MACHINE_FAULT
     try:
         with sigterm_as_interrupt():
             return args.func(args)

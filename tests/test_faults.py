@@ -73,15 +73,57 @@ def test_two_writers_at_once_leave_one_whole_measurement(tmp_path):
     assert not list(tmp_path.rglob("*.tmp"))
 
 
-def test_a_command_whose_output_cannot_be_written_says_so_in_one_sentence(tmp_path, capsys):
+@pytest.fixture
+def no_model(monkeypatch):
+    """Any model load fails the test: an output checked before the run must stop it before the first model."""
+    from specviz import cli
+    from specviz.models import loading
+
+    def load(*args, **kwargs):
+        raise AssertionError("a model was loaded before the output was checked")
+    monkeypatch.setattr(cli, "load_spec", load)
+    monkeypatch.setattr(loading, "load_pair", load)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["trace", "--draft", "tiny", "--target", "tiny", "--prompt", "the a", "--out", "{missing}/trace.json"], "--out"),
+    (["bench", "--draft", "tiny", "--target", "tiny", "--json", "{missing}/bench.json"], "--json"),
+    (["bench", "--draft", "tiny", "--target", "tiny", "--html", "{missing}/bench.html"], "--html"),
+    (["costs", "--draft", "tiny", "--target", "tiny", "--json", "{missing}/costs.json"], "--json"),
+    (["atlas", "--draft", "tiny", "--target", "tiny", "--prompts", "p.txt", "--json", "{missing}/a.json"], "--json"),
+])
+def test_an_output_that_cannot_be_written_stops_a_command_before_it_runs(tmp_path, capsys, no_model, argv, flag):
+    """Checked before any model loads or any measurement runs: a bench's minutes are not lost at its last line."""
     from specviz import cli
 
-    out = tmp_path / "missing" / "trace.json"  # a folder that does not exist
-    code = cli.main(["trace", "--draft", "tiny", "--target", "tiny", "--prompt", "the a", "--max-new-tokens", "3",
-                     "--out", str(out)])
+    missing = tmp_path / "missing"
+    code = cli.main([a.format(missing=missing) for a in argv])
     err = capsys.readouterr().err
-    assert code == cli.MACHINE_FAULT and "Traceback" not in err
-    assert err.strip().splitlines()[-1].startswith("specviz trace: No such file or directory (")
+    assert code == cli.MACHINE_FAULT and "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert err.startswith(f"specviz {argv[0]}: cannot write {flag} {missing}/")
+    assert err.strip().endswith(f"the folder {missing} does not exist; nothing was run.")
+
+
+def test_an_output_on_a_read_only_disk_or_naming_a_folder_is_refused(tmp_path, monkeypatch, capsys, no_model):
+    from specviz import cli
+    from specviz.runs import outputs
+
+    trace = ["trace", "--draft", "tiny", "--target", "tiny", "--prompt", "the a", "--out"]
+    assert cli.main([*trace, str(tmp_path)]) == cli.MACHINE_FAULT
+    assert "cannot write --out " + str(tmp_path) + ": it is a folder; nothing was run." in capsys.readouterr().err
+
+    def read_only(*args, **kwargs):
+        raise OSError(errno.EROFS, os.strerror(errno.EROFS))
+    monkeypatch.setattr(outputs.tempfile, "NamedTemporaryFile", read_only)
+    assert cli.main([*trace, str(tmp_path / "t.json")]) == cli.MACHINE_FAULT
+    assert f"Read-only file system in {tmp_path}; nothing was run." in capsys.readouterr().err
+
+
+def test_a_switch_named_like_an_output_is_not_a_path(capsys):
+    from specviz import cli
+
+    assert cli.main(["whatif", "--acceptance", "0.7", "--k", "4", "--draft-cost", "0.1", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)
 
 
 @pytest.mark.parametrize("fault, code, said", [

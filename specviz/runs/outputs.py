@@ -1,0 +1,36 @@
+"""Output files a command will write, checked before it runs: a bench that measured for fifteen minutes must not
+find out at the end that its folder is missing or read-only."""
+
+from __future__ import annotations
+
+import argparse
+import tempfile
+from pathlib import Path
+
+OUTPUT_FLAGS = ("json", "html", "out", "save_predictor")  # every subcommand's file outputs (`--json` of whatif: a switch)
+
+
+def unwritable(path: str) -> str | None:
+    """Why `path` cannot be written, in a few words (None: a file can be created beside it now). Tried for real:
+    permission bits do not stop root, a read-only mount does."""
+    target = Path(path)
+    if target.is_dir():
+        return "it is a folder"
+    folder = target.parent
+    if not folder.is_dir():
+        return f"the folder {folder} does not exist"
+    try:
+        with tempfile.NamedTemporaryFile(dir=folder, prefix=".specviz-check-"):
+            pass
+    except OSError as e:
+        return f"{e.strerror or e} in {folder}"
+    return None
+
+
+def output_problem(args: argparse.Namespace) -> str | None:
+    """The first output flag of a parsed command that cannot be written, said as `--flag PATH: why`."""
+    for name in OUTPUT_FLAGS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and (why := unwritable(value)) is not None:
+            return f"--{name.replace('_', '-')} {value}: {why}"
+    return None
