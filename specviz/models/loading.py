@@ -9,11 +9,13 @@ import gc
 import logging
 import shutil
 import socket
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from urllib.parse import urlparse
 
 import torch
+from filelock import FileLock
 
 from specviz.models.embedded import (
     EmbeddedModel,
@@ -23,6 +25,7 @@ from specviz.models.embedded import (
     embedded_model,
     is_converted,
 )
+from specviz.models.converted import replace_folder, write_manifest
 from specviz.models.families import same_tokenizer, vocab_map
 from specviz.models.pair import (
     DTYPES, EMBEDDED, OUT_OF_MEMORY, TINY, ModelLoadError, ModelPair, PairSpec, model_vocab, release_memory, resolve_device,
@@ -136,18 +139,27 @@ def prepare_embedded(model: EmbeddedModel, status: Status = log.info, progress: 
     converted = converted_dir(model)
     if is_converted(model):
         return converted
-    status(f"Assembling and verifying the embedded {model.role} ({model.name})…")
-    gguf = assemble(model, progress=progress)
-    status(f"Converting {model.name} from GGUF once (about a minute)…")
-    m, tok = _from_pretrained(str(gguf), torch.float32, trust_remote_code=False)
-    m.hf_quantizer = None  # the weights are plain float32 now; GGUF was only the container
-    m.config.__dict__.pop("quantization_config", None)
-    shutil.rmtree(converted, ignore_errors=True)
-    m.save_pretrained(converted)
-    tok.save_pretrained(converted)
-    (converted / "SOURCE_SHA256").write_text(model.sha256)
-    del m
-    gc.collect()
+    converted.parent.mkdir(parents=True, exist_ok=True)
+    # two processes preparing at once: one converts, the other waits here and then finds it converted
+    with FileLock(converted.parent / f".{model.folder}.lock"):
+        if is_converted(model):
+            return converted
+        status(f"Assembling and verifying the embedded {model.role} ({model.name})…")
+        gguf = assemble(model, progress=progress)
+        status(f"Converting {model.name} from GGUF once (about a minute)…")
+        m, tok = _from_pretrained(str(gguf), torch.float32, trust_remote_code=False)
+        m.hf_quantizer = None  # the weights are plain float32 now; GGUF was only the container
+        m.config.__dict__.pop("quantization_config", None)
+        staging = Path(tempfile.mkdtemp(dir=converted.parent, prefix=f".{model.folder}-"))
+        try:  # written whole beside it, recorded file by file, then renamed into place
+            m.save_pretrained(staging)
+            tok.save_pretrained(staging)
+            write_manifest(staging, model.sha256)
+            replace_folder(staging, converted)
+        finally:
+            shutil.rmtree(staging, ignore_errors=True)
+            del m
+            gc.collect()
     return converted
 
 

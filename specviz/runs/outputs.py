@@ -17,8 +17,10 @@ def unwritable(path: str) -> str | None:
     if target.is_dir():
         return "it is a folder"
     folder = target.parent
-    if not folder.is_dir():
-        return f"the folder {folder} does not exist"
+    try:  # made now, as a command that writes into it would (an atlas's traces folder)
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        return f"cannot make the folder {folder}: {e.strerror or e}"
     try:
         with tempfile.NamedTemporaryFile(dir=folder, prefix=".specviz-check-"):
             pass
