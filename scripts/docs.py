@@ -437,7 +437,8 @@ def predicted_at(step: dict, acceptance: float) -> dict:
 
 def pytest_counts(path: Path, used: list[Path]) -> str:
     """A pytest log's last summary line (\"202 passed, 5 skipped in 250.24s\"), as pytest printed it."""
-    used.append(path)
+    if path not in used:
+        used.append(path)
     lines = [m.group(1) for m in re.finditer(r"^=+ (.*(?:passed|failed).*) =+$", path.read_text(), re.M)]
     if not lines:
         raise ValueError(f"{path}: no pytest summary line")

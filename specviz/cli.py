@@ -150,11 +150,11 @@ def cmd_prepare(args) -> int:
         from specviz.models.converted import SOURCE, verify
         from specviz.models.embedded import converted_dir
 
-        for model in (m for m in EMBEDDED_MODELS if is_converted(m)):
-            if bad := verify(converted_dir(model), model.sha256):
-                print(f"specviz prepare: {converted_dir(model)}: {', '.join(bad)} damaged (sha256 differs); "
-                      "converting it again.", file=sys.stderr)
-                (converted_dir(model) / SOURCE).unlink()
+        for folder, model in ((converted_dir(m), m) for m in EMBEDDED_MODELS if is_converted(m)):
+            if bad := verify(folder, model.sha256):
+                print(f"specviz prepare: {folder}: {', '.join(bad)} damaged (sha256 differs); converting it again.",
+                      file=sys.stderr)
+                (folder / SOURCE).unlink()
     for model in EMBEDDED_MODELS:
         try:
             print(f"{model.folder}: {prepare_embedded(model, status=print)}")
@@ -187,7 +187,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from specviz.engines.policy import EngineError, EnginePolicy
     from specviz.ui.handlers import Options
     from specviz.ui.examples import EXAMPLES
-    from specviz.models.memory import pair_bytes, process_memory
+    from specviz.models.memory import resident
 
     room = room_of(values_of(args, Room))
     engines = tuple(args.allow_engine or ())
@@ -214,10 +214,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         switching = "pair switching off: the pair is fixed (--allow-pair-switch turns it on)"
     print(f"specviz: serving {session.name} on http://{args.host}:{args.port} ({switching}; each request may hold "
           f"the model {limits.max_seconds} s at most)", flush=True)
-    rss, peak = process_memory()
-    weights = ", ".join(f"{role}'s weights {n / 1e9:.2f} GB" for role, n in pair_bytes(session.pair).items())
-    print(f"specviz: memory: {weights} resident; the process {rss / 1e9:.2f} GB, {peak / 1e9:.2f} GB at its peak "
-          "(the load)", flush=True)
+    held = resident(session.pair)
+    weights = ", ".join(f"{role}'s weights {n / 1e9:.2f} GB" for role, n in held["weights_bytes"].items())
+    print(f"specviz: memory: {weights} resident; the process {held['rss_bytes'] / 1e9:.2f} GB, "
+          f"{held['peak_rss_bytes'] / 1e9:.2f} GB at its peak (the load)", flush=True)
     print(f"specviz: {'a room' if room.room else 'limits'}: {limits.max_new_tokens} new tokens, K up to "
           f"{limits.max_k}, {limits.max_samples} samples per side, {limits.max_seconds} s per request, "
           f"{limits.max_queue} requests waiting at most; the app opens at {defaults.max_new_tokens} new tokens; "

@@ -91,6 +91,8 @@ def no_model(monkeypatch):
     (["bench", "--draft", "tiny", "--target", "tiny", "--html", "{bad}/bench.html"], "--html"),
     (["costs", "--draft", "tiny", "--target", "tiny", "--json", "{bad}/costs.json"], "--json"),
     (["atlas", "--draft", "tiny", "--target", "tiny", "--prompts", "p.txt", "--json", "{bad}/a.json"], "--json"),
+    (["atlas", "--draft", "tiny", "--target", "tiny", "--prompts", "p.txt", "--export-rejections", "{bad}/r.jsonl"],
+     "--export-rejections"),
 ])
 def test_an_output_that_cannot_be_written_stops_a_command_before_it_runs(tmp_path, capsys, no_model, argv, flag):
     """Checked before any model loads or any measurement runs: a bench's minutes are not lost at its last line.

@@ -140,6 +140,7 @@ def cmd_bench(args) -> int:
     from specviz.bench.bandwidth import triad_bandwidth
     from specviz.models.draft.lean import LeanDraft
     from specviz.models.compiled import is_compiled
+    from specviz.models.memory import resident
     from specviz.models.steps import with_steps
     from specviz.models.target import with_target, with_tuned_draft
 
@@ -222,7 +223,7 @@ def cmd_bench(args) -> int:
             "args": {k: v for k, v in vars(args).items() if k != "func"},
             # the raced pair's weights, and the process (which also holds the pair as loaded, for transformers' lanes;
             # `specviz serve` releases the dense weights the tuned target never uses and logs its own)
-            "memory": memory_of(spec_pair)}
+            "memory": resident(spec_pair)}
     report = build_report(bench, cost, device=str(pair.device), dtype=str(pair.dtype).removeprefix("torch."),
                           meta=meta, cost_stall=cost_stall, untuned_cost=untuned_cost,
                           anchors=anchors(cost, cost_pair, bandwidth, tuning), llamacpp=llamacpp)
@@ -236,13 +237,6 @@ def cmd_bench(args) -> int:
     if args.save_predictor:
         save_predictor(bench, meta, args.save_predictor)
     return 0
-
-
-def memory_of(pair) -> dict:
-    from specviz.models.memory import pair_bytes, process_memory
-
-    rss, peak = process_memory()
-    return {"weights_bytes": pair_bytes(pair), "rss_bytes": rss, "peak_rss_bytes": peak}
 
 
 def anchors(cost, cost_pair, bandwidth: float, tuning) -> dict:

@@ -120,10 +120,12 @@ def check_fits(spec: PairSpec, available=available_bytes, estimate=weights_bytes
             f"and {device} has {free / GB:.1f} GB free: pick a smaller pair or a lower-precision dtype.")
 
 
-def process_memory() -> tuple[int, int]:
-    """This process's resident bytes now and at their peak so far (for a server: the load's)."""
+def resident(pair: ModelPair) -> dict:
+    """What a loaded pair holds (`pair_bytes`) and this process's resident bytes now and at their peak so far (for a
+    server: the load's): the server's start line and the bench's report."""
     import resource
 
     import psutil
 
-    return psutil.Process().memory_info().rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # KiB
+    return {"weights_bytes": pair_bytes(pair), "rss_bytes": psutil.Process().memory_info().rss,
+            "peak_rss_bytes": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024}  # (KiB on Linux)

@@ -7,7 +7,8 @@ import argparse
 import tempfile
 from pathlib import Path
 
-OUTPUT_FLAGS = ("json", "html", "out", "save_predictor")  # every subcommand's file outputs (`--json` of whatif: a switch)
+# every subcommand's file outputs (`--json` of whatif: a switch; an atlas's `--traces`: a folder it makes)
+OUTPUT_FLAGS = ("json", "html", "out", "save_predictor", "export_rejections")
 
 
 def unwritable(path: str) -> str | None:
