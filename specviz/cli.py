@@ -138,6 +138,9 @@ def add_atlas(sub) -> None:
 
 
 def cmd_prepare(args) -> int:
+    import torch
+
+    dtypes = (torch.float32, torch.bfloat16)  # exactness's dtype, and the one a CPU with bf16 units or a GPU runs
     from specviz.models.embedded import EMBEDDED_MODELS, EmbeddedModelError, is_converted
 
     if args.requirements:  # setup.sh installs only these: a converted model's chunks are never read again
@@ -150,14 +153,17 @@ def cmd_prepare(args) -> int:
         from specviz.models.converted import SOURCE, verify
         from specviz.models.embedded import converted_dir
 
-        for folder, model in ((converted_dir(m), m) for m in EMBEDDED_MODELS if is_converted(m)):
+        for folder, model in ((converted_dir(m, dtype), m) for m in EMBEDDED_MODELS for dtype in dtypes
+                              if is_converted(m, dtype)):
             if bad := verify(folder, model.sha256):
                 print(f"specviz prepare: {folder}: {', '.join(bad)} damaged (sha256 differs); converting it again.",
                       file=sys.stderr)
                 (folder / SOURCE).unlink()
     for model in EMBEDDED_MODELS:
         try:
-            print(f"{model.folder}: {prepare_embedded(model, status=print)}")
+            for dtype in dtypes:
+                print(f"{model.folder} ({str(dtype).removeprefix('torch.')}): "
+                      f"{prepare_embedded(model, status=print, dtype=dtype)}")
         except EmbeddedModelError as e:  # a package missing or damaged: what to run is in the message
             print(f"specviz prepare: {e}", file=sys.stderr)
             return 2

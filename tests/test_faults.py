@@ -242,3 +242,32 @@ def test_two_processes_preparing_at_once_convert_once_and_both_load_it(tmp_path,
         t.join()
     assert len(conversions) == 1 and results == [converted_dir(model)] * 2 and is_converted(model)
     assert sorted(p.name for p in converted_dir(model).parent.iterdir() if not p.name.endswith(".lock")) == ["target"]
+
+
+def test_a_half_dtype_copy_holds_what_a_load_in_that_dtype_computes_and_is_written_whole(tmp_path, monkeypatch):
+    """The bf16 copy a bf16 load reads (in shards, not the float32 file mapped whole: the load's peak) has the very
+    weights a bf16 load of the float32 copy gets; it is recorded like the float32 one and made once."""
+    from transformers import AutoModelForCausalLM
+
+    from specviz.models import loading
+    from specviz.models.converted import cast_folder
+    from specviz.models.embedded import EmbeddedModel, converted_dir, is_converted
+    from specviz.models.tiny import tiny_model, tiny_tokenizer
+
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
+    model = EmbeddedModel("target", "a test model", (), "1", "m.gguf", 1, "f" * 64)
+    monkeypatch.setattr(loading, "assemble", lambda m, progress=True: tmp_path / "m.gguf")
+    monkeypatch.setattr(loading, "_from_pretrained", lambda *a, **k: (tiny_model(0, 64), tiny_tokenizer()))
+    lines = []
+    folder = loading.prepare_embedded(model, lines.append, dtype=torch.bfloat16)
+    assert folder == converted_dir(model, torch.bfloat16) != converted_dir(model) and is_converted(model, torch.bfloat16)
+    assert loading.prepare_embedded(model, lines.append, dtype=torch.bfloat16) == folder
+    assert sum("bfloat16 copy" in line for line in lines) == 1  # made once
+    sharded = tmp_path / "sharded"
+    sharded.mkdir()
+    cast_folder(converted_dir(model), sharded, torch.bfloat16, shard_bytes=20_000)
+    assert len(list(sharded.glob("*.safetensors"))) > 3
+    cast = AutoModelForCausalLM.from_pretrained(converted_dir(model), dtype=torch.bfloat16).state_dict()
+    for copy in (folder, sharded):
+        got = AutoModelForCausalLM.from_pretrained(copy, dtype=torch.bfloat16, disable_mmap=True).state_dict()
+        assert got.keys() == cast.keys() and all(torch.equal(got[k], cast[k]) for k in cast)

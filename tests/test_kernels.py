@@ -214,6 +214,36 @@ def test_a_target_packed_for_every_row_count_keeps_one_copy_of_each_weight(tmp_p
     assert K.release_unused_dense(packed) == 0  # nothing left to release
 
 
+def test_a_lean_draft_holds_its_packed_weights_and_the_embedding_once_and_the_load_frees_the_dense_ones():
+    """The draft's resident bytes are the expected total: the embedding, each linear's packed form, norms and
+    biases; no dense copy of a layer or the head. `load_spec` (which drops the pair as loaded) frees the loaded
+    draft's linears; `with_speedups` alone leaves a loaded pair as it was."""
+    from specviz.models.draft.lean import LeanDraft
+    from specviz.models.draft.quantized import QuantLinear
+    from specviz.models.loading import with_speedups
+
+    loaded = tiny_pair()
+    spec = PairSpec("tiny", "tiny", kernels="plain", step="eager")
+    kept = with_speedups(loaded, spec)
+    assert all(m.weight.device.type == "cpu" for m in loaded.draft.modules() if isinstance(m, nn.Linear))
+    pair = load_spec(spec, loader=lambda *a, **k: loaded)
+    assert isinstance(pair.draft, LeanDraft) and isinstance(kept.draft, LeanDraft)
+    assert all(m.weight.device.type == "meta" for m in loaded.draft.modules() if isinstance(m, nn.Linear))
+    embedding = pair.draft.embed.weight
+    packed = [m for m in pair.draft.modules() if isinstance(m, QuantLinear)]
+    assert len(packed) == 4 * len(pair.draft.layers) + 1  # qkv, o, gate_up, down; the head
+    expected = (embedding.numel() * embedding.element_size() + sum(K.module_bytes(m) for m in packed)
+                + sum(t.numel() * t.element_size() for n, t in pair.draft.named_parameters() if "norm" in n)
+                + sum(b.numel() * b.element_size() for b in pair.draft.buffers() if b.is_floating_point()
+                      and b.dim() == 1 and not any(b is q for m in packed for q in m.buffers())))
+    assert model_bytes(pair.draft) == expected
+    assert model_bytes(pair.draft) < model_bytes(tiny_pair().draft) / 2
+    config = DecodeConfig(k=3, max_new_tokens=12, adaptive="fixed")  # the freed weights are not used: same tokens
+    runs = [[t for r in speculative_generate(p, [3, 4, 5, 6, 7, 8, 9, 10], config) for t in r.new_token_ids]
+            for p in (pair, kept)]
+    assert runs[0] == runs[1] and len(runs[0]) == 12
+
+
 def test_a_weight_a_plan_multiplies_by_or_another_module_holds_is_kept(tmp_path):
     model = tiny_model(0, 64)
     some, _ = tune(model, folder=tmp_path / "a", timer=fake_timer({"onednn": {1: 0.1, 2: 0.1}}), max_rows=2)

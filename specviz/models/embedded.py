@@ -87,14 +87,16 @@ def embedded_model(source: str | None, role: str) -> EmbeddedModel | None:
     return NAMED.get(source)
 
 
-def converted_dir(model: EmbeddedModel) -> Path:
-    """The float32 safetensors copy made once from the verified GGUF (see loading.prepare_embedded)."""
-    return cache_dir() / "converted" / model.folder
+def converted_dir(model: EmbeddedModel, dtype=None) -> Path:
+    """The safetensors copy made once from the verified GGUF (see loading.prepare_embedded): float32 (the dequantized
+    values exactly; `dtype` None or float32), or a half dtype's copy cast from it."""
+    name = str(dtype).removeprefix("torch.")
+    return cache_dir() / "converted" / (model.folder if dtype is None or name == "float32" else f"{model.folder}-{name}")
 
 
-def is_converted(model: EmbeddedModel) -> bool:
+def is_converted(model: EmbeddedModel, dtype=None) -> bool:
     """True when the cache holds a whole copy converted from the file with this model's pinned sha256."""
-    return complete(converted_dir(model), model.sha256)
+    return complete(converted_dir(model, dtype), model.sha256)
 
 
 def install_command(models=EMBEDDED_PAIR) -> str:

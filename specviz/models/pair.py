@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
 import gc
 import traceback
@@ -83,6 +84,16 @@ def release_memory(error: BaseException | None = None) -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+    trim_heap()
+
+
+def trim_heap() -> None:
+    """Hand freed heap memory back to the OS (glibc keeps it for reuse otherwise: after the embedded pair's load the
+    process held 8.9 GB resident where its tensors took 4.7). Elsewhere (another libc, another OS): nothing."""
+    try:
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
 
 
 @dataclasses.dataclass

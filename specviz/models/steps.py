@@ -153,7 +153,7 @@ def wide_model(loaded: nn.Module, eager: nn.Module) -> nn.Module | None:
 
 def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Callable[[str], None] = log.info,
                measure: Measure = measure_step, folder: Path | None = None,
-               check: InUseMeasure = in_use) -> ModelPair:
+               check: InUseMeasure = in_use, roles: tuple[str, ...] = ROLES) -> ModelPair:
     """`eager` (the pair on its eager speed-ups) with each model's step as `spec.step` asks: compiled from the
     `loaded` model, or left as it is; for `auto`, compiled only where `measured_steps` found it faster by the
     margin and it held when timed as a run uses it (`in_use_problem`): otherwise eager, said in one sentence. The
@@ -161,7 +161,7 @@ def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Call
     if spec.step == "eager":
         return eager
     chosen = {}
-    for role in ROLES:
+    for role in roles:
         model = getattr(loaded, role)
         if not compilable(model, spec, role):
             if spec.step == "compiled" and model is not None:

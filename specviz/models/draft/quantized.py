@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 DENSE_ABOVE = 4  # rows (tokens) above which a forward uses the dense weights
+QUANT_ROWS = 8192  # rows quantized at a time (a 151,936-row head at once took 1.6 GB of float32 temporaries)
 
 
 @dataclass(frozen=True)
@@ -75,12 +76,15 @@ class Int4Linear(QuantLinear):
 
     def __init__(self, dense: nn.Linear, group_size: int, keep_dense: bool = True):
         super().__init__(dense, keep_dense)
-        w = dense.weight.detach().float()
-        n, k = w.shape
-        g = w.reshape(n, k // group_size, group_size)
-        lo, hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
-        scale = (hi - lo).clamp_min(1e-12) / 15
-        q = (g - lo).div_(scale).round_().clamp_(0, 15).to(torch.int32).reshape(n, k)  # in place: one temporary
+        n, k = dense.weight.shape
+        q = torch.empty(n, k, dtype=torch.int32)
+        scale, lo = (torch.empty(n, k // group_size, 1) for _ in range(2))
+        for start in range(0, n, QUANT_ROWS):  # in row blocks: float32 temporaries of a block, not of the weight
+            rows = slice(start, start + QUANT_ROWS)
+            g = dense.weight.detach()[rows].float().reshape(-1, k // group_size, group_size)
+            lo[rows], hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+            scale[rows] = (hi - lo[rows]).clamp_min(1e-12) / 15
+            q[rows] = (g - lo[rows]).div_(scale[rows]).round_().clamp_(0, 15).to(torch.int32).reshape(-1, k)
         zero = lo + 8 * scale  # the kernel computes (q - 8) * scale + zero
         self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
         self.register_buffer("scales_and_zeros", torch.cat([scale, zero], -1).transpose(0, 1).contiguous()
