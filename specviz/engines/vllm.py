@@ -30,12 +30,13 @@ PREFIX = "vllm:"
 def probe(base_url: str, get: Get) -> EngineInfo:
     version = json_of(get("/version"))
     metrics = metrics_probe(get, PREFIX)
-    notes = ["per-request statistics need vLLM 0.29+ started with --per-request-spec-decode-metrics summary (or "
-             "detailed); without them, specviz differences the counters around each request"]
-    if metrics.note:
-        notes.append(f"{metrics.note}: either it does not speculate, or its metrics are off")
     # the counters exist exactly when a speculative config is set: a page without them is a plain engine
     speculative = True if metrics.prefix else (False if metrics.page else None)
+    notes = [] if speculative is False else [
+        "per-request statistics come with vLLM 0.29+ started with --per-request-spec-decode-metrics summary (or "
+        "detailed); a response without them is measured by the counters' difference around it"]
+    if metrics.note and speculative is not False:
+        notes.append(f"{metrics.note}: either it does not speculate, or its metrics are off")
     return EngineInfo("vllm", base_url, first_model(get), version.get("version") if isinstance(version, dict) else None,
                       speculative, metrics.k, metrics.prefix, tuple(notes))
 

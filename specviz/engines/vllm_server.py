@@ -27,7 +27,9 @@ from specviz.engines.llama_server import HOST, port_free, started, wait_healthy
 from specviz.engines.policy import EngineError
 
 VERSION = "0.32.0"
-SERVER_GB = 8.5  # a served 1.5B target with its 0.5B draft, bf16, at --max-model-len 2048 (7.4 GB alone), measured
+# resident GB of each server (API process + worker), the embedded pair in bf16 at --max-model-len 2048, measured on
+# a 2-core Zen 5: the target alone, the target with its draft, the draft alone
+SERVER_GB = (7.2, 8.9, 4.6)
 TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/x86_64-linux-gnu/libtcmalloc.so.4")
 
 
@@ -62,8 +64,7 @@ def embedded_folders() -> tuple[Path, Path]:
 def environment(python: Path, threads: int, kv_gb: float) -> dict[str, str]:
     """vLLM's CPU settings: KV cache size, OpenMP threads bound to cores 0..threads-1, allocator preloads."""
     preload = [p for p in TCMALLOC if Path(p).is_file()][:1]
-    preload += sorted(glob.glob(str(python.parent.parent / "lib" / "python3*" / "site-packages" / "**" / "libiomp5.so"),
-                            recursive=True))[:1]
+    preload += sorted(glob.glob(str(python.parent.parent / "lib" / "**" / "libiomp5.so"), recursive=True))[:1]
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": f"{kv_gb:g}", "VLLM_CPU_OMP_THREADS_BIND": f"0-{threads - 1}"}
     if preload:
         env["LD_PRELOAD"] = ":".join([*preload, *filter(None, [os.environ.get("LD_PRELOAD")])])
@@ -79,16 +80,18 @@ def commands(python: Path, target: Path, draft: Path, port: int, k: int, max_len
                 *(["--enforce-eager"] if eager else [])]
 
     spec = json.dumps({"method": "draft_model", "model": str(draft), "num_speculative_tokens": k})
-    return [server(target, port), [*server(target, port + 1), "--speculative-config", spec],
+    return [server(target, port), [*server(target, port + 1), "--speculative-config", spec,
+                                   "--per-request-spec-decode-metrics", "summary"],
             *([server(draft, port + 2)] if draft_alone else [])]
 
 
 def check_memory(servers: int, available: float | None = None) -> None:
-    """Refuse, in one sentence, to start servers this machine cannot hold (each loads its own copy)."""
+    """Refuse, in one sentence, to start the first `servers` of (target, target + draft, draft) this machine cannot
+    hold (each loads its own copy)."""
     import psutil
 
     free = (psutil.virtual_memory().available if available is None else available) / 1e9
-    need = SERVER_GB * servers
+    need = sum(SERVER_GB[:servers])
     if need > free:
         raise EngineError(f"{servers} vLLM servers need about {need:.0f} GB and this machine has {free:.1f} GB free: "
                           "stop other work, or start fewer (without --with-draft-alone).")
