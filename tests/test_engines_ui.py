@@ -7,7 +7,7 @@ import shutil
 
 import gradio as gr
 import pytest
-from test_engines import pair_for_this_machine, replay_pair
+from test_engines import VLLM_REAL, pair_for_this_machine, replay_pair
 
 from specviz.engines.policy import EnginePolicy
 from specviz.models import PairSpec
@@ -33,6 +33,15 @@ def test_the_tab_streams_both_lanes_then_the_engines_own_acceptance():
     assert "accepted 5 of 5 drafted tokens (100%)" in last.summary and "3.50" in last.summary
     assert "Measured:" in last.summary and "c decides it" in last.summary
     assert list(last.positions.data[0].y) == [1.0, 0.5, 0.5, 0.5]  # rounds that accepted each position
+
+
+def test_the_tab_races_the_recorded_vllm_pair_and_reads_its_acceptance():
+    """The same tab on answers recorded from real vLLM CPU servers (K = 4): 8 drafted in 2 rounds, 5 accepted."""
+    with replay_pair(VLLM_REAL) as (spec, plain):
+        last = list(race_engines(EnginePolicy(allowed=(spec, plain)), Limits(), spec, plain, "hi", 8, 0.0))[-1]
+    assert "8 tokens:" in last.spec and "8 tokens:" in last.plain
+    assert "accepted 5 of 8 drafted tokens (62%)" in last.summary and "per-request+metrics-diff" in last.summary
+    assert list(last.positions.data[0].y) == [1.0, 0.5, 0.5, 0.5]
 
 
 def test_an_engine_not_allowed_or_none_allowed_is_one_sentence():
