@@ -25,7 +25,7 @@ from pathlib import Path
 from specviz.engine import DecodeConfig
 from specviz.models import ModelLoadError, PairSpec, load_spec
 from specviz.models.pair import OUT_OF_MEMORY
-from specviz.runs.errors import InputError
+from specviz.runs.errors import INTERRUPTED, MACHINE_FAULT, InputError
 from specviz.runs.limits import CLI_LIMITS, Limits
 from specviz.runs.options import add_options, values_of
 from specviz.runs.outputs import output_problem
@@ -307,7 +307,6 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-INTERRUPTED, MACHINE_FAULT = 130, 3  # exit codes: Ctrl-C or SIGTERM; the machine failed (disk, memory)
 
 
 @contextmanager

@@ -271,3 +271,64 @@ def test_a_half_dtype_copy_holds_what_a_load_in_that_dtype_computes_and_is_writt
     for copy in (folder, sharded):
         got = AutoModelForCausalLM.from_pretrained(copy, dtype=torch.bfloat16, disable_mmap=True).state_dict()
         assert got.keys() == cast.keys() and all(torch.equal(got[k], cast[k]) for k in cast)
+
+
+def test_a_bench_killed_after_two_prompts_leaves_the_report_of_those_two(tmp_path):
+    """A real `specviz bench` (the tiny pair, 6 prompts) sent SIGTERM once its report holds 2 finished prompts: it
+    exits as interrupted (130) in one sentence, and its JSON is whole and reports exactly the prompts it finished,
+    with what it covers and how to finish. (Before, the report was written only at the end: nothing was kept.)"""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    out = tmp_path / "bench.json"
+    bench = subprocess.Popen(
+        [str(Path(sys.executable).parent / "specviz"), "bench", "--draft", "tiny", "--target", "tiny", "--limit", "6",
+         "--k", "4", "--confidence", "0", "--max-new-tokens", "200", "--reps", "2", "--no-progress", "--json",
+         str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env={**os.environ, "SPECVIZ_CACHE": str(tmp_path / "cache")})
+    seen = []
+    while bench.poll() is None:
+        try:
+            seen.append(json.loads(out.read_text())["meta"]["partial"]["reported_prompts"])
+        except (OSError, ValueError):
+            pass  # not written yet (never half-written: a partial file would fail here for good, see below)
+        if seen and seen[-1] >= 2:
+            bench.send_signal(signal.SIGTERM)
+            break
+        time.sleep(0.02)
+    _, err = bench.communicate(timeout=120)
+    assert bench.returncode == 130 and "Traceback" not in err, err
+    assert seen and seen[0] >= 1 and seen[-1] >= 2  # it was reporting as it went
+    report = json.loads(out.read_text())
+    partial = report["meta"]["partial"]
+    assert partial["of"] == 6 and partial["reported_prompts"] == len(partial["done"]) >= 2
+    assert report["summary"]["reported_on"] == partial["done"] and {r["id"] for r in report["runs"]} == set(partial["done"])
+    assert err.strip().splitlines()[-1].startswith(f"specviz bench: stopped after {partial['reported_prompts']} of 6")
+    assert not list(tmp_path.glob(".bench.json.*.tmp"))  # no temporary file left beside it
+
+
+def test_an_output_written_on_a_full_disk_keeps_the_file_it_replaces(tmp_path, monkeypatch):
+    """Every report a command writes goes through `write_atomic`: a full disk mid-write (ENOSPC from the write) leaves
+    the earlier report whole and no temporary file; a write that succeeds replaces it whole."""
+    import io
+
+    from specviz.runs.outputs import write_atomic
+
+    out = tmp_path / "report.json"
+    write_atomic(out, '{"prompts": 2}')
+
+    class Full(io.StringIO):
+        def write(self, text):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    real = os.fdopen
+    monkeypatch.setattr(os, "fdopen", lambda fd, *a, **k: (os.close(fd), Full())[1])
+    with pytest.raises(OSError):
+        write_atomic(out, '{"prompts": 3}')
+    monkeypatch.setattr(os, "fdopen", real)
+    assert out.read_text() == '{"prompts": 2}' and [p.name for p in tmp_path.iterdir()] == ["report.json"]
+    write_atomic(out, '{"prompts": 3}')
+    assert out.read_text() == '{"prompts": 3}'

@@ -25,7 +25,7 @@ from specviz.runs.limits import Limits
 from specviz.runs.recorded import Recording, RecordingKey, Recordings, recording
 from specviz.runs.room import ROOM_LIMITS, WARM_UP, is_presenter, record_examples
 from specviz.runs.session import Session
-from specviz.runs.turns import Replaced, Turns, Waiting
+from specviz.runs.turns import Owner, Replaced, Turns, Waiting
 from specviz.server import build_server
 from specviz.ui import follow
 from specviz.ui import handlers as h
@@ -207,6 +207,28 @@ def test_a_second_request_from_the_same_session_takes_the_waiting_ones_place():
     assert [t.owner for t in turns.queue] == ["someone", "me"]
     mine = turns.join("race", 1, "someone")  # a job already holding the model is never replaced
     assert turns.queue[0] is running and turns.queue[-1] is mine
+
+
+def test_an_address_keeps_a_few_waiting_jobs_however_many_sessions_it_names():
+    """The session id is the client's to choose; the address is what the server saw. A script that names a new
+    session for every request is turned away at the cap, in one sentence; other addresses still join, and a job
+    that ran frees a place."""
+    turns = Turns(per_client=2)
+    running = turns.join("race", 1, Owner("10.0.0.9", "a"))
+    next(turns.wait(running), None)
+    mine = [turns.join("race", 1, Owner("10.0.0.5", f"invented-{i}")) for i in range(2)]
+    with pytest.raises(InputError, match="your address already has 2 requests waiting") as e:
+        turns.join("race", 1, Owner("10.0.0.5", "invented-3"))
+    assert str(e.value).count(". ") == 0  # one sentence
+    turns.join("race", 1, Owner("10.0.0.5", "invented-1"))  # the same session again replaces its own job
+    other = turns.join("race", 1, Owner("10.0.0.7", "b"))
+    assert other in turns.queue and len(turns) == 4
+    turns.leave(running)
+    next(turns.wait(mine[0]), None)  # one of the address's jobs holds the model now: a place is free
+    turns.join("race", 1, Owner("10.0.0.5", "invented-4"))
+    assert Turns().per_client is None  # (a queue made without limits caps nothing: the CLI's)
+    local = [turns.join("race", 1, Owner(host, f"load-{i}")) for i in range(3) for host in ("127.0.0.1", "::1")]
+    assert all(t in turns.queue for t in local)  # loopback (the operator's load test) is not counted
 
 
 def test_the_presenters_job_goes_ahead_of_the_waiting_ones_never_of_the_running_one():

@@ -27,6 +27,7 @@ from specviz.runs.distribution import DistributionSettings, sample_distribution
 from specviz.runs.errors import translating
 from specviz.runs.limits import Limits
 from specviz.runs.pacing import Pace, paced
+from specviz.runs.turns import Owner
 from specviz.runs.race import race, replay_race
 from specviz.runs.replay import shipped_traces, trace_data, trace_from_text
 from specviz.runs.session import Session
@@ -59,7 +60,7 @@ def endpoint(fn: Callable, name: str, doc: str, leading: list[tuple[str, type, o
              settings: list[Setting], returns=Iterator[dict], owned: bool = False) -> Callable:
     """`fn(values: dict)` as a function with a real signature: the leading parameters (name, type, default or
     `inspect.Parameter.empty`), then one per setting. Gradio reads types and defaults from it; the description
-    lists every parameter with its range. `owned`: `fn(values, owner)`, the owner being the client's session
+    lists every parameter with its range. `owned`: `fn(values, owner)`, the owner being the client's address and session
     (Gradio's request comes first in the signature; it is not a parameter of the API)."""
     params = [inspect.Parameter("request", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=gr.Request)] * owned
     params += [inspect.Parameter(n, inspect.Parameter.POSITIONAL_OR_KEYWORD, default=d, annotation=t)
@@ -72,7 +73,7 @@ def endpoint(fn: Callable, name: str, doc: str, leading: list[tuple[str, type, o
         bound = signature.bind(*args, **kwargs)
         bound.apply_defaults()
         given = dict(bound.arguments)
-        return (given, getattr(given.pop("request"), "session_hash", None)) if owned else (given,)
+        return (given, Owner.of(given.pop("request"))) if owned else (given,)
 
     def call(*args, **kwargs):
         return fn(*values(args, kwargs))

@@ -22,9 +22,11 @@ from specviz.engine.config import CUT_MODES, Adaptive
 from specviz.engine.drafters import drafter_problem
 from specviz.engine.early_exit import EarlyExit
 from specviz.models import PairSpec
+from specviz.runs.errors import INTERRUPTED
 from specviz.runs.limits import CLI_LIMITS
 from specviz.runs.machine import machine as base_machine
 from specviz.runs.options import add_options, several_values, values_of
+from specviz.runs.outputs import write_atomic
 from specviz.runs.settings import validate
 
 log = logging.getLogger(__name__)
@@ -195,7 +197,33 @@ def cmd_bench(args) -> int:
     widest = max(max(plan.ks + plan.tree_budgets) + 1, args.verify_curve)  # the verify-cost curve's reach
     first_ids = encode_prompt(pair.tokenizer, prompts[0].prompt)
     untuned_pair = cheap if untuned else None
-    bench = run_bench(spec_pair, prompts, plan, hf, assistants, progress=not args.no_progress, untuned=untuned_pair)
+    meta = {"machine": info, "draft": spec_pair.draft_name, "target": spec_pair.target_name,
+            "draft_quant": {"bits": quant.bits, "group_size": quant.group_size,
+                            "applied": spec_pair.draft is not pair.draft and not is_compiled(spec_pair.draft),
+                            "step": "compiled" if is_compiled(spec_pair.draft) else type(spec_pair.draft).__name__},
+            "hf_drafts": list(assistants), "prompts": str(args.prompts or "specviz/data/prompts.jsonl"),
+            "target_quant": spec.target_quant, "kernels": spec.kernels,
+            # when and how it ran: the docs' benchmark pages name both (scripts/docs.py renders the flags as a command)
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+            "args": {k: v for k, v in vars(args).items() if k != "func"},
+            # the raced pair's weights, and the process (which also holds the pair as loaded, for transformers' lanes;
+            # `specviz serve` releases the dense weights the tuned target never uses and logs its own), before the runs
+            "memory": resident(spec_pair)}
+    device, dtype = str(pair.device), str(pair.dtype).removeprefix("torch.")
+    done = []  # the bench after each reported prompt: its report is kept as it goes
+
+    def keep(partial) -> None:
+        done[:] = [partial]
+        if args.json:  # (whole or not at all: a kill mid-write leaves the report of the prompts before)
+            write_atomic(args.json, json.dumps(build_report(partial, None, device=device, dtype=dtype, meta={
+                **meta, "partial": partial_note(partial, plan, prompts)}), indent=1, ensure_ascii=False))
+    try:
+        bench = run_bench(spec_pair, prompts, plan, hf, assistants, progress=not args.no_progress,
+                          untuned=untuned_pair, on_prompt=keep)
+    except KeyboardInterrupt:  # Ctrl-C or SIGTERM: the prompts finished are reported, said in one sentence
+        if not done:
+            raise
+        return report_stopped(done[0], args, plan, prompts, device, dtype, meta)
     # the costs after the runs: in their steady state (measured first, a fresh process's first forwards ran
     # up to 30 % slower for a while, which bent the curve against the one-token step)
     cost, cost_stall = measure_costs(cost_pair, first_ids, widest, max_stall=args.max_stall,
@@ -212,24 +240,11 @@ def cmd_bench(args) -> int:
 
         llamacpp = compare_llamacpp(args.compare_llamacpp, spec, [r.prompt for r in bench.reported], bench.chosen,
                                     status=lambda s: print(s, file=sys.stderr))
-    meta = {"machine": info, "draft": spec_pair.draft_name, "target": spec_pair.target_name,
-            "draft_quant": {"bits": quant.bits, "group_size": quant.group_size,
-                            "applied": spec_pair.draft is not pair.draft and not is_compiled(spec_pair.draft),
-                            "step": "compiled" if is_compiled(spec_pair.draft) else type(spec_pair.draft).__name__},
-            "hf_drafts": list(assistants), "prompts": str(args.prompts or "specviz/data/prompts.jsonl"),
-            "target_quant": spec.target_quant, "kernels": spec.kernels,
-            # when and how it ran: the docs' benchmark pages name both (scripts/docs.py renders the flags as a command)
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-            "args": {k: v for k, v in vars(args).items() if k != "func"},
-            # the raced pair's weights, and the process (which also holds the pair as loaded, for transformers' lanes;
-            # `specviz serve` releases the dense weights the tuned target never uses and logs its own)
-            "memory": resident(spec_pair)}
-    report = build_report(bench, cost, device=str(pair.device), dtype=str(pair.dtype).removeprefix("torch."),
-                          meta=meta, cost_stall=cost_stall, untuned_cost=untuned_cost,
+    report = build_report(bench, cost, device=device, dtype=dtype, meta=meta, cost_stall=cost_stall, untuned_cost=untuned_cost,
                           anchors=anchors(cost, cost_pair, bandwidth, tuning), llamacpp=llamacpp)
     print(format_table(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False))
+        write_atomic(args.json, json.dumps(report, indent=1, ensure_ascii=False))
         print(f"wrote {args.json}")
     if args.html:
         write_html(report, args.html)
@@ -237,6 +252,32 @@ def cmd_bench(args) -> int:
     if args.save_predictor:
         save_predictor(bench, meta, args.save_predictor)
     return 0
+
+
+def partial_note(bench, plan, prompts) -> dict:
+    """What a report of an unfinished bench covers, and how to finish it."""
+    done = [r.prompt.id for r in bench.reported]
+    return {"reported_prompts": len(done), "of": len(prompts) - len(bench.tuning), "done": done,
+            "to_finish": "run the bench again on the prompts not in `done` (--prompts FILE), or on all of them"}
+
+
+def report_stopped(bench, args, plan, prompts, device: str, dtype: str, meta: dict) -> int:
+    """An interrupted bench's report of the prompts it finished (no cost model: that is measured after the runs)."""
+    from specviz.bench.html import write_html
+    from specviz.bench.report import build_report
+    from specviz.bench.table import format_table
+
+    note = partial_note(bench, plan, prompts)
+    report = build_report(bench, None, device=device, dtype=dtype, meta={**meta, "partial": note})
+    print(format_table(report))
+    if args.json:
+        write_atomic(args.json, json.dumps(report, indent=1, ensure_ascii=False))
+    if args.html:
+        write_html(report, args.html)
+    written = " and ".join(filter(None, (args.json, args.html)))
+    print(f"specviz bench: stopped after {note['reported_prompts']} of {note['of']} reported prompts; "
+          + (f"{written} covers those." if written else "the table above covers those."), file=sys.stderr)
+    return INTERRUPTED
 
 
 def anchors(cost, cost_pair, bandwidth: float, tuning) -> dict:
@@ -267,5 +308,5 @@ def save_predictor(bench, meta: dict, path: str) -> None:
     fitted = {"fitted_on": f"`specviz bench` rounds: {meta['draft']} -> {meta['target']}, "
                            f"{len(bench.tuning) + len(bench.reported)} prompts, {bench.chosen.sampling}",
               "tokens": len(y), **fit(x, y).to_dict()}
-    Path(path).write_text(json.dumps(fitted, indent=1) + "\n")
+    write_atomic(path, json.dumps(fitted, indent=1) + "\n")
     print(f"wrote {path}: the acceptance predictor fitted on {len(y)} verified drafted tokens")

@@ -20,6 +20,7 @@ from specviz.runs.limits import CLI_LIMITS
 from specviz.runs.options import add_options, several_values, values_of
 from specviz.runs.proof import ALPHA, ProofSettings
 from specviz.runs.settings import validate
+from specviz.runs.outputs import write_atomic
 
 PROMPT = "Write a haiku about the sea."
 IDENTITY_KS = (1, 2, 4, 8)
@@ -98,7 +99,7 @@ def cmd_prove(args) -> int:
     report["identical"] = all(r["identical"] for r in report["identity"])
     print(format_table(report))
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False))
+        write_atomic(args.json, json.dumps(report, indent=1, ensure_ascii=False))
         print(f"wrote {args.json}")
     if args.html:
         Path(args.html).write_text(report_html(report), encoding="utf-8")

@@ -220,8 +220,9 @@ def tuned_best(tuning: list[PromptResult], settings: list[DecodeConfig]) -> Deco
 
 
 def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assistants: dict[str, object] | None = None,
-              progress: bool = True, untuned=None) -> Bench:
-    """Tune (with several settings), then measure the chosen one against every baseline.
+              progress: bool = True, untuned=None, on_prompt: Callable[[Bench], None] | None = None) -> Bench:
+    """Tune (with several settings), then measure the chosen one against every baseline; `on_prompt` gets the bench
+    so far after each reported prompt (a report written as it goes: a killed run keeps what it finished).
     `assistants`: the drafts transformers gets ({} or None: no assisted generation). `untuned`: `pair` on the
     kernels as loaded; the target alone and the chosen chain and tree run on it too (methods named ...`UNTUNED`).
     Where `pair`'s target step runs compiled, the target alone also runs on its eager step (`AR_EAGER`)."""
@@ -276,5 +277,9 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assi
         chosen = tuned_best(tuning, settings) if tuning else settings[0]
         tree = (tuned_best(tuning, trees) if tuning else trees[0]) if trees else None
         methods = reported_methods(chosen, tree)
-        reported = [measure(p, encoded[p.id], methods, plan, tick, lambda: grow(per_report)) for p in report]
+        reported = []
+        for p in report:
+            reported.append(measure(p, encoded[p.id], methods, plan, tick, lambda: grow(per_report)))
+            if on_prompt is not None:
+                on_prompt(Bench(settings, chosen, tuning, list(reported), trees, tree))
     return Bench(settings, chosen, tuning, reported, trees, tree)

@@ -15,11 +15,11 @@ import json
 import sys
 from dataclasses import asdict, replace
 from datetime import datetime, timezone
-from pathlib import Path
 
 from specviz.models import PairSpec
 from specviz.runs.options import add_options, several_values, values_of
 from specviz.runs.settings import validate
+from specviz.runs.outputs import write_atomic
 
 ALPHAS = (0.6, 0.7, 0.8)
 
@@ -144,7 +144,7 @@ def cmd_costs(args) -> int:
         if loaded.device.type == "cuda":
             report["meta"]["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated(loaded.device)
         if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False))
+            write_atomic(args.json, json.dumps(report, indent=1, ensure_ascii=False))
     print(format_costs(report))
     if args.json:
         print(f"wrote {args.json}")

@@ -19,7 +19,6 @@ import signal
 import sys
 import time
 from importlib import resources
-from pathlib import Path
 
 from specviz.engine.config import DecodeConfig
 from specviz.engines.engine import KINDS, connect
@@ -31,6 +30,7 @@ from specviz.runs.limits import CLI_LIMITS
 from specviz.runs.machine import machine
 from specviz.runs.options import add_options, options_of, values_of
 from specviz.runs.settings import validate
+from specviz.runs.outputs import write_atomic
 
 DECODING = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")  # what an engine takes of DecodeConfig
 
@@ -149,7 +149,7 @@ def cmd_race(args) -> int:
         | {k: getattr(config.sampling, k) for k in ("temperature", "top_k", "top_p")}, "when": time.time(),
         "date": time.strftime("%Y-%m-%d"), "command": "specviz " + shlex.join(sys.argv[1:])})
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=1, ensure_ascii=False), encoding="utf-8")
+        write_atomic(args.json, json.dumps(report, indent=1, ensure_ascii=False))
         print(f"wrote {args.json}")
     if args.html:
         print(f"wrote {write_html(report, table, args.html)}")

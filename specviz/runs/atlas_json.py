@@ -32,6 +32,7 @@ from pathlib import Path
 from specviz.analysis.rejections import record, rejections
 from specviz.runs.atlas import AtlasReport
 from specviz.runs.settings import flat_values
+from specviz.runs.outputs import write_atomic
 
 FORMAT, VERSION = "specviz-atlas", 1
 
@@ -58,7 +59,7 @@ def report_dict(report: AtlasReport, traces: dict[str, str] | None = None) -> di
 
 def write_json(report: AtlasReport, path: str | Path, traces: dict[str, str] | None = None) -> Path:
     path = Path(path)
-    path.write_text(json.dumps(report_dict(report, traces), ensure_ascii=False, indent=1), encoding="utf-8")
+    write_atomic(path, json.dumps(report_dict(report, traces), ensure_ascii=False, indent=1))
     return path
 
 

@@ -21,6 +21,7 @@ class TraceError(ValueError):
 
 
 USER_ERRORS = (InputError, ModelLoadError, TraceError)
+INTERRUPTED, MACHINE_FAULT = 130, 3  # a command's exit codes: Ctrl-C or SIGTERM; the machine failed (disk, memory)
 OOM_MESSAGE = "out of memory: try fewer new tokens, a smaller K, or a smaller model pair."
 
 

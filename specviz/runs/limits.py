@@ -33,6 +33,9 @@ class Limits:
     max_k: int = _limit(16, "max_k", "most tokens drafted per round")
     max_samples: int = _limit(2000, "max_samples", "'same distribution' samples per side")
     max_queue: int = _limit(64, "max_queue", "requests that may wait for the model; more are turned away")
+    max_waiting_per_client: int = _limit(8, "max_waiting_per_client", "requests one address may have waiting for the "
+                                         "model (loopback, the operator's own, is not counted; behind a reverse proxy "
+                                         "on another host every visitor has the proxy's address: raise it there)")
     max_sessions: int = _limit(200, "max_sessions", "browser sessions whose state (the last run, a paused run) the "
                                "server keeps; the oldest beyond are dropped")
     max_paused: int = _limit(8, "max_paused", "paused step-mode runs kept at once (each holds KV caches); the "

@@ -4,6 +4,7 @@ find out at the end that its folder is missing or read-only."""
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 from pathlib import Path
 
@@ -37,3 +38,17 @@ def output_problem(args: argparse.Namespace) -> str | None:
         if isinstance(value, str) and (why := unwritable(value)) is not None:
             return f"--{name.replace('_', '-')} {value}: {why}"
     return None
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """`text` into `path` whole: written to a temporary file beside it, then renamed over it, so a kill or a full disk
+    mid-write leaves the file as it was before (or no file), never half of one; the temporary file is removed."""
+    target = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
+        os.replace(tmp, target)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise

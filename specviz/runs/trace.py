@@ -19,6 +19,7 @@ from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, s
 from specviz.engine.events import round_from_dict, step_from_dict
 from specviz.models import ModelPair, encode_prompt
 from specviz.runs.errors import TraceError
+from specviz.runs.outputs import write_atomic
 
 FORMAT, VERSION = "specviz-trace", 1
 
@@ -80,7 +81,7 @@ def record(pair: ModelPair, prompt: str, config: DecodeConfig, with_ar: bool = F
 
 def save(trace: Trace, path: str | Path) -> Path:
     path = Path(path)
-    path.write_text(json.dumps(trace.to_dict(), ensure_ascii=False))
+    write_atomic(path, json.dumps(trace.to_dict(), ensure_ascii=False))
     return path
 
 

@@ -7,12 +7,15 @@ and about how long it will wait, from the measured durations of the jobs ahead o
         ...  # this job's turn: nobody else holds the model until the block ends
 
 A browser session keeps one waiting job: a second one from the same `owner` replaces the first, whose
-`wait` raises `Replaced`. The presenter's job goes `first` (the room is watching it): ahead of those waiting,
+`wait` raises `Replaced`. An address keeps at most `per_client` waiting jobs: the session id is the client's to
+choose (a script may send a new one with every request), the connection's address is not, so it is the address
+that is counted (`Owner`); loopback is the operator's own machine (its load tests, a proxy on it) and is not. The presenter's job goes `first` (the room is watching it): ahead of those waiting,
 never ahead of the one running. Created by whoever serves (a `Session` holds one); no module-level state.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import statistics
 import threading
 import time
@@ -32,6 +35,21 @@ class Replaced(InputError):
 
 
 @dataclass(frozen=True)
+class Owner:
+    """Who a job came from: the connection's address, as the server saw it (behind a reverse proxy, the proxy's:
+    raise `--max-waiting-per-client` there), and the browser session it named."""
+
+    client: str
+    session: str | None
+
+    @staticmethod
+    def of(request) -> Owner:
+        """A Gradio request's owner."""
+        client = getattr(request, "client", None)
+        return Owner(getattr(client, "host", None) or "unknown", getattr(request, "session_hash", None))
+
+
+@dataclass(frozen=True)
 class Waiting:
     """Where a job stands in the queue, as its stream reports it (before any result)."""
 
@@ -45,7 +63,7 @@ class Waiting:
 class Ticket:
     kind: str  # "run", "race", "distribution", "step", "atlas"
     work: float  # the kind's unit of size: new tokens for runs and races, samples, prompts
-    owner: str | None  # the browser session (or API client) it came from; None: never replaced
+    owner: Owner | str | None  # the browser session (or API client) it came from; None: never replaced
     joined: float
     started: float | None = None  # when it got the model
     replaced: bool = False
@@ -79,8 +97,10 @@ class Durations:
 class Turns:
     """The model's queue. `queue[0]` holds the model once it has `started`; the others wait in order."""
 
-    def __init__(self, clock: Callable[[], float] = time.monotonic, refresh: float = REFRESH_SECONDS):
+    def __init__(self, clock: Callable[[], float] = time.monotonic, refresh: float = REFRESH_SECONDS,
+                 per_client: int | None = None):
         self.clock, self.refresh = clock, refresh
+        self.per_client = per_client  # waiting jobs an address may have (None: no cap)
         self.queue: list[Ticket] = []
         self.durations = Durations()
         self.freed: float | None = None  # when the last job holding the model let it go
@@ -98,17 +118,28 @@ class Turns:
         finally:
             self.leave(ticket, timed=ok)
 
-    def join(self, kind: str, work: float, owner: str | None, first: bool = False) -> Ticket:
+    def join(self, kind: str, work: float, owner: Owner | str | None, first: bool = False) -> Ticket:
         with self.changed:
             for old in self.queue:
                 if owner is not None and old.owner == owner and old.started is None:
                     old.replaced = True
             self.queue = [t for t in self.queue if not t.replaced]
+            self.check_client(owner)
             ticket = Ticket(kind, work, owner, self.clock(), first=first)
             ahead = [t for t in self.queue if t.started is not None or t.first] if first else self.queue
             self.queue.insert(len(ahead), ticket)
             self.changed.notify_all()
             return ticket
+
+    def check_client(self, owner: Owner | str | None) -> None:
+        """Refuse a job whose address already has `per_client` jobs waiting (call holding `changed`)."""
+        if self.per_client is None or not isinstance(owner, Owner) or loopback(owner.client):
+            return
+        waiting = sum(isinstance(t.owner, Owner) and t.owner.client == owner.client and t.started is None
+                      for t in self.queue)
+        if waiting >= self.per_client:
+            raise InputError(f"your address already has {waiting} {'request' if waiting == 1 else 'requests'} "
+                             "waiting for the model, the most it may; send the next when one of them has run.")
 
     def leave(self, ticket: Ticket, timed: bool = False) -> None:
         with self.changed:
@@ -167,6 +198,13 @@ class Turns:
 
     def __len__(self) -> int:
         return len(self.queue)
+
+
+def loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:  # "localhost", or no address known
+        return host == "localhost"
 
 
 def quietly(stream: Iterator) -> Iterator:

@@ -202,6 +202,7 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options = 
               defaults: DecodeConfig = DecodeConfig(), presenter_key: str | None = None) -> gr.Blocks:
     """`presenter_key`: the browser it is entered in presents (its Live runs stream to every follower);
     without one, nobody presents and there is nothing to follow."""
+    session.turns.per_client = limits.max_waiting_per_client  # the queue keeps the served limits
     # analytics_enabled=False: no telemetry and no version check calling home (whatever the environment says)
     # delete_cache: Gradio's copies of exported files go after an hour too, checked hourly
     with gr.Blocks(title="specviz: speculative decoding, visible", analytics_enabled=False, fill_width=True,

@@ -2,7 +2,7 @@
 
 Every event that touches the model shares one concurrency group (MODEL), as wide as the queue may be long:
 its jobs then take turns for the model in `runs.turns`, which tells each its place and estimated wait
-(one waiting job per browser session: a second Run takes the first one's place), and a recorded answer
+(one waiting job per browser session: a second Run takes the first one's place; a few per address), and a recorded answer
 streams at once without a turn. Handlers (handlers.py) do the work; this file only says which
 components go in and come out.
 """
@@ -18,6 +18,7 @@ from specviz.models.memory import pair_bytes
 from specviz.models.presets import PRESETS
 from specviz.runs.broadcast import Broadcast
 from specviz.runs.limits import Limits
+from specviz.runs.turns import Owner
 from specviz.runs.session import Session
 from specviz.ui import atlas
 from specviz.ui import handlers as h
@@ -81,7 +82,7 @@ class Wiring:
             *values, _show = values
             yield (gr.Tabs(selected="live"), *as_tuple(live_blank(starting=True)), *[gr.skip()] * details)
             broadcast = self.broadcast if presenting else None
-            with closing(h.live(s, lim, text, self.settings_of(values), opt, owner=request.session_hash,
+            with closing(h.live(s, lim, text, self.settings_of(values), opt, owner=Owner.of(request),
                                 broadcast=broadcast)) as updates:
                 for u in updates:
                     yield self.live_tuple(u)
@@ -89,12 +90,12 @@ class Wiring:
         def on_rounds(request: gr.Request, text, *values):
             *values, show = values
             yield (gr.Tabs(selected="decode"), *as_tuple(main_view(None)))
-            yield from stream(h.run(s, lim, text, self.settings_of(values), show, opt, owner=request.session_hash),
+            yield from stream(h.run(s, lim, text, self.settings_of(values), show, opt, owner=Owner.of(request)),
                               with_tabs)
 
         def on_step(request: gr.Request, state, text, *values):
             *values, show = values
-            yield from stream(h.step(s, lim, state, text, self.settings_of(values), show, opt, request.session_hash),
+            yield from stream(h.step(s, lim, state, text, self.settings_of(values), show, opt, Owner.of(request)),
                               lambda pair: (gr.Tabs(selected="decode"), *as_tuple(pair[0]), pair[1]))
 
         inputs = [self.prompt, *settings, show_rejected]
@@ -171,7 +172,7 @@ class Wiring:
         def on_distribution(request: gr.Request, text, samples, temperature, *values):
             experiment = dict(samples=samples, temperature=temperature)
             yield from stream(h.same_distribution(self.session, self.limits, text, self.settings_of(values),
-                                                  experiment, request.session_hash))
+                                                  experiment, Owner.of(request)))
 
         return dist["button"].click(on_distribution, [self.prompt, dist["samples"], dist["temperature"], *settings],
                                     [dist["fig"], dist["summary"]], api_visibility="private",
