@@ -10,7 +10,8 @@
 # crashed at the first compute): the x86 instruction sets are switched on from this CPU's own flags instead.
 set -euo pipefail
 version=${LLAMACPP_PY_VERSION:-0.3.36}
-cache=${SPECVIZ_CACHE:-$HOME/.cache/specviz}/llama.cpp
+# the cache root the package uses (models/cache.py): SPECVIZ_CACHE, else the platform's ($XDG_CACHE_HOME or ~/.cache)
+cache=${SPECVIZ_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specviz}/llama.cpp
 src=$cache/src-$version
 build=$cache/build-$version
 jobs=${JOBS:-$(nproc)}

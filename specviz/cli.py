@@ -346,9 +346,20 @@ def main(argv: list[str] | None = None) -> int:
               "tokens.", file=sys.stderr)
         return MACHINE_FAULT
     except OSError as e:  # a full or read-only disk, a missing folder: the machine, not the flags
-        where = f" ({e.filename})" if e.filename else ""
-        print(f"specviz {args.command}: {e.strerror or e}{where}.", file=sys.stderr)
+        print(f"specviz {args.command}: {os_fault(e)}.", file=sys.stderr)
         return MACHINE_FAULT
+
+
+def os_fault(e: OSError) -> str:
+    """An I/O failure in a clause: what failed, where, and for the cache what to do."""
+    from specviz.models.cache import cache_dir
+
+    where = f" ({e.filename})" if e.filename else ""
+    cache = cache_dir()
+    if e.filename and Path(e.filename).is_relative_to(cache):
+        where += f": specviz keeps the converted pair and its timings in {cache}; free space there, or set " \
+                 "SPECVIZ_CACHE to a writable folder with about 20 GB free"
+    return f"{e.strerror or e}{where}"
 
 
 if __name__ == "__main__":

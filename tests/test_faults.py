@@ -141,10 +141,18 @@ def test_a_switch_named_like_an_output_is_not_a_path(capsys):
     (KeyboardInterrupt(), 130, "interrupted; nothing more was written."),
     (OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/cache/x"), 3, "No space left on device (/cache/x)."),
     (torch.OutOfMemoryError("CUDA out of memory"), 3, "out of memory: pick a smaller pair"),
+    (OSError(errno.EROFS, os.strerror(errno.EROFS), "{cache}/converted"), 3,
+     "Read-only file system ({cache}/converted): specviz keeps the converted pair and its timings in {cache}; free "
+     "space there, or set SPECVIZ_CACHE to a writable folder"),
 ])
-def test_every_command_maps_a_machine_fault_to_one_sentence(monkeypatch, capsys, fault, code, said):
+def test_every_command_maps_a_machine_fault_to_one_sentence(monkeypatch, capsys, tmp_path, fault, code, said):
     from specviz import cli
     from specviz.bench import whatif
+
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
+    said = said.format(cache=tmp_path)
+    if isinstance(fault, OSError) and fault.filename:
+        fault.filename = fault.filename.format(cache=tmp_path)
 
     def broken(args):
         raise fault
