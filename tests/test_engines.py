@@ -39,7 +39,7 @@ from specviz.engines.transport import get_text, make_client, sse_data, stream_ev
 
 DATA = Path(__file__).parent / "data" / "engines"
 LLAMA = DATA / "llamacpp-0.3.36"  # recorded from the real server: see the README there
-VLLM_REAL = DATA / "vllm-0.32.0"  # recorded from real vLLM CPU servers (scripts/capture_engine_fixtures.py --engine vllm)
+VLLM_REAL = DATA / "vllm-0.32.0"  # recorded from real vLLM CPU servers (capture_engine_fixtures.py --engine vllm)
 VLLM, SGLANG = DATA / "vllm-0.29", DATA / "sglang"
 
 
@@ -199,7 +199,8 @@ def test_vllm_probe_counters_and_per_request_on_the_real_servers_answers():
     labelled counters (with their `_created` samples skipped) differenced around one request, and that request's
     own statistics on the final usage event, which agree with the counters."""
     def get(lane, metrics="before"):
-        return files(("/version", VLLM_REAL / f"{lane}-version.json"), ("/v1/models", VLLM_REAL / f"{lane}-models.json"),
+        return files(("/version", VLLM_REAL / f"{lane}-version.json"),
+                     ("/v1/models", VLLM_REAL / f"{lane}-models.json"),
                      ("/metrics", VLLM_REAL / f"{lane}-metrics-{metrics}.txt"))
 
     spec = vllm.probe("http://127.0.0.1:8092", get("spec"))
@@ -309,8 +310,8 @@ class Replay(http.server.ThreadingHTTPServer):
 
     def metrics(self) -> str:
         sample = re.compile(r"^([^#\s]\S*)\s+(\S+)$")
-        before = dict(m.groups() for line in (self.recorded / f"{self.lane}-metrics-before.txt").read_text().splitlines()
-                      if (m := sample.match(line)))
+        recorded_before = (self.recorded / f"{self.lane}-metrics-before.txt").read_text()
+        before = dict(m.groups() for line in recorded_before.splitlines() if (m := sample.match(line)))
         lines = []
         for line in (self.recorded / f"{self.lane}-metrics-after.txt").read_text().splitlines():
             m = sample.match(line)

@@ -268,7 +268,8 @@ def test_a_half_dtype_copy_holds_what_a_load_in_that_dtype_computes_and_is_writt
     monkeypatch.setattr(loading, "_from_pretrained", lambda *a, **k: (tiny_model(0, 64), tiny_tokenizer()))
     lines = []
     folder = loading.prepare_embedded(model, lines.append, dtype=torch.bfloat16)
-    assert folder == converted_dir(model, torch.bfloat16) != converted_dir(model) and is_converted(model, torch.bfloat16)
+    assert folder == converted_dir(model, torch.bfloat16) != converted_dir(model)
+    assert is_converted(model, torch.bfloat16)
     assert loading.prepare_embedded(model, lines.append, dtype=torch.bfloat16) == folder
     assert sum("bfloat16 copy" in line for line in lines) == 1  # made once
     sharded = tmp_path / "sharded"
@@ -313,7 +314,8 @@ def test_a_bench_killed_after_two_prompts_leaves_the_report_of_those_two(tmp_pat
     report = json.loads(out.read_text())
     partial = report["meta"]["partial"]
     assert partial["of"] == 6 and partial["reported_prompts"] == len(partial["done"]) >= 2
-    assert report["summary"]["reported_on"] == partial["done"] and {r["id"] for r in report["runs"]} == set(partial["done"])
+    assert report["summary"]["reported_on"] == partial["done"]
+    assert {r["id"] for r in report["runs"]} == set(partial["done"])
     assert err.strip().splitlines()[-1].startswith(f"specviz bench: stopped after {partial['reported_prompts']} of 6")
     assert not list(tmp_path.glob(".bench.json.*.tmp"))  # no temporary file left beside it
 

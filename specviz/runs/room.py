@@ -8,6 +8,7 @@ import hmac
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import closing
 from dataclasses import replace
 
 from pydantic import Field
@@ -18,7 +19,9 @@ from specviz.runs.distribution import DistributionSettings, sample_distribution
 from specviz.runs.errors import USER_ERRORS, InputError
 from specviz.runs.limits import Limits
 from specviz.runs.race import race
+from specviz.runs.recorded import COMPLETE
 from specviz.runs.session import Session
+from specviz.runs.turns import BACKGROUND, Waiting
 from specviz.runs.settings import checked_values, fields_of
 
 # A workshop on a 2-core CPU (README, Running it for a room): what one request may ask at most, and what the app
@@ -78,26 +81,32 @@ def is_presenter(key: str | None, given) -> bool:
     return bool(key) and isinstance(given, str) and hmac.compare_digest(given.strip().encode(), key.strip().encode())
 
 
-WARM_UP = "warm-up"  # the queue's owner of the background runs
+WARM_UP = BACKGROUND  # the queue's owner of the background runs: behind every visitor, yielding to them
+RETRIES = 3  # times a warm-up race cut for a visitor is tried again
 
 
 def record_examples(session: Session, limits: Limits, prompts: Sequence[str], settings: dict,
                     log: Callable[[str], None] = lambda line: None, calibrate: bool = True) -> threading.Thread:
     """Race each prompt once at `settings` (the app's defaults) in the background, as a visitor's Run would: a
-    warm-up that is also a recording, so the first click on an example streams at once. Each waits its turn
-    in the queue, so a visitor's click meanwhile waits as it would behind any other run. Then (`calibrate`)
+    warm-up that is also a recording, so the first click on an example streams at once. It is the app's own work,
+    so it never makes a visitor wait: a visitor's job goes ahead of it in the queue, and the race holding the model
+    stops at its next event when a visitor waits (cut, not recorded, and raced again later). Then (`calibrate`)
     one same-distribution test of the smallest size, so that the queue's first estimates know its cost too
     (a room's first jobs would otherwise wait behind one priced as a median job, several times too cheap)."""
     def work() -> None:
-        start, before = time.monotonic(), len(session.recordings or ())
-        for prompt in prompts:
+        start, recorded = time.monotonic(), 0
+        todo = [(prompt, 0) for prompt in prompts]
+        while todo:
+            prompt, tries = todo.pop(0)
             try:
-                for _ in race(session, limits, prompt, settings, owner=WARM_UP):
-                    pass
+                outcome = warm_up_race(session, limits, prompt, settings)
             except USER_ERRORS as e:  # an example too long for these limits: the others still run
                 log(f"an example was not recorded: {e}")
-        done = len(session.recordings or ()) - before  # a race cut by the time budget is not recorded
-        log(f"recorded {done} of {len(prompts)} examples in {time.monotonic() - start:.0f} s")
+                continue
+            if outcome == "cut" and tries < RETRIES:
+                todo.append((prompt, tries + 1))
+            recorded += outcome == "recorded"
+        log(f"recorded {recorded} of {len(prompts)} examples in {time.monotonic() - start:.0f} s")
         if calibrate and prompts:
             try:
                 for _ in sample_distribution(session, limits, prompts[0], settings,
@@ -109,3 +118,20 @@ def record_examples(session: Session, limits: Limits, prompts: Sequence[str], se
     thread = threading.Thread(target=work, name="specviz-record-examples", daemon=True)
     thread.start()
     return thread
+
+
+def warm_up_race(session: Session, limits: Limits, prompt: str, settings: dict) -> str:
+    """One warm-up race: "cut" at its next event because a visitor waits for the model, else "recorded" (or
+    already recorded) or "not recorded" (the race's conditions for keeping it: both lanes ended by themselves, a
+    speed that measures)."""
+    last = None
+    with closing(race(session, limits, prompt, settings, owner=WARM_UP)) as states:
+        for state in states:
+            if isinstance(state, Waiting):
+                continue
+            last = state
+            if not state.done and session.turns.visitor_waiting():
+                return "cut"
+    kept = last is not None and (last.recorded_at is not None or (
+        last.timing_note is None and {last.ar.finished, last.spec.finished} <= set(COMPLETE)))
+    return "recorded" if kept else "not recorded"

@@ -9,8 +9,11 @@ and about how long it will wait, from the measured durations of the jobs ahead o
 A browser session keeps one waiting job: a second one from the same `owner` replaces the first, whose
 `wait` raises `Replaced`. An address keeps at most `per_client` waiting jobs: the session id is the client's to
 choose (a script may send a new one with every request), the connection's address is not, so it is the address
-that is counted (`Owner`); loopback is the operator's own machine (its load tests, a proxy on it) and is not. The presenter's job goes `first` (the room is watching it): ahead of those waiting,
-never ahead of the one running. Created by whoever serves (a `Session` holds one); no module-level state.
+that is counted (`Owner`); loopback is the operator's own machine (its load tests, a proxy on it) and is not.
+The app's own background work (`BACKGROUND`: recording its examples) goes behind every visitor's job that has
+not started, and `visitor_waiting` tells a running one to yield. The presenter's job goes `first` (the room is
+watching it): ahead of those waiting, never ahead of the one running. Created by whoever serves (a `Session`
+holds one); no module-level state.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from dataclasses import dataclass, field
 
 from specviz.runs.errors import InputError
 
+BACKGROUND = "warm-up"  # the owner of the app's own background jobs (runs.room.record_examples)
 REFRESH_SECONDS = 1.0  # a waiting job hears from the queue at least this often (its estimate counts down)
 KEPT = 9  # durations remembered per kind of job: the recent ones, so that the estimate follows the load
 
@@ -57,6 +61,7 @@ class Waiting:
     ahead: int  # jobs ahead of this one, the one holding the model included
     estimate_s: float | None  # seconds until this job gets the model; None while a kind ahead was never timed
     finished: None = None  # like a Round's: a waiting job has not ended (pacing reads it)
+    background: bool = False  # the job holding the model is the app's own warm-up (it yields at its next event)
 
 
 @dataclass(eq=False)
@@ -126,7 +131,12 @@ class Turns:
             self.queue = [t for t in self.queue if not t.replaced]
             self.check_client(owner)
             ticket = Ticket(kind, work, owner, self.clock(), first=first)
-            ahead = [t for t in self.queue if t.started is not None or t.first] if first else self.queue
+            if first:
+                ahead = [t for t in self.queue if t.started is not None or t.first]
+            elif owner != BACKGROUND:  # a visitor's job goes ahead of the app's own that wait
+                ahead = [t for t in self.queue if t.started is not None or t.owner != BACKGROUND]
+            else:
+                ahead = self.queue
             self.queue.insert(len(ahead), ticket)
             self.changed.notify_all()
             return ticket
@@ -182,7 +192,13 @@ class Turns:
         i = self.queue.index(ticket)
         ahead = self.queue[:i]
         running = [t for t in ahead if t.started is not None]
-        return Waiting(position=i + 1 - len(running), ahead=i, estimate_s=self.estimate(ahead))
+        return Waiting(position=i + 1 - len(running), ahead=i, estimate_s=self.estimate(ahead),
+                       background=any(t.owner == BACKGROUND for t in running))
+
+    def visitor_waiting(self) -> bool:
+        """Does a job that is not the app's own wait for the model? (The app's own yields to it.)"""
+        with self.changed:
+            return any(t.started is None and t.owner != BACKGROUND for t in self.queue)
 
     def estimate(self, ahead: list[Ticket]) -> float | None:
         """The expected durations of the jobs ahead, less what the running one has already done (at least a

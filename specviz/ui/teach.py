@@ -229,6 +229,9 @@ def queue_line(w) -> str:
     """A job's place in the model's queue (`runs.turns.Waiting`), and how long it will likely wait."""
     when = (f"about {duration(w.estimate_s)} (from the measured durations of the jobs ahead)"
             if w.estimate_s is not None else "no estimate yet: no job like those ahead has finished")
+    if w.background and w.position == 1:  # only the app's own warm-up is ahead, and it yields at its next event
+        return ("Waiting for the model: the app is recording its examples in the background, and stops for you at "
+                "its next token; yours starts in a moment.")
     return (f"Waiting for the model: number {w.position} in line, {w.ahead} ahead of you (the one running "
             f"included); {when}. Run again to change your request: it takes this one's place.")
 
