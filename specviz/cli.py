@@ -12,23 +12,19 @@ server is bound to loopback (or --allow-any-model says so), else only the preset
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
-import signal
 import sys
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 from specviz.engine import DecodeConfig
 from specviz.models import ModelLoadError, PairSpec, load_spec
 from specviz.models.pair import OUT_OF_MEMORY
-from specviz.runs.errors import INTERRUPTED, MACHINE_FAULT, InputError
+from specviz.runs.errors import INTERRUPTED, MACHINE_FAULT, InputError, os_fault, sigterm_as_interrupt
+from specviz.runs.hosts import is_loopback
 from specviz.runs.limits import CLI_LIMITS, Limits
 from specviz.runs.options import add_options, values_of
-from specviz.runs.outputs import output_problem
+from specviz.runs.outputs import output_problem, write_atomic
 from specviz.runs.settings import validate
 
 
@@ -45,7 +41,7 @@ def cmd_trace(args) -> int:
     if args.html:
         from specviz.ui.share import share_html
 
-        Path(args.html).write_text(share_html(t), encoding="utf-8")
+        write_atomic(args.html, share_html(t))
         print(f"wrote {args.html}: the run as one self-contained page")
     return 0
 
@@ -109,7 +105,7 @@ def cmd_atlas(args) -> int:
     if args.json:
         print(f"wrote {atlas_json.write_json(report, args.json, traces)}: the report as JSON")
     if html:
-        html.write_text(atlas_html(report, traces), encoding="utf-8")
+        write_atomic(html, atlas_html(report, traces))
         print(f"wrote {html}: the report as one self-contained page")
     if args.export_rejections:
         n = atlas_json.write_rejections(report, args.export_rejections)
@@ -168,15 +164,6 @@ def cmd_prepare(args) -> int:
             print(f"specviz prepare: {e}", file=sys.stderr)
             return 2
     return 0
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # a host name: it may resolve to anything, so it counts as exposed
-        return False
 
 
 def allow_any_model(args: argparse.Namespace) -> bool:
@@ -309,20 +296,6 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    """SIGTERM ends a command as Ctrl-C does (one sentence, exit 130), where the main thread can be told; the
-    handler before it is restored after (a caller in-process, a test, keeps its own)."""
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, before)
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING, format="%(message)s")
@@ -348,18 +321,6 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # a full or read-only disk, a missing folder: the machine, not the flags
         print(f"specviz {args.command}: {os_fault(e)}.", file=sys.stderr)
         return MACHINE_FAULT
-
-
-def os_fault(e: OSError) -> str:
-    """An I/O failure in a clause: what failed, where, and for the cache what to do."""
-    from specviz.models.cache import cache_dir
-
-    where = f" ({e.filename})" if e.filename else ""
-    cache = cache_dir()
-    if e.filename and Path(e.filename).is_relative_to(cache):
-        where += f": specviz keeps the converted pair and its timings in {cache}; free space there, or set " \
-                 "SPECVIZ_CACHE to a writable folder with about 20 GB free"
-    return f"{e.strerror or e}{where}"
 
 
 if __name__ == "__main__":

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import plotly.graph_objects as go
 
+from specviz.runs.outputs import write_atomic
+
 LAYOUT = dict(template="plotly_white", height=380, margin=dict(l=60, r=20, t=50, b=50))
 
 
@@ -106,5 +108,5 @@ def render(report: dict) -> str:
 
 def write_html(report: dict, path: str | Path) -> Path:
     path = Path(path)
-    path.write_text(render(report), encoding="utf-8")
+    write_atomic(path, render(report))
     return path

@@ -12,7 +12,6 @@ from __future__ import annotations
 import html
 import json
 from dataclasses import asdict, replace
-from pathlib import Path
 
 from specviz.engine import DecodeConfig
 from specviz.models import PairSpec
@@ -102,7 +101,7 @@ def cmd_prove(args) -> int:
         write_atomic(args.json, json.dumps(report, indent=1, ensure_ascii=False))
         print(f"wrote {args.json}")
     if args.html:
-        Path(args.html).write_text(report_html(report), encoding="utf-8")
+        write_atomic(args.html, report_html(report))
         print(f"wrote {args.html}")
     exact_identity = report["identical"] or report["meta"]["dtype"] != "float32"  # bf16: reported, explained
     return 0 if report["all_as_expected"] and exact_identity else 1

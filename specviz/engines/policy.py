@@ -10,9 +10,10 @@ cannot send specviz on to one that is not.
 
 from __future__ import annotations
 
-import ipaddress
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
+
+from specviz.runs.hosts import is_loopback
 
 
 class EngineError(ValueError):
@@ -44,15 +45,6 @@ def display(url: str) -> str:
     parts = urlsplit(url.strip())
     host = parts.hostname or "?"
     return f"{parts.scheme}://{host}" + (f":{parts.port}" if parts.port else "")
-
-
-def is_loopback(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host.strip("[]")).is_loopback
-    except ValueError:  # a name: it may resolve anywhere, so it is not loopback by its looks
-        return False
 
 
 def base_url(url: str) -> str:

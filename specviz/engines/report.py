@@ -12,6 +12,7 @@ from pathlib import Path
 from specviz.engines.race import Run
 from specviz.engines.results import EngineInfo
 from specviz.engines.summary import Estimate, RaceSummary
+from specviz.runs.outputs import write_atomic
 
 
 def rounded(obj, digits: int = 4):
@@ -126,5 +127,5 @@ def write_html(report: dict, table: str, path: str | Path) -> Path:
             f"<details><summary>the report as JSON</summary><pre>{html.escape(json.dumps(report['summary'], indent=1))}"
             "</pre></details></body></html>")
     path = Path(path)
-    path.write_text(page, encoding="utf-8")
+    write_atomic(path, page)
     return path

@@ -66,5 +66,5 @@ def write_json(report: AtlasReport, path: str | Path, traces: dict[str, str] | N
 def write_rejections(report: AtlasReport, path: str | Path) -> int:
     """One JSON object per rejected draft; returns how many."""
     rows = [record(rej) for rej in rejections(report.runs)]
-    Path(path).write_text("".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows), encoding="utf-8")
+    write_atomic(path, "".join(json.dumps(row, ensure_ascii=False) + "\n" for row in rows))
     return len(rows)

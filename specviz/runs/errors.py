@@ -7,7 +7,11 @@ from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
+import signal
+import threading
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from pathlib import Path
 
 from specviz.models.pair import OUT_OF_MEMORY, ModelLoadError, release_memory
 
@@ -56,3 +60,29 @@ def translating(convert: Callable[[str], Exception]) -> Callable[[Callable], Cal
                 raise convert(user_message(e)) from e
         return plain
     return decorate
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM ends a command as Ctrl-C does (one sentence, exit 130), where the main thread can be told; the
+    handler before it is restored after (a caller in-process, a test, keeps its own)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    before = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, before)
+
+
+def os_fault(e: OSError) -> str:
+    """An I/O failure in a clause: what failed, where, and for the cache what to do."""
+    from specviz.models.cache import cache_dir
+
+    where = f" ({e.filename})" if e.filename else ""
+    cache = cache_dir()
+    if e.filename and Path(e.filename).is_relative_to(cache):
+        where += f": specviz keeps the converted pair and its timings in {cache}; free space there, or set " \
+                 "SPECVIZ_CACHE to a writable folder with about 20 GB free"
+    return f"{e.strerror or e}{where}"

@@ -18,7 +18,6 @@ holds one); no module-level state.
 
 from __future__ import annotations
 
-import ipaddress
 import statistics
 import threading
 import time
@@ -28,6 +27,7 @@ from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 
 from specviz.runs.errors import InputError
+from specviz.runs.hosts import is_loopback
 
 BACKGROUND = "warm-up"  # the owner of the app's own background jobs (runs.room.record_examples)
 REFRESH_SECONDS = 1.0  # a waiting job hears from the queue at least this often (its estimate counts down)
@@ -143,7 +143,7 @@ class Turns:
 
     def check_client(self, owner: Owner | str | None) -> None:
         """Refuse a job whose address already has `per_client` jobs waiting (call holding `changed`)."""
-        if self.per_client is None or not isinstance(owner, Owner) or loopback(owner.client):
+        if self.per_client is None or not isinstance(owner, Owner) or is_loopback(owner.client):
             return
         waiting = sum(isinstance(t.owner, Owner) and t.owner.client == owner.client and t.started is None
                       for t in self.queue)
@@ -214,13 +214,6 @@ class Turns:
 
     def __len__(self) -> int:
         return len(self.queue)
-
-
-def loopback(host: str) -> bool:
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:  # "localhost", or no address known
-        return host == "localhost"
 
 
 def quietly(stream: Iterator) -> Iterator:
