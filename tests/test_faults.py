@@ -4,6 +4,7 @@ in one sentence; a failed write leaves nothing behind; a reader never sees half 
 
 from __future__ import annotations
 
+import argparse
 import errno
 import json
 import logging
@@ -342,3 +343,49 @@ def test_an_output_written_on_a_full_disk_keeps_the_file_it_replaces(tmp_path, m
     assert out.read_text() == '{"prompts": 2}' and [p.name for p in tmp_path.iterdir()] == ["report.json"]
     write_atomic(out, '{"prompts": 3}')
     assert out.read_text() == '{"prompts": 3}'
+
+
+def every_command() -> list[tuple[str, list[str]]]:
+    """Each `specviz` subcommand (and engines' own), with the fewest arguments it parses with."""
+    from specviz import cli
+
+    needs = {"trace": ["--prompt", "hi"], "atlas": ["--prompts", "p.jsonl"],
+             "whatif": ["--acceptance", "0.7", "--k", "4", "--draft-cost", "0.1"],
+             "race": ["--spec", "http://127.0.0.1:1", "--plain", "http://127.0.0.1:2"]}
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    commands = []
+    for name, parser in sub.choices.items():
+        nested = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        for inner in (list(nested[0].choices) if nested else [None]):
+            argv = [name, *([inner] if inner else []), *needs.get(inner or name, [])]
+            commands.append((" ".join(argv[:1 + bool(inner)]), argv))
+    return commands
+
+
+@pytest.mark.parametrize("fault", [OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), "/x/out.json"),
+                                   OSError(errno.EROFS, os.strerror(errno.EROFS), "/x/cache"),
+                                   torch.OutOfMemoryError("out of memory"), KeyboardInterrupt(),
+                                   MemoryError()], ids=["full disk", "read-only", "GPU memory", "interrupt", "memory"])
+def test_no_command_prints_a_traceback_for_a_machine_fault(monkeypatch, capsys, fault):
+    """Every subcommand, its work replaced by one that fails as the machine can (a full or read-only disk, memory, an
+    interrupt): one line on stderr naming the command, an exit code that says which (3: the machine; 130:
+    interrupted), never a traceback."""
+    from specviz import cli
+
+    commands = every_command()
+    assert len(commands) >= 12  # prepare … loadtest, and engines race / llamacpp / vllm
+    build = cli.build_parser
+
+    def failing_parser():
+        parser = build()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for sub in action.choices.values():
+                    sub.set_defaults(func=lambda args: (_ for _ in ()).throw(fault))
+        return parser
+    monkeypatch.setattr(cli, "build_parser", failing_parser)
+    for name, argv in commands:
+        code = cli.main(argv)
+        err = capsys.readouterr().err
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, (name, err)
+        assert code == (130 if isinstance(fault, KeyboardInterrupt) else 3), (name, code, err)
