@@ -87,6 +87,8 @@ def cmd_atlas(args) -> int:
             for state in stream:
                 if len(state.runs) > bar.n:
                     bar.update(len(state.runs) - bar.n)
+                    if args.json:  # kept as it goes, whole: a killed atlas keeps the prompts it finished
+                        atlas_json.write_json(atlases.report(state, advise=False), args.json)
     except KeyboardInterrupt:  # keep what was made: the prompt cut short too
         stream.close()
         print("specviz atlas: stopped; the report covers what ran.", file=sys.stderr)

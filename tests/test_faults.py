@@ -389,3 +389,37 @@ def test_no_command_prints_a_traceback_for_a_machine_fault(monkeypatch, capsys, 
         err = capsys.readouterr().err
         assert "Traceback" not in err and len(err.strip().splitlines()) == 1, (name, err)
         assert code == (130 if isinstance(fault, KeyboardInterrupt) else 3), (name, code, err)
+
+
+def test_an_atlas_killed_outright_keeps_the_report_of_the_prompts_it_finished(tmp_path):
+    """A real `specviz atlas` (tiny pair, 30 prompts) killed with SIGKILL (no handler runs: the OOM killer, a power
+    cut of the process) once its JSON holds 2 prompts: the file is whole and reports the prompts it finished, marked
+    stopped. (Before, the JSON was written only at the end: nothing was kept.)"""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    prompts, out = tmp_path / "prompts.jsonl", tmp_path / "atlas.json"
+    prompts.write_text("".join(json.dumps({"prompt": f"the man said that it was good and {i}"}) + "\n"
+                               for i in range(30)))
+    atlas = subprocess.Popen(
+        [str(Path(sys.executable).parent / "specviz"), "atlas", "--draft", "tiny", "--target", "tiny", "--prompts",
+         str(prompts), "--max-new-tokens", "300", "--json", str(out)], stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL, env={**os.environ, "SPECVIZ_CACHE": str(tmp_path / "cache")})
+    seen = []
+    while atlas.poll() is None:
+        try:
+            seen.append(len(json.loads(out.read_text())["prompts"]))
+        except (OSError, ValueError):
+            pass  # not written yet (never half-written: a partial file would fail here for good, see below)
+        if seen and seen[-1] >= 2:
+            atlas.send_signal(signal.SIGKILL)
+            break
+        time.sleep(0.02)
+    atlas.wait(60)
+    assert atlas.returncode == -signal.SIGKILL and seen and seen[0] >= 1  # killed mid-way; it reported as it went
+    report = json.loads(out.read_text())
+    assert report["finished"] == "stopped" and 2 <= len(report["prompts"]) < 30
+    assert not list(tmp_path.glob(".atlas.json.*.tmp"))
