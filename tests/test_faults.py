@@ -283,32 +283,41 @@ def test_a_half_dtype_copy_holds_what_a_load_in_that_dtype_computes_and_is_writt
         assert got.keys() == cast.keys() and all(torch.equal(got[k], cast[k]) for k in cast)
 
 
-def test_a_bench_killed_after_two_prompts_leaves_the_report_of_those_two(tmp_path):
-    """A real `specviz bench` (the tiny pair, 6 prompts) sent SIGTERM once its report holds 2 finished prompts: it
-    exits as interrupted (130) in one sentence, and its JSON is whole and reports exactly the prompts it finished,
-    with what it covers and how to finish. (Before, the report was written only at the end: nothing was kept.)"""
-    import signal
+def signalled_once_reported(argv: list[str], tmp_path, out, reported, sig, prompts: int = 2):
+    """A real `specviz ARGV` subprocess, sent `sig` once its JSON report `out` holds `prompts` finished prompts
+    (`reported(report)` counts them); returns the process and the counts it read on the way. A report is read only
+    whole: a half-written file would fail to parse for good and the loop would never send the signal."""
     import subprocess
     import sys
     import time
     from pathlib import Path
 
-    out = tmp_path / "bench.json"
-    bench = subprocess.Popen(
-        [str(Path(sys.executable).parent / "specviz"), "bench", "--draft", "tiny", "--target", "tiny", "--limit", "6",
-         "--k", "4", "--confidence", "0", "--max-new-tokens", "200", "--reps", "2", "--no-progress", "--json",
-         str(out)], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-        env={**os.environ, "SPECVIZ_CACHE": str(tmp_path / "cache")})
+    proc = subprocess.Popen([str(Path(sys.executable).parent / "specviz"), *argv], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "SPECVIZ_CACHE": str(tmp_path / "c")})
     seen = []
-    while bench.poll() is None:
+    while proc.poll() is None:
         try:
-            seen.append(json.loads(out.read_text())["meta"]["partial"]["reported_prompts"])
+            seen.append(reported(json.loads(out.read_text())))
         except (OSError, ValueError):
-            pass  # not written yet (never half-written: a partial file would fail here for good, see below)
-        if seen and seen[-1] >= 2:
-            bench.send_signal(signal.SIGTERM)
+            pass  # not written yet
+        if seen and seen[-1] >= prompts:
+            proc.send_signal(sig)
             break
         time.sleep(0.02)
+    return proc, seen
+
+
+def test_a_bench_killed_after_two_prompts_leaves_the_report_of_those_two(tmp_path):
+    """A real `specviz bench` (the tiny pair, 6 prompts) sent SIGTERM once its report holds 2 finished prompts: it
+    exits as interrupted (130) in one sentence, and its JSON is whole and reports exactly the prompts it finished,
+    with what it covers and how to finish. (Before, the report was written only at the end: nothing was kept.)"""
+    import signal
+
+    out = tmp_path / "bench.json"
+    bench, seen = signalled_once_reported(
+        ["bench", "--draft", "tiny", "--target", "tiny", "--limit", "6", "--k", "4", "--confidence", "0",
+         "--max-new-tokens", "200", "--reps", "2", "--no-progress", "--json", str(out)], tmp_path, out,
+        lambda report: report["meta"]["partial"]["reported_prompts"], signal.SIGTERM)
     _, err = bench.communicate(timeout=120)
     assert bench.returncode == 130 and "Traceback" not in err, err
     assert seen and seen[0] >= 1 and seen[-1] >= 2  # it was reporting as it went
@@ -396,29 +405,14 @@ def test_an_atlas_killed_outright_keeps_the_report_of_the_prompts_it_finished(tm
     cut of the process) once its JSON holds 2 prompts: the file is whole and reports the prompts it finished, marked
     stopped. (Before, the JSON was written only at the end: nothing was kept.)"""
     import signal
-    import subprocess
-    import sys
-    import time
-    from pathlib import Path
 
     prompts, out = tmp_path / "prompts.jsonl", tmp_path / "atlas.json"
     prompts.write_text("".join(json.dumps({"prompt": f"the man said that it was good and {i}"}) + "\n"
                                for i in range(30)))
-    atlas = subprocess.Popen(
-        [str(Path(sys.executable).parent / "specviz"), "atlas", "--draft", "tiny", "--target", "tiny", "--prompts",
-         str(prompts), "--max-new-tokens", "300", "--json", str(out)], stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL, env={**os.environ, "SPECVIZ_CACHE": str(tmp_path / "cache")})
-    seen = []
-    while atlas.poll() is None:
-        try:
-            seen.append(len(json.loads(out.read_text())["prompts"]))
-        except (OSError, ValueError):
-            pass  # not written yet (never half-written: a partial file would fail here for good, see below)
-        if seen and seen[-1] >= 2:
-            atlas.send_signal(signal.SIGKILL)
-            break
-        time.sleep(0.02)
-    atlas.wait(60)
+    atlas, seen = signalled_once_reported(
+        ["atlas", "--draft", "tiny", "--target", "tiny", "--prompts", str(prompts), "--max-new-tokens", "300",
+         "--json", str(out)], tmp_path, out, lambda report: len(report["prompts"]), signal.SIGKILL)
+    atlas.communicate(timeout=60)
     assert atlas.returncode == -signal.SIGKILL and seen and seen[0] >= 1  # killed mid-way; it reported as it went
     report = json.loads(out.read_text())
     assert report["finished"] == "stopped" and 2 <= len(report["prompts"]) < 30
