@@ -14,7 +14,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specviz.models.kernel_table import KernelKey, keep_keyed, read_keyed, table_path
+from specviz.models.kernel_table import KernelKey, kept_or_measured, table_path
 from specviz.models.kernels import Timer, choose, kernels_of, time_group
 
 log = logging.getLogger(__name__)
@@ -41,12 +41,11 @@ def cpu_dtype_timings(folder: Path | None = None, cpu: str | None = None,
     """Seconds of the reference layer's tuned one-token step per dtype, measured once per machine and cached."""
     key = KernelKey.of([f"dtype:{d}" for d in DTYPE_CANDIDATES], torch.device("cpu"), [1, 2, 3, 4], cpu)
     path = table_path(key, folder).with_name(f"dtype-{key.digest()}.json")
-    if (kept := read_keyed(path, key)) is not None:
-        return kept["seconds"]
-    with torch.inference_mode():
-        seconds = {str(d).removeprefix("torch."): measure(d) for d in DTYPE_CANDIDATES}
-    keep_keyed(path, key, "The dtype timings", log.warning, seconds=seconds)
-    return seconds
+
+    def measured() -> dict:
+        with torch.inference_mode():
+            return {"seconds": {str(d).removeprefix("torch."): measure(d) for d in DTYPE_CANDIDATES}}
+    return kept_or_measured(path, key, "The dtype timings", measured, log.warning)[0]["seconds"]
 
 
 def fastest_cpu_dtype(**kw) -> torch.dtype:

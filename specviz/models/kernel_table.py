@@ -17,12 +17,17 @@ from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+import psutil
 import torch
 from filelock import FileLock, Timeout
 
 from specviz.models.cache import cache_dir
 
 Costs = dict[str, dict[int, float]]  # kernel -> rows -> seconds
+MEASURE_WAIT = 900.0  # seconds a process waits for another measuring the same item (a kernel table takes minutes)
+# other processes' CPU, in cores, a measurement tolerates beyond the cores its threads leave free: an idle VM's own
+# daemons stay far below it; one other busy process on a core this process times on does not
+SPARE_CORES = 0.25
 
 
 def cpu_fingerprint(cpuinfo: str = "/proc/cpuinfo") -> str:
@@ -102,13 +107,66 @@ def keep_keyed(path: Path, key: KernelKey, what: str, log: Callable[[str], None]
         return False
 
 
-def load_table(path: Path, key: KernelKey) -> dict[str, Costs] | None:
-    data = read_keyed(path, key)
-    if data is None:
-        return None
+def others_cpu_seconds() -> float:
+    """CPU seconds the machine has spent busy (steal included: a neighbour VM's), less this process's own."""
+    t, mine = psutil.cpu_times(), psutil.Process().cpu_times()
+    busy = sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+    return busy - (mine.user + mine.system)
+
+
+def contention(held: bool | None, others_cores: float, threads: int, cores: int | None = None) -> str | None:
+    """Why a measurement is not the machine's (None: it is): another process measured the same item beside it, or
+    other processes used more of the CPU meanwhile than the cores its threads left free."""
+    if held is False:
+        return "while another process was measuring them too (its lock was not freed in time)"
+    free = max((cores or os.cpu_count() or 1) - threads, 0)
+    if others_cores > free + SPARE_CORES:
+        return f"while other processes kept {others_cores:.1f} of this machine's cores busy"
+    return None
+
+
+def kept_or_measured(path: Path, key: KernelKey, what: str, measure: Callable[[], dict], log: Callable[[str], None],
+                     others: Callable[[], float] | None = None, wait: float = MEASURE_WAIT,
+                     clock: Callable[[], float] = time.monotonic) -> tuple[dict, bool]:
+    """The measurement kept for `key`, else `measure()` taken now; and whether it came from the cache. Measured once
+    per machine: under a lock for this item, so a second process waits and then reads the first's; and kept only if
+    taken alone (`contention`): a busy machine's timings would otherwise be kept as its own for good. One sentence
+    (`log`) says when they are not kept. `others`: the CPU seconds other processes have used (`others_cpu_seconds`,
+    looked up at the call: a test isolates itself from the machine's load by replacing it)."""
+    others = others or others_cpu_seconds
+    if (kept := read_keyed(path, key)) is not None:
+        return kept, True
+    lock = FileLock(path.with_name(path.name + ".measuring"), timeout=wait)
+    try:
+        lock.acquire(timeout=0)
+        held: bool | None = True
+    except Timeout:
+        log(f"{what}: another process is measuring them on this machine; waiting for its result (at most "
+            f"{wait:.0f} s)…")
+        try:
+            lock.acquire()
+            held = True
+        except Timeout:
+            held = False
+    except OSError:  # an unwritable cache: no lock to take, and nothing will be kept (`keep_keyed` says so)
+        held = None
+    try:
+        if held and (kept := read_keyed(path, key)) is not None:  # the other process's, measured while we waited
+            return kept, True
+        start, before = clock(), others()
+        fields = measure()
+        why = contention(held, (others() - before) / max(clock() - start, 1e-9), key.threads)
+        if why is not None:
+            log(f"{what} were measured {why}: they serve this process and will be measured again at the next start.")
+        else:
+            keep_keyed(path, key, what, log, **fields)
+        return fields, False
+    finally:
+        if held:
+            lock.release()
+
+
+def table_costs(data: dict) -> dict[str, Costs]:
+    """A kernel table's costs, rows as integers (JSON keeps them as text)."""
     return {shape: {k: {int(n): t for n, t in per.items()} for k, per in costs.items()}
             for shape, costs in data["costs"].items()}
-
-
-def save_table(path: Path, key: KernelKey, costs: dict[str, Costs], log: Callable[[str], None]) -> bool:
-    return keep_keyed(path, key, "The kernel timings", log, costs=costs)

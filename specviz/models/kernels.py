@@ -34,7 +34,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from specviz.models.draft.quantized import DENSE_ABOVE, Int4Linear, Int8Linear, QuantLinear
-from specviz.models.kernel_table import Costs, KernelKey, load_table, save_table, table_path
+from specviz.models.kernel_table import Costs, KernelKey, kept_or_measured, table_costs, table_path
 
 log = logging.getLogger(__name__)
 
@@ -264,9 +264,8 @@ def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_
     row_counts = sizes(max_rows)
     key = KernelKey.of(groups, device, row_counts, cpu)
     path = table_path(key, folder)
-    costs = load_table(path, key)
-    cached = costs is not None
-    if not cached:
+
+    def measure() -> dict:
         status(f"Timing {len(groups)} linear shapes × {len(row_counts)} row counts on this machine's kernels "
                "(once; cached)…")
         costs = {}
@@ -279,7 +278,10 @@ def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_
                     break
             first = members[0][2]
             costs[shape] = timer(chosen, first.in_features, activation_dtype(first), device, row_counts)
-        save_table(path, key, costs, log.warning)
+        return {"costs": costs}
+
+    data, cached = kept_or_measured(path, key, "The kernel timings", measure, log.warning)
+    costs = table_costs(data)
     plans = {shape: choose(c, max_rows) for shape, c in costs.items()}
     for parent, name, module, kernels in candidates:
         setattr(parent, name, TunedLinear(module, plans[shape_key(module)], kernels))

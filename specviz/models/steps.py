@@ -26,7 +26,7 @@ from torch import nn
 from specviz.models.compiled import VERIFY_WIDTHS, with_compiled_step
 from specviz.models.step_timing import (FLAT_FLOOR, STEP_MARGIN, StepTimes, consecutive_step, measure_step, time_step,
                                         wide_forward)
-from specviz.models.kernel_table import KernelKey, keep_keyed, read_keyed, table_path
+from specviz.models.kernel_table import KernelKey, kept_or_measured, table_path
 from specviz.models.pair import ModelLoadError, ModelPair, PairSpec
 from specviz.models.synthetic import prompt_ids
 
@@ -95,16 +95,15 @@ def measured_steps(eager: nn.Module, compiled: nn.Module, device: torch.device, 
     where the step cannot be compiled here."""
     key = step_key(eager, compiled, device)
     path = table_path(key, folder).with_name(f"step-{key.digest()}.json")
-    if (kept := read_keyed(path, key)) is not None:
-        return StepTimes.of(kept["times"])
-    status("timing its eager and its compiled one-token step on this machine (once; cached)…")
-    try:
-        times = measure(eager, compiled, [probe_ids(compiled, n) for n in PROBE_LENGTHS])
+
+    def measured() -> dict:
+        status("timing its eager and its compiled one-token step on this machine (once; cached)…")
+        return {"times": asdict(measure(eager, compiled, [probe_ids(compiled, n) for n in PROBE_LENGTHS]))}
+    try:  # (unsaved: used all the same)
+        return StepTimes.of(kept_or_measured(path, key, "The step timings", measured, log.warning)[0]["times"])
     except Exception as e:  # noqa: BLE001 - whatever stops compiling here (no C compiler for Triton, an op it lacks)
         status(f"its step cannot be compiled here ({failure(e)}): it runs eager.")
         return None
-    keep_keyed(path, key, "The step timings", log.warning, times=asdict(times))  # (unsaved: used all the same)
-    return times
 
 
 def failure(e: Exception) -> str:
