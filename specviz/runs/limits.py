@@ -44,7 +44,11 @@ class Limits:
     max_atlas_prompts: int = _limit(200, "max_atlas_prompts", "prompts one Atlas request may run (more are left "
                                     "out, and it says so)")
     max_seconds: int = _limit(180, "max_seconds", "wall-clock seconds one request may hold the model; then it "
-                              "ends (finished: 'budget') and keeps what it made")
+                              "ends (finished: 'budget') and keeps what it made; a run that gives nothing for as "
+                              "long (its client gone) is stopped and the model handed to the next in line")
+    max_load_seconds: int = _limit(900, "max_load_seconds", "wall-clock seconds a visitor's pair load may take "
+                                   "(downloads, kernel timing and compiling included); then it is given up and the "
+                                   "served pair stays")
 
 
 _init = Limits.__init__
@@ -61,7 +65,7 @@ Limits.__init__ = _checked_init
 # The CLI runs on the user's own machine: the same checks as the app's controls, but not the web
 # server's per-request caps (only the model's context bounds a run; K stays a sane number).
 CLI_LIMITS = Limits(max_new_tokens=1_000_000, max_k=256, max_samples=1_000_000, max_atlas_prompts=1_000_000,
-                    max_seconds=10**9)
+                    max_seconds=10**9, max_load_seconds=10**9)
 
 
 def budget(seconds: float, clock: Callable[[], float] = time.monotonic) -> Callable[[], Finish]:

@@ -21,39 +21,57 @@ T = TypeVar("T")
 _DONE = object()  # `next`'s default: the generator has ended
 
 
+def settle(fn: Callable[[], object], done: Future) -> None:
+    """fn()'s result, or its exception, into `done` (unless it was cancelled)."""
+    if done.set_running_or_notify_cancel():
+        try:
+            done.set_result(fn())
+        except BaseException as e:  # noqa: BLE001 - handed to the caller, who raises it
+            done.set_exception(e)
+
+
 class ModelThread:
-    """A daemon thread running submitted functions one at a time, in order (started at its first call)."""
+    """A daemon thread running submitted functions one at a time, in order (started at its first call). A pair
+    loaded on one keeps it (`Session.load` starts a new one per pair and `retire`s the old)."""
 
     def __init__(self, name: str = "specviz-model"):
         self.name = name
-        self.jobs: queue.SimpleQueue[tuple[Callable[[], object], Future]] = queue.SimpleQueue()
+        self.jobs: queue.SimpleQueue[tuple[Callable[[], object], Future] | None] = queue.SimpleQueue()
         self.thread: threading.Thread | None = None
         self.start_lock = threading.Lock()
+        self.retired = False
 
     def _serve(self) -> None:
-        while True:
-            fn, done = self.jobs.get()
-            if done.set_running_or_notify_cancel():
-                try:
-                    done.set_result(fn())
-                except BaseException as e:  # noqa: BLE001 - handed to the caller, who raises it
-                    done.set_exception(e)
+        while (job := self.jobs.get()) is not None:
+            settle(*job)
 
     def here(self) -> bool:
         """Is the caller this thread (a call from model work itself runs at once: no deadlock)?"""
         return self.thread is not None and threading.current_thread() is self.thread
 
+    def submit(self, fn: Callable[[], T]) -> Future:
+        """fn() queued for the model thread; its future."""
+        done: Future = Future()
+        with self.start_lock:
+            if not self.retired:
+                if self.thread is None:
+                    self.thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
+                    self.thread.start()
+                self.jobs.put((fn, done))
+                return done
+        settle(fn, done)  # its pair is gone: only the closing of a run left over can come, which needs no model
+        return done
+
     def call(self, fn: Callable[[], T]) -> T:
         """fn() on the model thread; its result, or its exception raised here."""
-        if self.here():
-            return fn()
+        return fn() if self.here() else self.submit(fn).result()
+
+    def retire(self) -> None:
+        """Let the thread end once what was queued has run; a later call runs where it is made."""
         with self.start_lock:
-            if self.thread is None:
-                self.thread = threading.Thread(target=self._serve, name=self.name, daemon=True)
-                self.thread.start()
-        done: Future = Future()
-        self.jobs.put((fn, done))
-        return done.result()
+            self.retired = True
+            if self.thread is not None:
+                self.jobs.put(None)
 
     def iterate(self, make: Callable[[], Iterator[T]]) -> Iterator[T]:
         """The items of the iterator `make()` returns, each produced on the model thread."""

@@ -12,9 +12,12 @@ import statistics
 import threading
 import time
 import unicodedata
+import weakref
 from collections import OrderedDict
 from collections.abc import Callable, Generator, Iterator
-from contextlib import contextmanager
+from concurrent.futures import Future
+from concurrent.futures import TimeoutError as LoadTimeout
+from contextlib import closing, contextmanager
 from dataclasses import replace
 
 from specviz.engine import DecodeConfig, autoregressive_generate, speculative_generate
@@ -28,7 +31,7 @@ from specviz.runs.errors import InputError
 from specviz.runs.model_thread import ModelThread
 from specviz.runs.recorded import Recordings
 from specviz.runs.settings import checked_values
-from specviz.runs.turns import Turns
+from specviz.runs.turns import Turns, Waiting
 
 Loader = Callable[..., ModelPair]
 
@@ -61,6 +64,14 @@ def warm_up(pair: ModelPair) -> None:
     config = DecodeConfig(k=2, max_new_tokens=3, adaptive="fixed", drafter="model" if pair.draft else "lookup")
     for _ in itertools.zip_longest(speculative_generate(pair, ids, config), autoregressive_generate(pair, ids, config)):
         pass
+
+
+def let_go(done: Future, worker: ModelThread) -> None:
+    """A load given up that has now ended: what it loaded is freed, its thread ends."""
+    if not done.cancelled() and done.exception() is None:
+        worker.call(done.result().release)
+    worker.retire()
+    release_memory()
 
 
 def failure(e: Exception, spec: PairSpec) -> str:
@@ -107,7 +118,7 @@ class Session:
     def __init__(self, pair: ModelPair | None = None, spec: PairSpec | None = None, *,
                  loader: Loader = load_pair, allow_any_model: bool = True, allow_switch: bool = False,
                  fits: Callable[[PairSpec], None] = check_fits, busy_timeout: float = 120.0,
-                 recordings: Recordings | None = None):
+                 recordings: Recordings | None = None, load_seconds: float | None = None):
         self.pair, self.spec = pair, spec
         self.origin = spec
         self.loader = loader
@@ -115,6 +126,7 @@ class Session:
         self.allow_any_model = allow_any_model  # False: only the presets (and the pair started with)
         self.fits = fits  # refuses a pair whose weights would not fit in memory, before loading it
         self.busy_timeout = busy_timeout
+        self.load_seconds = load_seconds  # the longest a visitor's pair load may take (None: no limit)
         self.generation = 0  # bumps on every load, so a paused step-mode run knows its pair is gone
         self.lock = threading.Lock()  # a plain Lock: Gradio may resume a generator on another thread
         # step-mode runs, oldest first, with when each last ran: they hold the models' KV caches, so they are
@@ -163,23 +175,37 @@ class Session:
         """Wait for the model's turn (a `Waiting` while other jobs are ahead), then run an event stream holding
         the pair, unless it is no longer `needed` then (the same request was recorded meanwhile). Closing this
         generator while it waits leaves the queue; between two events (Stop) it closes the engine's generator
-        and releases the pair at once. `owner`, `first`: see `Turns` (one waiting job each; the presenter's first)."""
+        and releases the pair at once: what the queue's watchdog does to a stream that stopped advancing.
+        `owner`, `first`: see `Turns` (one waiting job each; the presenter's first)."""
+        made: list[weakref.ref] = []
+        run = self._stream(events_of, kind, work, owner, needed, first, made)
+        # the watchdog's handle on the generator the caller holds: weak, or the generator's own frame would keep it
+        # alive in a cycle, and one dropped by its client would no longer close (and free the model) at once
+        made.append(weakref.ref(run))
+        return run
+
+    def _stream(self, events_of, kind, work, owner, needed, first, made: list[weakref.ref]) -> Iterator:
         with self.turns.turn(kind, work, owner, first) as ticket:
             yield from self.turns.wait(ticket)
             if not needed():
                 ticket.started = None  # it never ran: no duration for the estimates
                 return
-            with self.using() as pair:
-                yield from self.worker.iterate(lambda: events_of(pair))
+            ticket.stop = lambda: (run := made[0]()) is not None and run.close()
+            with self.using() as pair, closing(self.worker.iterate(lambda: events_of(pair))) as events:
+                for event in events:
+                    self.turns.advance(ticket)
+                    yield event
 
     @contextmanager
-    def turn(self, kind: str, owner: str | None = None) -> Iterator[None]:
-        """The model's turn for a job that shows no queue (a step): waits like any other, silently, at most
-        `busy_timeout` seconds."""
+    def turn(self, kind: str, owner: str | None = None, told: Callable[[Waiting], None] = lambda _: None
+             ) -> Iterator[None]:
+        """The model's turn for a job that shows no queue (a step, a load): waits like any other, at most
+        `busy_timeout` seconds, `told` where it stands."""
         with self.turns.turn(kind, owner=owner) as ticket:
             waiting = self.turns.wait(ticket)
             start = self.clock()
-            for _ in waiting:
+            for place in waiting:
+                told(place)
                 if self.clock() - start > self.busy_timeout:
                     waiting.close()
                     raise InputError("the model is busy with other runs; try again when they have finished.")
@@ -188,10 +214,15 @@ class Session:
     @contextmanager
     def using(self) -> Iterator[ModelPair]:
         """The pair, for the duration of one decoding call (waits while another call holds it)."""
+        with self.locked():
+            yield self.require()
+
+    @contextmanager
+    def locked(self) -> Iterator[None]:
         if not self.lock.acquire(timeout=self.busy_timeout):
             raise InputError("the model is busy with another run; try again when it has finished.")
         try:
-            yield self.require()
+            yield
         finally:
             self.lock.release()
 
@@ -213,16 +244,17 @@ class Session:
 
     def switch(self, draft, target, dtype: str = "auto", status: Callable[[str], None] = lambda _: None,
                target_quant: str | None = None) -> str:
-        """A visitor's request to serve another pair: only where the operator allowed it."""
+        """A visitor's request to serve another pair: only where the operator allowed it, within `load_seconds`."""
         if not self.allow_switch:
             raise InputError("this server's model pair is fixed by its operator (`specviz serve "
                              "--allow-pair-switch` lets visitors change it).")
-        return self.load(draft, target, dtype, status, target_quant)
+        return self.load(draft, target, dtype, status, target_quant, seconds=self.load_seconds)
 
     def load(self, draft, target, dtype: str = "auto", status: Callable[[str], None] = lambda _: None,
-             target_quant: str | None = None) -> str:
+             target_quant: str | None = None, seconds: float | None = None) -> str:
         """Load the new pair beside the served one and swap only once it is ready: a failed load (too big,
-        missing, broken) leaves the served pair serving. Asking for the pair already served loads nothing."""
+        missing, broken, over `seconds`) leaves the served pair serving. A load takes the model's turn in the
+        queue like any run. Asking for the pair already served loads nothing."""
         draft = clean_source(draft, "draft", optional=True)
         target = clean_source(target, "target")
         checked_values(PairSpec, {"dtype": dtype} if target_quant is None else
@@ -236,26 +268,38 @@ class Session:
                        trust_remote_code=base.trust_remote_code and self.is_origin(draft, target))
         if self.pair is not None and spec == self.spec:
             return self.name
-        if not self.lock.acquire(timeout=self.busy_timeout):
-            raise InputError("the model is busy with another run; try loading again when it has finished.")
-        try:
+        told = lambda place: status(f"Waiting for the model: {place.ahead} job(s) ahead…")  # noqa: E731
+        with self.turn("load", told=told), self.locked():
             try:
                 self.fits(spec)  # measured now: what the served pair holds is already counted out
-                pair = self.worker.call(lambda: self._load(spec, status))
+                worker, pair = self._loaded(spec, status, seconds)
             except Exception as e:  # any failure (OOM included): free what it held; the served pair stays
                 release_memory(e)
                 raise ModelLoadError(f"{failure(e, spec)} (now serving: {self.name}).") from e
             self._release()
-            self.pair, self.spec = pair, spec
+            self.pair, self.spec, self.worker = pair, spec, worker
             return self.name
-        finally:
-            self.lock.release()
 
-    def _load(self, spec: PairSpec, status) -> ModelPair:
-        pair = load_spec(spec, loader=self.loader, status=status, progress=False)
-        status("Warming up (a few tokens through both lanes)…")
-        warm_up(pair)
-        return pair
+    def _loaded(self, spec: PairSpec, status, seconds: float | None) -> tuple[ModelThread, ModelPair]:
+        """The pair loaded (and warmed) on a model thread of its own, which then does all its work. Past `seconds`
+        the load is given up: it cannot be cut short, so it ends beside the served pair (a race timed meanwhile
+        says it shared the CPU) and is let go then."""
+        worker = ModelThread()
+
+        def work() -> ModelPair:
+            with self.beside.job():
+                pair = load_spec(spec, loader=self.loader, status=status, progress=False)
+                status("Warming up (a few tokens through both lanes)…")
+                warm_up(pair)
+                return pair
+
+        done = worker.submit(work)
+        try:
+            return worker, done.result(timeout=seconds)
+        except LoadTimeout:
+            done.add_done_callback(lambda _: let_go(done, worker))
+            raise ModelLoadError(f"loading {spec.label} took longer than {seconds:g} s, this server's limit for a "
+                                 "load: it was given up") from None
 
     def _release(self) -> None:
         self.generation += 1
@@ -264,6 +308,7 @@ class Session:
         self.paused.clear()
         if self.pair is not None:
             self.worker.call(self.pair.release)
+        self.worker.retire()
         self.pair = None
 
     def context_length(self) -> int | None:

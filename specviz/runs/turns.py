@@ -12,12 +12,15 @@ choose (a script may send a new one with every request), the connection's addres
 that is counted (`Owner`); loopback is the operator's own machine (its load tests, a proxy on it) and is not.
 The app's own background work (`BACKGROUND`: recording its examples) goes behind every visitor's job that has
 not started, and `visitor_waiting` tells a running one to yield. The presenter's job goes `first` (the room is
-watching it): ahead of those waiting, never ahead of the one running. Created by whoever serves (a `Session`
-holds one); no module-level state.
+watching it): ahead of those waiting, never ahead of the one running. A watchdog keeps the queue moving: a run
+holding the model whose stream has not `advance`d for `stall_seconds` (a client gone without its generator ever
+being closed) is stopped by the next waiting job, which then takes its turn. Created by whoever serves (a
+`Session` holds one); no module-level state.
 """
 
 from __future__ import annotations
 
+import logging
 import statistics
 import threading
 import time
@@ -28,6 +31,8 @@ from dataclasses import dataclass, field
 
 from specviz.runs.errors import InputError
 from specviz.runs.hosts import is_loopback
+
+log = logging.getLogger(__name__)
 
 BACKGROUND = "warm-up"  # the owner of the app's own background jobs (runs.room.record_examples)
 REFRESH_SECONDS = 1.0  # a waiting job hears from the queue at least this often (its estimate counts down)
@@ -73,6 +78,8 @@ class Ticket:
     started: float | None = None  # when it got the model
     replaced: bool = False
     first: bool = False  # the presenter's: ahead of every job waiting without it
+    advanced: float | None = None  # when its stream last gave an item
+    stop: Callable[[], None] | None = None  # ends its run (a stream's close): what the watchdog calls
 
 
 @dataclass
@@ -103,9 +110,10 @@ class Turns:
     """The model's queue. `queue[0]` holds the model once it has `started`; the others wait in order."""
 
     def __init__(self, clock: Callable[[], float] = time.monotonic, refresh: float = REFRESH_SECONDS,
-                 per_client: int | None = None):
+                 per_client: int | None = None, stall_seconds: float | None = None):
         self.clock, self.refresh = clock, refresh
         self.per_client = per_client  # waiting jobs an address may have (None: no cap)
+        self.stall_seconds = stall_seconds  # a run holding the model without advancing this long is stopped
         self.queue: list[Ticket] = []
         self.durations = Durations()
         self.freed: float | None = None  # when the last job holding the model let it go
@@ -175,6 +183,13 @@ class Turns:
                     if self.freed is not None:  # idle time before this job joined is no hand-off
                         self.durations.handoffs.append(ticket.started - max(self.freed, ticket.joined))
                     return
+                if (stop := self.stalled()) is not None:
+                    self.changed.release()  # its close leaves the queue, which takes the lock
+                    try:
+                        stopped(stop)
+                    finally:
+                        self.changed.acquire()
+                    continue
                 now = self.waiting(ticket)
                 since = time.monotonic() - told
                 if (now.position, now.ahead) != place or since >= self.refresh:
@@ -186,6 +201,24 @@ class Turns:
                         self.changed.acquire()
                 else:
                     self.changed.wait(self.refresh - since)
+
+    def advance(self, ticket: Ticket) -> None:
+        """`ticket`'s stream gave an item: it is alive."""
+        ticket.advanced = self.clock()
+
+    def stalled(self) -> Callable[[], None] | None:
+        """The stop of the run holding the model if it has not advanced for `stall_seconds`, taken so that one
+        waiting job alone calls it (call holding `changed`)."""
+        front = self.queue[0] if self.queue else None
+        if self.stall_seconds is None or front is None or front.started is None or front.stop is None:
+            return None
+        idle = self.clock() - max(front.started, front.advanced or front.started)
+        if idle < self.stall_seconds:
+            return None
+        log.warning("a %s held the model %.0f s without advancing (its client gone, its stream never closed): "
+                    "stopped, the model handed to the next in line.", front.kind, idle)
+        stop, front.stop = front.stop, None
+        return stop
 
     def waiting(self, ticket: Ticket) -> Waiting:
         """Where `ticket` stands now (call holding `changed`)."""
@@ -214,6 +247,15 @@ class Turns:
 
     def __len__(self) -> int:
         return len(self.queue)
+
+
+def stopped(stop: Callable[[], None]) -> None:
+    """Call a stalled run's stop. A run inside a forward cannot be closed from here (it is not stalled but slow,
+    or its model hung): it keeps the model, and the queue waits for it."""
+    try:
+        stop()
+    except ValueError:  # "generator already executing"
+        log.warning("the run holding the model is inside a forward: it could not be stopped.")
 
 
 def quietly(stream: Iterator) -> Iterator:

@@ -202,7 +202,9 @@ def build_app(session: Session, limits: Limits = Limits(), options: h.Options = 
               defaults: DecodeConfig = DecodeConfig(), presenter_key: str | None = None) -> gr.Blocks:
     """`presenter_key`: the browser it is entered in presents (its Live runs stream to every follower);
     without one, nobody presents and there is nothing to follow."""
-    session.turns.per_client = limits.max_waiting_per_client  # the queue keeps the served limits
+    # the queue and the loads keep the served limits
+    session.turns.per_client, session.turns.stall_seconds = limits.max_waiting_per_client, limits.max_seconds
+    session.load_seconds = limits.max_load_seconds
     # analytics_enabled=False: no telemetry and no version check calling home (whatever the environment says)
     # delete_cache: Gradio's copies of exported files go after an hour too, checked hourly
     with gr.Blocks(title="specviz: speculative decoding, visible", analytics_enabled=False, fill_width=True,
