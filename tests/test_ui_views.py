@@ -223,10 +223,44 @@ def test_stats_race_and_distribution_figures():
     rf = figures.race_figure(state.lanes)
     assert [t.name for t in rf.data] == ["Target alone (autoregressive)", "Speculative decoding"]
     panel = (["'a'", "'b'"], [0.5, 0.5], [0.4, 0.6], [0.55, 0.45])
-    df = figures.distribution_figure([panel] * 3, 10, 10)
-    assert [t.name for t in df.data] == ["exact p (target)", "target alone (n=10)", "speculative (n=10)"] * 3
-    assert [t.showlegend for t in df.data] == [True] * 3 + [False] * 6  # one legend entry per sampler
+    df = figures.distribution_figure([panel] * 3, 10, 10, [(0.1, 0.12, 0.05, 0.12)] * 3)
+    assert [t.name for t in df.data] == ["exact p (target)", "target alone (n=10)", "speculative (n=10)",
+                                         "total variation", "TV expected by chance at n"] * 3
+    assert [t.showlegend for t in df.data][:5] == [True, True, True, False, True]  # one legend entry each
+    assert not any(t.showlegend for t in df.data[5:])
     assert [a.text for a in df.layout.annotations][:1] == ["token 1"]
+    assert df.layout.legend.y < 0  # below the panels: never over the title
+
+
+def test_the_same_distribution_view_draws_the_tv_chance_reaches_at_each_samplers_n():
+    """On a fake exact distribution: the chance marks drawn are the mean TV of n multinomial draws from it, computed
+    here by Monte Carlo (20,000 draws of n), for each sampler's own n."""
+    import numpy as np
+    import torch
+
+    from specviz.analysis.proof import PositionTally, Verdict, position_result
+    from specviz.runs.distribution import DistributionResult, PositionComparison
+    from specviz.ui.views import distribution_view
+
+    rng = np.random.default_rng(1)
+    p = rng.dirichlet(np.full(20, 0.5))
+
+    def tallied(n):
+        t = PositionTally()
+        t.add(torch.tensor(p).expand(n, 20), torch.tensor(rng.choice(20, n, p=p)), torch.Generator().manual_seed(0))
+        return position_result(1, t)
+    ar, spec = tallied(40), tallied(160)
+    top = [int(i) for i in np.argsort(-p)[:5]]
+    comparison = PositionComparison(1, top, [f"t{i}" for i in top], [float(p[i]) for i in top], [0.0] * 5, [0.0] * 5,
+                                    stats_spec=spec, stats_ar=ar)
+    verdict = [Verdict(name, True, n, [r], 0.5, 0.01) for name, n, r in (("ar", 40, ar), ("spec", 160, spec))]
+    view = distribution_view(DistributionResult([comparison], verdict[1], verdict[0], "prompt", True))
+    chance = next(t for t in view.fig.data if t.name == "TV expected by chance at n")
+    for n, drawn in zip((40, 160), chance.y):
+        mean_tv = np.mean([0.5 * np.abs(rng.multinomial(n, p) / n - p).sum() for _ in range(20_000)])
+        assert drawn == pytest.approx(mean_tv, rel=0.02)
+    tvs = next(t for t in view.fig.data if t.name == "total variation")
+    assert list(tvs.y) == [ar.tv, spec.tv]  # each sampler's own TV beside its chance level
 
 
 # ---------------------------------------------------------------- captions and stats

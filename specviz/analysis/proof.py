@@ -5,8 +5,8 @@ Each sampled path x_1..x_L is scored against the target's exact conditionals p_t
 - chi-square: observed counts of each token against the expected counts sum_i p_t,i(v), each sample
   under its own prefix (tokens with expected count < 5 pooled). With different prefixes the counts
   vary less than a multinomial's, so the test is conservative there, and exact at position 1.
-- total variation between the same two, beside the TV of draws from the exact conditionals
-  themselves (the chance level for this many samples).
+- total variation between the same two, beside the TV that n draws from the exact distribution
+  reach by chance alone (`expected_tv`, in closed form).
 - the randomised PIT u of each sampled token (`engine.exact.randomized_pit`): Uniform(0, 1) for a
   correct sampler; a Kolmogorov-Smirnov test per position, and one over every u of every path
   (under the null they are all independent uniforms), the sequential test of the whole path.
@@ -23,9 +23,7 @@ import torch
 from scipy import stats
 
 from specviz.engine.exact import randomized_pit
-from specviz.engine.sampling import sample
 
-NOISE_REPS = 5  # draws per sample from its exact conditional, for the chance level of TV
 SHOWN = 16  # tokens per position kept for display: the most likely under the exact conditionals
 
 
@@ -33,7 +31,6 @@ SHOWN = 16  # tokens per position kept for display: the most likely under the ex
 class PositionTally:
     observed: Counter = field(default_factory=Counter)
     expected: torch.Tensor | None = None  # [V] float64 on the device
-    noise: list[Counter] = field(default_factory=lambda: [Counter() for _ in range(NOISE_REPS)])
     pits: list[float] = field(default_factory=list)
 
     @property
@@ -45,8 +42,6 @@ class PositionTally:
         total = probs.double().sum(0)
         self.expected = total if self.expected is None else self.expected + total
         self.observed.update(tokens.tolist())
-        for counts, draws in zip(self.noise, sample(probs.expand(NOISE_REPS, *probs.shape), generator).tolist()):
-            counts.update(draws)
         u = torch.rand(tokens.shape, generator=generator, device=probs.device)
         self.pits += randomized_pit(probs, tokens, u).tolist()
 
@@ -58,7 +53,7 @@ class PositionResult:
     chi2_p: float | None  # None: a single cell, nothing to test
     dof: int
     tv: float
-    tv_noise: float
+    tv_noise: float  # the TV expected by chance alone: n draws from the exact distribution (`expected_tv`)
     ks_p: float
     top: list[tuple[int, float, float]]  # (token, exact share, observed share), most likely first
 
@@ -68,6 +63,16 @@ def _tv(counts: Counter, expected: np.ndarray, n: int) -> float:
     for t, c in counts.items():
         diff[t] -= c
     return 0.5 * float(np.abs(diff).sum()) / n
+
+
+def expected_tv(p: np.ndarray, n: int) -> float:
+    """The mean TV between the shares of n draws from p and p itself: half the sum of each token's binomial mean
+    absolute deviation over n, each in closed form (De Moivre: E|X - np| = 2ν(1 - p)·P(X = ν), ν = ⌊np⌋ + 1).
+    At tokens 2 and 3 each sample has its own conditional and p is their mean: draws from the mean vary at least
+    as much, so there it is a level chance reaches, or a little above."""
+    p = p[p > 0]
+    nu = np.floor(n * p) + 1
+    return float(np.sum(nu * (1 - p) * stats.binom.pmf(nu, n, p)) / n)
 
 
 def _chi2(counts: Counter, expected: np.ndarray, n: int, min_expected: float = 5.0) -> tuple[float | None, int]:
@@ -86,7 +91,7 @@ def position_result(position: int, t: PositionTally) -> PositionResult:
     expected = t.expected.cpu().numpy()
     chi2_p, dof = _chi2(t.observed, expected, t.n)
     return PositionResult(position, t.n, chi2_p, dof, _tv(t.observed, expected, t.n),
-                          float(np.mean([_tv(c, expected, t.n) for c in t.noise])),
+                          expected_tv(expected / t.n, t.n),
                           float(stats.kstest(t.pits, "uniform").pvalue),
                           [(int(x), float(expected[x]) / t.n, t.observed.get(int(x), 0) / t.n)
                            for x in np.argsort(-expected)[:SHOWN] if expected[x] > 0])

@@ -1,4 +1,5 @@
-"""The machine a report was measured on, as every report under assets/ names it."""
+"""The machine a report was measured on, as every report under assets/ names it: described from what the process
+reads of its own machine (/proc/cpuinfo, the memory it has), never typed in afterwards."""
 
 from __future__ import annotations
 
@@ -6,15 +7,44 @@ import os
 import platform
 from pathlib import Path
 
+import psutil
+
+# the instruction sets that decided which kernels were fast on this project's CPUs, as /proc/cpuinfo names them
+FEATURES = (("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"), ("amx_tile", "AMX"))
+
+
+def cpu_fields(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (empty where there is none)."""
+    try:
+        lines = Path(cpuinfo).read_text().splitlines()
+    except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in lines:
+        if not line.strip():
+            break
+        name, _, value = line.partition(":")
+        fields[name.strip()] = value.strip()
+    return fields
+
 
 def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
     """The CPU's model name (this project's CPUs differ by session: a number is only this one's)."""
-    try:
-        return next(line.split(":", 1)[1].strip() for line in Path(cpuinfo).read_text().splitlines()
-                    if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.processor() or platform.machine()
+    return cpu_fields(cpuinfo).get("model name") or platform.processor() or platform.machine()
+
+
+def described(fields: dict[str, str], cores: int | None, memory_bytes: int) -> str:
+    """One line naming the machine: the CPU with its family and model (a model name alone, 'AMD EPYC', spans
+    generations), the instruction sets that decide the kernels, the cores and the memory."""
+    name = fields.get("model name") or platform.processor() or platform.machine()
+    flags = set(fields.get("flags", "").split())
+    family = f"family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields else None
+    features = ", ".join(label if flag in flags else f"no {label}" for flag, label in FEATURES) if flags else None
+    detail = "; ".join(x for x in (family, features) if x)
+    return f"{name}{f' ({detail})' if detail else ''}, {cores} cores, {memory_bytes / 2**30:.0f} GiB"
 
 
 def machine() -> dict:
-    return {"cpu": cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version()}
+    fields = cpu_fields()
+    return {"cpu": cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
+            "described": described(fields, os.cpu_count(), psutil.virtual_memory().total)}

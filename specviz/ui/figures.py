@@ -162,14 +162,20 @@ def race_figure(lanes) -> go.Figure:
 
 
 def distribution_figure(positions: list[tuple[list[str], list[float], list[float], list[float]]],
-                        n_ar: int, n_spec: int) -> go.Figure:
-    """One panel per generated position: (labels, exact, target alone, speculative) shares of its likeliest tokens."""
+                        n_ar: int, n_spec: int, tvs: list[tuple[float, float, float, float]]) -> go.Figure:
+    """One column per generated position: above, (labels, exact, target alone, speculative) shares of its likeliest
+    tokens; below, each sampler's total variation from the exact distribution beside the TV its n draws reach by
+    chance alone (`tvs`: (target alone, its chance level, speculative, its chance level) per position). With few
+    samples both samplers sit far from the exact bars, and either may look 'worse': the chance marks say by how
+    much chance alone moves them."""
     if not positions:
         return empty_figure("empirical vs exact distributions of the first tokens appear here", height=340)
-    fig = make_subplots(rows=1, cols=len(positions), horizontal_spacing=0.06,
+    cols = len(positions)
+    fig = make_subplots(rows=2, cols=cols, horizontal_spacing=0.06, vertical_spacing=0.2, row_heights=[0.68, 0.32],
                         subplot_titles=[f"token {i + 1}" + (" (after a sampled prefix)" if i else "")
-                                        for i in range(len(positions))])
-    for col, (labels, exact, ar, spec) in enumerate(positions, start=1):
+                                        for i in range(cols)] + [""] * cols)
+    for col, ((labels, exact, ar, spec), (tv_ar, chance_ar, tv_spec, chance_spec)) in enumerate(
+            zip(positions, tvs), start=1):
         first = col == 1  # one legend entry per sampler
         fig.add_bar(x=labels, y=exact, name="exact p (target)", legendgroup="exact", showlegend=first, row=1, col=col,
                     marker=dict(color="rgba(15,23,42,0.12)", line=dict(color="#0f172a", width=1.5)))
@@ -177,10 +183,20 @@ def distribution_figure(positions: list[tuple[list[str], list[float], list[float
                     marker_color=COLORS[TARGET], row=1, col=col)
         fig.add_bar(x=labels, y=spec, name=f"speculative (n={n_spec})", legendgroup="spec", showlegend=first,
                     marker_color=COLORS["accepted"], row=1, col=col)
+        samplers = ["target alone", "speculative"]
+        fig.add_bar(x=samplers, y=[tv_ar, tv_spec], marker_color=[COLORS[TARGET], COLORS["accepted"]],
+                    showlegend=False, name="total variation", row=2, col=col)
+        fig.add_scatter(x=samplers, y=[chance_ar, chance_spec], mode="markers", row=2, col=col,
+                        name="TV expected by chance at n", legendgroup="chance", showlegend=first,
+                        marker=dict(symbol="line-ew", size=34, line=dict(width=3, color="#b45309")))
     fig.update_layout(barmode="group", bargap=0.2)
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title="probability", row=1, col=1)
-    return _layout(fig, "Generated tokens 1-3: empirical frequencies vs the target's exact distribution", 380)
+    fig.update_yaxes(title="TV", row=2, col=1)
+    _layout(fig, "Generated tokens 1-3: empirical frequencies vs the target's exact distribution", 540)
+    # the legend below the panels: above them it covered the title and the panels' own
+    return fig.update_layout(legend=dict(orientation="h", yanchor="top", y=-0.1, x=0), margin=dict(b=70))
+
 
 def speedup_figure(w: WhatIf) -> go.Figure:
     """Predicted speedup against K for one acceptance and draft cost, the shortcut K × a beside it, the chosen K marked."""
