@@ -35,6 +35,8 @@ DOCS = ROOT / "docs"
 TEMPLATES = DOCS / "templates"
 REPORTS = {"bench": ROOT / "assets" / "bench", "proof": ROOT / "assets" / "proof", "atlas": ROOT / "assets" / "atlas",
            "engines": ROOT / "assets" / "engines", "costs": ROOT / "assets" / "costs", "gpu": ROOT / "assets" / "gpu",
+           "setup": ROOT / "assets" / "setup", "room": ROOT / "assets" / "room",
+           "screenshot": ROOT / "assets" / "screenshots",
            "data": ROOT / "specviz" / "data"}  # data: the package's fitted models (the acceptance predictor)
 REGION = re.compile(r"^(<!-- docs\.py: (?P<partial>[\w.-]+) -->\n)(?P<body>.*?)^(<!-- /docs\.py -->)", re.S | re.M)
 
@@ -338,11 +340,21 @@ def about(report: dict, path_hint: str = "") -> str:
     the date, the command, and the settings (a bench's, a proof's or an atlas's)."""
     meta = report["meta"]
     machine = meta.get("machine", {})
+    described = machine.get("described") or ""  # a report's own since it names its cores; typed in before that
     hardware = ", ".join(x for x in [
-        f"{machine['described']}: `{machine.get('cpu')}`" if machine.get("described") else f"`{machine.get('cpu')}`",
-        f"{machine.get('cpu_count')} cores", *([f"`{machine['gpu']}`"] if machine.get("gpu") else []),
-        *([f"torch {machine['torch']}", f"transformers {machine['transformers']}"] if "torch" in machine else [])])
-    if "engines" in report:
+        described if "cores" in described else
+        f"{described}: `{machine.get('cpu')}`, {machine.get('cpu_count')} cores" if described else
+        f"`{machine.get('cpu')}`, {machine.get('cpu_count')} cores", *([f"`{machine['gpu']}`"] if machine.get("gpu") else []),
+        *([f"torch {machine['torch']}"] if "torch" in machine else []),
+        *([f"transformers {machine['transformers']}"] if "transformers" in machine else [])])
+    if "seconds" in report and "disk_bytes" in report:
+        settings = "a fresh clone set up from nothing (`scripts/setup.sh app`), then its first load of the embedded pair"
+    elif "wait_s" in report:
+        settings = (f"{report['users']} simulated visitors against `{meta['server']['command']}`, "
+                    f"{report['seconds']:.0f} s")
+    elif "example" in report:
+        settings = f"one race of the shipped example \"{report['example']}\" in the app, as the screenshot shows it"
+    elif "engines" in report:
         settings = engines_settings(report)
     elif "steps" in report:
         settings = costs_settings(report)
@@ -419,12 +431,14 @@ def environment(used: list[Path]):
         return lambda name: load_report(kind, name, used)
 
     env.globals.update(bench=reader("bench"), proof=reader("proof"), atlas=reader("atlas"), data=reader("data"),
-                       engines=reader("engines"), costs=reader("costs"), gpu=reader("gpu"),
+                       engines=reader("engines"), costs=reader("costs"), gpu=reader("gpu"), setup=reader("setup"),
+                       room=reader("room"), screenshot=reader("screenshot"), modules=modules, layers=layers,
                        limit_options=limit_options, predicted_at=predicted_at,
                        pytest_counts=lambda name: pytest_counts(REPORTS["gpu"] / f"{name}.log", used),
                        about=lambda report: about(report, report.source.relative_to(ROOT).as_posix()))
     env.filters.update(f=f, x=times, ci=interval, pct=percent, seq=seq, by_kind=by_kind, p=pvalue,
-                       ms=lambda s, digits=0: f"{1000 * s:.{digits}f} ms", gb=lambda b: f"{b / 1e9:.2f} GB")
+                       ms=lambda s, digits=0: f"{1000 * s:.{digits}f} ms", gb=lambda b: f"{b / 1e9:.2f} GB",
+                       minutes=lambda s: f"{s / 60:.1f} min")
     return env
 
 
@@ -451,6 +465,36 @@ def limit_options() -> list[tuple[str, object, str]]:
     from specviz.runs.options import options_of
 
     return [(flag, s.default, s.help) for s, flag, _ in options_of(Limits)]
+
+
+def summary_line(doc: str) -> str:
+    """A docstring's first sentence, on one line."""
+    first = " ".join(doc.split("\n\n")[0].split())
+    end = re.search(r"(?<=[.:;])\s(?=[A-Z`(])", first)
+    return first[:end.start()] if end else first
+
+
+def modules() -> list[tuple[str, list[tuple[str, str]]]]:
+    """Every module of the package by folder, with its docstring's first sentence: the architecture page's map, so
+    that it lists every module as the code describes it (a module without a docstring fails the docs' test)."""
+    import ast
+
+    package = ROOT / "specviz"
+    folders: dict[str, list[tuple[str, str]]] = {}
+    for path in sorted(package.rglob("*.py")):
+        rel = path.relative_to(package)
+        doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8"))) or ""
+        folders.setdefault(rel.parent.as_posix(), []).append((rel.name, summary_line(doc)))
+    return sorted(folders.items(), key=lambda item: (item[0] != ".", item[0]))
+
+
+def layers() -> tuple[list[str], list[str]]:
+    """The import contracts in pyproject.toml: the layers from top to bottom, and every contract's name."""
+    import tomllib
+
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    stack = next(c["layers"] for c in contracts if c["type"] == "layers")
+    return [layer.replace("specviz.", "") for layer in stack], [c["name"] for c in contracts]
 
 
 def render(template: str, **context) -> Rendered:

@@ -14,7 +14,10 @@ assets/screenshots), and prints what the Live view measured and the time from ea
 from __future__ import annotations
 
 import argparse
+import json
+import re
 import shutil
+import sys
 import time
 from pathlib import Path
 
@@ -23,6 +26,7 @@ from playwright.sync_api import sync_playwright
 from specviz.engine import DecodeConfig
 from specviz.models import PairSpec
 from specviz.runs.limits import Limits
+from specviz.runs.machine import run_meta
 from specviz.runs.pacing import Pace
 from specviz.runs.session import Session
 from specviz.server import build_server, launch
@@ -84,6 +88,17 @@ def live_run(page, prompt: str, long: int) -> float:
     time.sleep(1.5)
     print(f"click -> first round {first:.2f} s | " + page.inner_text("#sv-live-speed").replace("\n", " | "), flush=True)
     return first
+
+
+def caption(speed: str, path: Path) -> None:
+    """What the hero screenshot shows, for its caption (the README's `_shot.md`): the machine, the date, the example,
+    and that one race's numbers as the Live view printed them (one run: the bench's table holds the measured ones)."""
+    ratio = re.search(r"(\d+\.\d+)× (faster|slower)", speed)
+    rates = [float(x) for x in re.findall(r"(\d+\.\d+) tok/s", speed)]
+    meta = run_meta() | {"command": " ".join(["python scripts/screenshots.py", *sys.argv[1:]])}
+    path.write_text(json.dumps({"meta": meta, "example": "Code (high acceptance)", "speed": speed,
+                                "speedup": float(ratio.group(1)) if ratio else None, "tokens_per_s": rates}, indent=1))
+    print("wrote", path, flush=True)
 
 
 def atlas_shots(report: Path, out: Path) -> None:
@@ -155,6 +170,7 @@ def main() -> None:
         live_run(page, CODE, long)
         page.screenshot(path=str(out / "live.png"))
         print("wrote", out / "live.png", flush=True)
+        caption(page.inner_text("#sv-live-speed"), out / "live.json")
         page.click("#sv-presenter-btn")
         time.sleep(1.0)
         page.screenshot(path=str(out / "presenter.png"))

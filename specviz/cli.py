@@ -66,6 +66,7 @@ def cmd_atlas(args) -> int:
     from specviz.runs import atlas as atlases
     from specviz.runs import atlas_json
     from specviz.runs.atlas_input import read_file
+    from specviz.runs.machine import run_meta
     from specviz.runs.session import Session
     from specviz.ui.atlas_report import atlas_html
 
@@ -79,6 +80,7 @@ def cmd_atlas(args) -> int:
     session = Session(spec=spec)
     session.pair = session.worker.call(lambda: load_spec(spec))  # loaded (and compiled) where its runs will run
     stream = atlases.run_atlas(session, CLI_LIMITS, prompts, config, race=args.race)
+    meta = run_meta()
     state = next(stream)  # validated: what will run, and each prompt skipped in one sentence
     for problem in state.problems:
         print(f"specviz atlas: {problem}", file=sys.stderr)
@@ -88,7 +90,7 @@ def cmd_atlas(args) -> int:
                 if len(state.runs) > bar.n:
                     bar.update(len(state.runs) - bar.n)
                     if args.json:  # kept as it goes, whole: a killed atlas keeps the prompts it finished
-                        atlas_json.write_json(atlases.report(state, advise=False), args.json)
+                        atlas_json.write_json(atlases.report(state, advise=False), args.json, meta=meta)
     except KeyboardInterrupt:  # keep what was made: the prompt cut short too
         stream.close()
         print("specviz atlas: stopped; the report covers what ran.", file=sys.stderr)
@@ -105,7 +107,7 @@ def cmd_atlas(args) -> int:
           + (f", predicted {t.predicted_speedup:.2f}x" if t.predicted_speedup else "")
           + (f", measured {t.measured_speedup:.2f}x" if t.measured_speedup else ""))
     if args.json:
-        print(f"wrote {atlas_json.write_json(report, args.json, traces)}: the report as JSON")
+        print(f"wrote {atlas_json.write_json(report, args.json, traces, meta)}: the report as JSON")
     if html:
         write_atomic(html, atlas_html(report, traces))
         print(f"wrote {html}: the report as one self-contained page")

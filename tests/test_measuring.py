@@ -10,6 +10,7 @@ import sys
 import time
 from dataclasses import asdict
 
+import psutil
 import torch
 
 from specviz.models.kernel_table import KernelKey, contention, kept_or_measured, others_cpu_seconds, read_keyed, \
@@ -83,9 +84,17 @@ def test_timings_taken_while_another_process_held_the_lock_too_long_are_not_kept
     assert read_keyed(path, KEY)["costs"] == {"theirs": 1}  # the other process's, measured alone, is the one kept
 
 
+def busy_seconds() -> float:
+    t = psutil.cpu_times()
+    return sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
+
+
 def test_the_cpu_other_processes_use_is_measured():
-    """A real busy process beside this one shows in `others_cpu_seconds` (more load only adds to it)."""
-    spin = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    """A real busy process that is not this one's (started through a shell that exits: it belongs to nobody here)
+    shows in `others_cpu_seconds` (more load only adds to it)."""
+    shell = subprocess.run(["sh", "-c", f"{sys.executable} -c 'while True: pass' >/dev/null 2>&1 & echo $!"],
+                           capture_output=True, text=True, check=True)
+    spin = psutil.Process(int(shell.stdout))
     try:
         time.sleep(0.3)  # started
         start, before = time.monotonic(), others_cpu_seconds()
@@ -93,5 +102,19 @@ def test_the_cpu_other_processes_use_is_measured():
         cores = (others_cpu_seconds() - before) / (time.monotonic() - start)
     finally:
         spin.kill()
-        spin.wait()
     assert cores >= 0.6
+
+
+def test_this_process_own_children_are_not_contention():
+    """torch compiles in worker processes of its own: their CPU is the measurement's, not another process's."""
+    child = psutil.Process(subprocess.Popen([sys.executable, "-c", "while True: pass"]).pid)
+    try:
+        time.sleep(0.3)
+        busy, others, own = busy_seconds(), others_cpu_seconds(), sum(child.cpu_times()[:2])
+        time.sleep(1.5)
+        child_used = sum(child.cpu_times()[:2]) - own
+        counted = others_cpu_seconds() - others
+        assert child_used > 0.8
+        assert counted <= busy_seconds() - busy - child_used + 0.2  # the child's seconds are not among the others'
+    finally:
+        child.kill()

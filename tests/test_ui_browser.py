@@ -115,10 +115,17 @@ def test_live_view_shows_the_four_parts_on_one_laptop_screen(page, app_url):
         page.goto(app_url)
         page.wait_for_selector("#sv-run", timeout=60_000)
         live_run(page)
-        for part in LIVE_PARTS:  # inside the first screen: no scrolling needed
+        for part in (*LIVE_PARTS, "sv-live-legend"):  # inside the first screen: no scrolling needed
             box = page.locator(f"#{part}").bounding_box()
             assert box and box["x"] >= 0 and box["y"] >= 0, part
             assert box["x"] + box["width"] <= 1366 and box["y"] + box["height"] <= 768, (part, box)
+        assert page.locator("#sv-live-legend .sv-tok.sv-correction").count() == 1  # the colours named on Live too
+        for lane in ("sv-live-spec", "sv-live-ar"):  # each lane shows its last token (it scrolls; the end in view)
+            inner, last = page.locator(f"#{lane} .sv-scroll").bounding_box(), \
+                page.locator(f"#{lane} .sv-tok").last.bounding_box()
+            assert inner["y"] <= last["y"] and last["y"] + last["height"] <= inner["y"] + inner["height"] + 1, lane
+        whole = page.eval_on_selector("#sv-examples input", "e => e.scrollWidth <= e.clientWidth")
+        assert whole, "the example menu's label is cut"
         speed = page.inner_text("#sv-live-speed")
         assert re.search(r"\d+\.\d\d× (faster|slower)", speed) and "tok/s" in speed and "prefill" in speed
         assert page.locator("#sv-live-spec .sv-tok.sv-accepted").count() > 0

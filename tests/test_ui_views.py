@@ -223,9 +223,9 @@ def test_stats_race_and_distribution_figures():
     rf = figures.race_figure(state.lanes)
     assert [t.name for t in rf.data] == ["Target alone (autoregressive)", "Speculative decoding"]
     panel = (["'a'", "'b'"], [0.5, 0.5], [0.4, 0.6], [0.55, 0.45])
-    df = figures.distribution_figure([panel] * 3, 10, 10, [(0.1, 0.12, 0.05, 0.12)] * 3)
+    df = figures.distribution_figure([panel] * 3, 10, 10, [((0.1, 0.12, 0.2), (0.05, 0.12, 0.2))] * 3)
     assert [t.name for t in df.data] == ["exact p (target)", "target alone (n=10)", "speculative (n=10)",
-                                         "total variation", "TV expected by chance at n"] * 3
+                                         "total variation", figures.CHANCE] * 3
     assert [t.showlegend for t in df.data][:5] == [True, True, True, False, True]  # one legend entry each
     assert not any(t.showlegend for t in df.data[5:])
     assert [a.text for a in df.layout.annotations][:1] == ["token 1"]
@@ -255,10 +255,11 @@ def test_the_same_distribution_view_draws_the_tv_chance_reaches_at_each_samplers
                                     stats_spec=spec, stats_ar=ar)
     verdict = [Verdict(name, True, n, [r], 0.5, 0.01) for name, n, r in (("ar", 40, ar), ("spec", 160, spec))]
     view = distribution_view(DistributionResult([comparison], verdict[1], verdict[0], "prompt", True))
-    chance = next(t for t in view.fig.data if t.name == "TV expected by chance at n")
-    for n, drawn in zip((40, 160), chance.y):
-        mean_tv = np.mean([0.5 * np.abs(rng.multinomial(n, p) / n - p).sum() for _ in range(20_000)])
-        assert drawn == pytest.approx(mean_tv, rel=0.02)
+    chance = next(t for t in view.fig.data if t.name == figures.CHANCE)
+    for n, drawn, above in zip((40, 160), chance.y, chance.error_y.array):
+        tvs = [0.5 * np.abs(rng.multinomial(n, p) / n - p).sum() for _ in range(20_000)]
+        assert drawn == pytest.approx(np.mean(tvs), rel=0.02)
+        assert drawn + above == pytest.approx(np.quantile(tvs, 0.95), rel=0.06)  # the whisker: 95 % of draws below
     tvs = next(t for t in view.fig.data if t.name == "total variation")
     assert list(tvs.y) == [ar.tv, spec.tv]  # each sampler's own TV beside its chance level
 
@@ -294,6 +295,9 @@ def test_stats_pool_counts_from_the_rounds():
     s = stats
     md = teach.stats_markdown(s, "Run")
     assert "0.60 (3 / 5)" in md and "Run race" in md
+    raced = replace(run_stats([corrected_round(0), bonus_round(1)], fake_steps(4, 0.1)), speedup=1.5,
+                    predicted_speedup=2.0)  # measured beside predicted: their ratio too
+    assert "**1.50×**" in (md := teach.stats_markdown(raced, "Race")) and "0.75 of the prediction" in md
 
 
 # ---------------------------------------------------------------- the race loop

@@ -54,6 +54,7 @@ class PositionResult:
     dof: int
     tv: float
     tv_noise: float  # the TV expected by chance alone: n draws from the exact distribution (`expected_tv`)
+    tv_noise_high: float  # the TV that 95 % of such n draws stay below (`chance_tv_high`)
     ks_p: float
     top: list[tuple[int, float, float]]  # (token, exact share, observed share), most likely first
 
@@ -75,6 +76,22 @@ def expected_tv(p: np.ndarray, n: int) -> float:
     return float(np.sum(nu * (1 - p) * stats.binom.pmf(nu, n, p)) / n)
 
 
+CHANCE_DRAWS = 400  # simulated draws of n for the upper end of chance's TV
+TAIL_MASS = 1e-3  # the least likely tokens holding this much mass are pooled into one (the draws' cost)
+
+
+def chance_tv_high(p: np.ndarray, n: int, q: float = 0.95, seed: int = 0) -> float:
+    """The TV between n draws from p and p that a fraction q of such draws stay below: simulated (`CHANCE_DRAWS`
+    draws, seeded: the same answer every time), the tail of p pooled (`TAIL_MASS`, which can only lower TV a little).
+    Beside the mean (`expected_tv`) it shows how far above the mean chance alone goes."""
+    order = np.argsort(-p)
+    keep = order[:int(np.searchsorted(np.cumsum(p[order]), 1 - TAIL_MASS)) + 1]
+    pooled = np.append(p[keep], max(0.0, 1 - p[keep].sum()))
+    pooled = pooled / pooled.sum()
+    draws = np.random.default_rng(seed).multinomial(n, pooled, size=CHANCE_DRAWS) / n
+    return float(np.quantile(0.5 * np.abs(draws - pooled).sum(axis=1), q))
+
+
 def _chi2(counts: Counter, expected: np.ndarray, n: int, min_expected: float = 5.0) -> tuple[float | None, int]:
     big = np.flatnonzero(expected >= min_expected)
     observed = [counts.get(int(t), 0) for t in big]
@@ -91,7 +108,7 @@ def position_result(position: int, t: PositionTally) -> PositionResult:
     expected = t.expected.cpu().numpy()
     chi2_p, dof = _chi2(t.observed, expected, t.n)
     return PositionResult(position, t.n, chi2_p, dof, _tv(t.observed, expected, t.n),
-                          expected_tv(expected / t.n, t.n),
+                          expected_tv(expected / t.n, t.n), chance_tv_high(expected / t.n, t.n),
                           float(stats.kstest(t.pits, "uniform").pvalue),
                           [(int(x), float(expected[x]) / t.n, t.observed.get(int(x), 0) / t.n)
                            for x in np.argsort(-expected)[:SHOWN] if expected[x] > 0])

@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import json
-import shlex
-import sys
-import time
 from dataclasses import asdict
 
 from specviz.bench.command import machine
 from specviz.bench.loadtest import run_load
 from specviz.bench.workshop import BAD, workshop_requests
+from specviz.runs.machine import run_meta
+from specviz.runs.outputs import write_atomic
 
 
 def numbers(values: dict) -> str:
@@ -49,10 +48,9 @@ def cmd_loadtest(args) -> int:
     summary = result.summary()
     print(table(summary))
     if args.json:  # named like every report: when, how, on what, against which server
-        meta = {"date": time.strftime("%Y-%m-%d"), "command": "specviz " + shlex.join(sys.argv[1:]),
-                "machine": machine(), "server": result.server}
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump({"meta": meta} | summary | {"records": [asdict(r) for r in result.records]}, f, indent=1)
+        meta = run_meta(machine()) | {"server": result.server}
+        write_atomic(args.json, json.dumps({"meta": meta} | summary | {"records": [asdict(r) for r in result.records]},
+                                           indent=1))
     return 1 if summary["errors"] else 0
 
 

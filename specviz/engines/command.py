@@ -14,7 +14,6 @@ alone, the target with its draft) and prints the race command for them; `vllm` d
 from __future__ import annotations
 
 import json
-import shlex
 import signal
 import sys
 import time
@@ -27,7 +26,7 @@ from specviz.engines.race import DRAFT, PLAIN, SPEC, Prompt, iter_race
 from specviz.engines.transport import make_client
 from specviz.runs.errors import InputError
 from specviz.runs.limits import CLI_LIMITS
-from specviz.runs.machine import machine
+from specviz.runs.machine import run_meta
 from specviz.runs.options import add_options, options_of, values_of
 from specviz.runs.settings import validate
 from specviz.runs.outputs import write_atomic
@@ -143,11 +142,10 @@ def cmd_race(args) -> int:
     summary = summarise(runs, k=args.k or infos[SPEC].k, draft_cost=args.draft_cost, verify_ratio=args.verify_ratio)
     table = format_table(summary, infos)
     print(table)
-    report = build_report(summary, infos, tuple(runs), {
-        "machine": machine(), "prompts": args.prompts or "specviz/data/prompts.jsonl", "repeats": args.repeats,
+    report = build_report(summary, infos, tuple(runs), run_meta() | {
+        "prompts": args.prompts or "specviz/data/prompts.jsonl", "repeats": args.repeats,
         "warmup": args.warmup, "decoding": {k: getattr(config, k, None) for k in ("max_new_tokens", "seed")}
-        | {k: getattr(config.sampling, k) for k in ("temperature", "top_k", "top_p")}, "when": time.time(),
-        "date": time.strftime("%Y-%m-%d"), "command": "specviz " + shlex.join(sys.argv[1:])})
+        | {k: getattr(config.sampling, k) for k in ("temperature", "top_k", "top_p")}, "when": time.time()})
     if args.json:
         write_atomic(args.json, json.dumps(report, indent=1, ensure_ascii=False))
         print(f"wrote {args.json}")

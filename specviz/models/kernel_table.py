@@ -108,10 +108,19 @@ def keep_keyed(path: Path, key: KernelKey, what: str, log: Callable[[str], None]
 
 
 def others_cpu_seconds() -> float:
-    """CPU seconds the machine has spent busy (steal included: a neighbour VM's), less this process's own."""
-    t, mine = psutil.cpu_times(), psutil.Process().cpu_times()
+    """CPU seconds the machine has spent busy (steal included: a neighbour VM's), less this process's own and its
+    children's (torch's compile workers are this measurement's own work, not contention)."""
+    t, me = psutil.cpu_times(), psutil.Process()
     busy = sum(getattr(t, f, 0.0) for f in ("user", "nice", "system", "irq", "softirq", "steal"))
-    return busy - (mine.user + mine.system)
+    mine = me.cpu_times()
+    own = mine.user + mine.system + mine.children_user + mine.children_system  # (children waited for)
+    for child in me.children(recursive=True):  # children still running
+        try:
+            times = child.cpu_times()
+            own += times.user + times.system
+        except psutil.Error:  # it ended meanwhile
+            continue
+    return busy - own
 
 
 def contention(held: bool | None, others_cores: float, threads: int, cores: int | None = None) -> str | None:

@@ -57,9 +57,12 @@ def report_dict(report: AtlasReport, traces: dict[str, str] | None = None) -> di
             "cost": cost_dict(report), **found, "advice": asdict(report.advice)}
 
 
-def write_json(report: AtlasReport, path: str | Path, traces: dict[str, str] | None = None) -> Path:
+def write_json(report: AtlasReport, path: str | Path, traces: dict[str, str] | None = None,
+               meta: dict | None = None) -> Path:
+    """The report as JSON, written whole; `meta`: the run's own account of itself (machine, date, command)."""
     path = Path(path)
-    write_atomic(path, json.dumps(report_dict(report, traces), ensure_ascii=False, indent=1))
+    write_atomic(path, json.dumps(report_dict(report, traces) | ({"meta": meta} if meta else {}), ensure_ascii=False,
+                                  indent=1))
     return path
 
 

@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import os
 import platform
+import shlex
+import sys
+import time
 from pathlib import Path
 
 import psutil
@@ -48,3 +51,10 @@ def machine() -> dict:
     fields = cpu_fields()
     return {"cpu": cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
             "described": described(fields, os.cpu_count(), psutil.virtual_memory().total)}
+
+
+def run_meta(described: dict | None = None) -> dict:
+    """A report's own account of its run: the machine (`described`, or `machine()`), the date, the command as it was
+    typed."""
+    return {"machine": described or machine(), "date": time.strftime("%Y-%m-%d"),
+            "command": "specviz " + shlex.join(sys.argv[1:])}

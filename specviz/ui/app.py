@@ -67,7 +67,7 @@ def prompt_area(following: bool = False) -> tuple[gr.Textbox, Buttons, gr.Button
                           gr.Button("Stop", variant="stop", elem_id="sv-stop", scale=1, min_width=70))
         # a dropdown, not gr.Examples: one line instead of three, so the Live view fits a laptop screen
         examples = gr.Dropdown([name for name, _ in EXAMPLES], value=EXAMPLES[0][0], show_label=False,
-                               container=False, elem_id="sv-examples", scale=2, min_width=150, label="Examples")
+                               container=False, elem_id="sv-examples", scale=2, min_width=270, label="Examples")
         presenter = gr.Button("Presenter", elem_id="sv-presenter-btn", scale=1, min_width=90)
         # only where someone can present (the operator set a presenter key)
         box = gr.Checkbox(False, label="Follow the presenter", elem_id="sv-follow", container=False, scale=1,
@@ -83,6 +83,7 @@ def live_tab() -> dict:
         with gr.Row(equal_height=True):
             parts = dict(speed=gr.HTML(blank.speed, elem_id="sv-live-speed"))
             parts["pq"] = gr.Plot(blank.pq, show_label=False, elem_id="sv-live-pq")
+        gr.HTML(render.legend_html(compact=True), elem_id="sv-live-legend")  # the lanes' colours, one line
         with gr.Row(equal_height=True):
             parts["spec"] = gr.HTML(blank.spec, elem_id="sv-live-spec")
             parts["ar"] = gr.HTML(blank.ar, elem_id="sv-live-ar")

@@ -178,6 +178,8 @@ def summary_html(report: AtlasReport) -> str:
              number(f"{len(report.runs)} / {report.given}", "prompts run")]
     if report.race:
         cells.append(number(times(t.measured_speedup), "measured speedup (races)"))
+        if t.measured_speedup and t.predicted_speedup:  # how far the cost model runs ahead of the loop here
+            cells.append(number(f"{t.measured_speedup / t.predicted_speedup:.2f}", "measured ÷ predicted"))
     problems = "".join(f"<li>{escape(p)}</li>" for p in report.problems)
     more = f'<ul class="sv-problems">{problems}</ul>' if problems else ""
     ended = {"done": "every valid prompt ran", "budget": "stopped by the time budget: the report covers what ran",

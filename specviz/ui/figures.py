@@ -13,6 +13,7 @@ from specviz.analysis.whatif import WhatIf
 FONT = dict(family="Inter, system-ui, sans-serif", size=12)
 
 
+CHANCE = "TV by chance at n (mean; 95 % of draws below the whisker)"
 COMPACT = 260  # below this height a figure's legend goes to the right: above, it would run into the title
 
 
@@ -161,21 +162,22 @@ def race_figure(lanes) -> go.Figure:
     return _layout(fig, "", height=260)
 
 
-def distribution_figure(positions: list[tuple[list[str], list[float], list[float], list[float]]],
-                        n_ar: int, n_spec: int, tvs: list[tuple[float, float, float, float]]) -> go.Figure:
+def distribution_figure(positions: list[tuple[list[str], list[float], list[float], list[float]]], n_ar: int,
+                        n_spec: int, tvs: list[tuple[tuple[float, float, float], tuple[float, float, float]]]
+                        ) -> go.Figure:
     """One column per generated position: above, (labels, exact, target alone, speculative) shares of its likeliest
     tokens; below, each sampler's total variation from the exact distribution beside the TV its n draws reach by
-    chance alone (`tvs`: (target alone, its chance level, speculative, its chance level) per position). With few
-    samples both samplers sit far from the exact bars, and either may look 'worse': the chance marks say by how
-    much chance alone moves them."""
+    chance alone (`tvs`: per position, (TV, chance's mean, the TV 95 % of chance's draws stay below) for the target
+    alone, then for speculative decoding). With few samples both samplers sit far from the exact bars, and either
+    may look 'worse': the chance marks say how far chance alone moves them."""
     if not positions:
         return empty_figure("empirical vs exact distributions of the first tokens appear here", height=340)
     cols = len(positions)
     fig = make_subplots(rows=2, cols=cols, horizontal_spacing=0.06, vertical_spacing=0.2, row_heights=[0.68, 0.32],
                         subplot_titles=[f"token {i + 1}" + (" (after a sampled prefix)" if i else "")
                                         for i in range(cols)] + [""] * cols)
-    for col, ((labels, exact, ar, spec), (tv_ar, chance_ar, tv_spec, chance_spec)) in enumerate(
-            zip(positions, tvs), start=1):
+    samplers = ["target alone", "speculative"]
+    for col, ((labels, exact, ar, spec), pair) in enumerate(zip(positions, tvs), start=1):
         first = col == 1  # one legend entry per sampler
         fig.add_bar(x=labels, y=exact, name="exact p (target)", legendgroup="exact", showlegend=first, row=1, col=col,
                     marker=dict(color="rgba(15,23,42,0.12)", line=dict(color="#0f172a", width=1.5)))
@@ -183,12 +185,14 @@ def distribution_figure(positions: list[tuple[list[str], list[float], list[float
                     marker_color=COLORS[TARGET], row=1, col=col)
         fig.add_bar(x=labels, y=spec, name=f"speculative (n={n_spec})", legendgroup="spec", showlegend=first,
                     marker_color=COLORS["accepted"], row=1, col=col)
-        samplers = ["target alone", "speculative"]
+        (tv_ar, mean_ar, high_ar), (tv_spec, mean_spec, high_spec) = pair
         fig.add_bar(x=samplers, y=[tv_ar, tv_spec], marker_color=[COLORS[TARGET], COLORS["accepted"]],
                     showlegend=False, name="total variation", row=2, col=col)
-        fig.add_scatter(x=samplers, y=[chance_ar, chance_spec], mode="markers", row=2, col=col,
-                        name="TV expected by chance at n", legendgroup="chance", showlegend=first,
-                        marker=dict(symbol="line-ew", size=34, line=dict(width=3, color="#b45309")))
+        fig.add_scatter(x=samplers, y=[mean_ar, mean_spec], mode="markers", row=2, col=col,
+                        name=CHANCE, legendgroup="chance",
+                        showlegend=first, marker=dict(symbol="line-ew", size=34, line=dict(width=3, color="#b45309")),
+                        error_y=dict(type="data", symmetric=False, array=[high_ar - mean_ar, high_spec - mean_spec],
+                                     arrayminus=[0, 0], color="#b45309", thickness=2, width=10))
     fig.update_layout(barmode="group", bargap=0.2)
     fig.update_yaxes(rangemode="tozero")
     fig.update_yaxes(title="probability", row=1, col=1)

@@ -17,7 +17,7 @@ from specviz.runs.race import Lane, RaceState
 from specviz.ui import figures, render, teach
 from specviz.ui.tree_view import latest_tree_html
 
-PQ_HEIGHT = 210  # px: beside the verdict, above the lanes: the four parts fit a 1366x768 screen
+PQ_HEIGHT = 210  # px: beside the verdict, above the legend and the lanes: all of it fits a 1366x768 screen
 
 CSS = """
 #sv-live-speed .sv-live-speed { display: flex; flex-wrap: wrap; align-items: baseline; gap: 2px 18px;
@@ -25,13 +25,13 @@ CSS = """
 .sv-live-x { font-size: 30px; font-weight: 750; line-height: 1.1; }
 .sv-live-apart { font-size: 16px; font-weight: 600; margin-left: 10px; }
 .sv-live-x.sv-slower { color: #dc2626; } .sv-live-x.sv-faster { color: #16a34a; }
-.sv-live-nums { font-size: 13px; color: var(--body-text-color-subdued); }
+.sv-live-nums { font-size: 13px; color: var(--body-text-color); }
 .sv-live-nums b { color: var(--body-text-color); }
 .sv-live-why { flex-basis: 100%; font-size: 13px; line-height: 1.35; }
 .sv-live-recorded { flex-basis: 100%; font-size: 13px; font-weight: 600; color: #2563eb; }
 .sv-live-economics summary { cursor: pointer; }
 .sv-live-lane h4 { margin: 0 0 4px; font-size: 13px; display: flex; justify-content: space-between; }
-.sv-live-lane .sv-scroll { height: 170px; max-height: none; justify-content: flex-end; }
+.sv-live-lane .sv-scroll { height: 112px; max-height: none; }  /* the text grows upward: its end in view */
 .sv-live-lane .sv-text { flex: 1 0 auto; min-height: 0; font-size: 13px; line-height: 1.75; padding: 6px 8px; }
 /* presenter mode (a class on <body>, outside the container Gradio prefixes its rules with: !important) */
 .sv-presenter .sv-live-lane .sv-scroll { height: 230px !important; }
@@ -70,7 +70,8 @@ def speed_html(state: RaceState) -> str:
         label = "" if state.done else " so far"
         decode = state.decode_speedup
         # end to end includes the prompt's forward, the same work in both lanes; decoding alone is what rounds speed up
-        apart = (f'<span class="sv-live-apart">decoding alone {decode:.2f}×</span>'
+        apart = (f'<span class="sv-live-apart" title="the prompt\'s reading costs both lanes the same; after it, '
+                 f'speculation decodes this much faster">prompt apart {decode:.2f}×</span>'
                  if state.done and decode and abs(decode - x) >= 0.05 else "")
         verdict = f'<span class="sv-live-x {cls}">{x:.2f}× {word}{label}{apart}</span>'
     stats = state.stats()

@@ -56,6 +56,8 @@ CSS = """
 .sv-legend { display: flex; flex-wrap: wrap; gap: 6px 14px; font-size: 13px; align-items: center;
   margin: 2px 0 4px; }
 .sv-legend .sv-tok { padding: 1px 5px; font-family: ui-monospace, monospace; cursor: default; }
+.sv-legend-compact { gap: 2px 8px; font-size: 12px; margin: 0; }
+.sv-legend-compact .sv-tok { padding: 0 4px; }
 .sv-caption { font-size: 14px; }
 .sv-lane { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 8px 10px;
   background: var(--background-fill-primary); }
@@ -172,7 +174,11 @@ def lane_html(lane, body: str, recorded: bool) -> str:
             f'<div class="sv-scroll">{body}</div></div>')  # column-reverse keeps the newest tokens in view
 
 
-def legend_html() -> str:
+def legend_html(compact: bool = False) -> str:
+    """What the token colours mean; `compact`: one short line (the Live view, which must fit a laptop's screen)."""
+    if compact:
+        items = "".join(f'<span class="sv-tok sv-{k}">{escape(v.split(" (")[0])}</span>' for k, v in LABELS.items())
+        return f'<div class="sv-legend sv-legend-compact">{items}<span class="sv-empty">hover a token for p and q</span></div>'
     items = "".join(f'<span class="sv-tok sv-{k}">{escape(v)}</span>' for k, v in LABELS.items())
     return (f'<div class="sv-legend">{items}<span class="sv-empty">dashed box = one round '
             "(one target forward) · hover a token for p, q, min(1, p/q), u</span></div>")

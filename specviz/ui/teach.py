@@ -188,7 +188,8 @@ def stats_markdown(s: RunStats, source: str) -> str:
         used = cost.target_step_s if cost else 0.0
         target = f"{ms(used)} per verify pass, used as the target step (the race measures it)"
     if s.speedup is not None:
-        measured = f"**{_x(s.speedup)}** ({sp.tokens_per_s:.1f} vs {s.ar.tokens_per_s:.1f} tokens/s)"
+        measured = f"**{_x(s.speedup)}** ({sp.tokens_per_s:.1f} vs {s.ar.tokens_per_s:.1f} tokens/s" + (
+            f"; {s.speedup / s.predicted_speedup:.2f} of the prediction)" if s.predicted_speedup else ")")
     else:
         measured = "— (press **Run race** to measure against the target alone)"
     return "\n".join([

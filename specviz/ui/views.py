@@ -192,8 +192,8 @@ def distribution_summary(result: DistributionResult) -> str:
     notes = [n for n in (result.note, "⏱ Stopped at the server's time budget per request: the results cover the "
                          "samples drawn." if result.finished == "budget" else "") if n]
     after = f" after <i>{escape(figures.short(result.prompt, 80))}</i>" if result.prompt else ""
-    rows = [f"| {c.position} | {c.stats_ar.tv:.3f} · {c.stats_spec.tv:.3f} | {c.stats_ar.tv_noise:.3f} · "
-            f"{c.stats_spec.tv_noise:.3f} | "
+    rows = [f"| {c.position} | {c.stats_ar.tv:.3f} · {c.stats_spec.tv:.3f} | {c.stats_ar.tv_noise:.3f} "
+            f"({c.stats_ar.tv_noise_high:.3f}) · {c.stats_spec.tv_noise:.3f} ({c.stats_spec.tv_noise_high:.3f}) | "
             f"{p(c.stats_ar.chi2_p)} · {p(c.stats_spec.chi2_p)} | {c.stats_ar.ks_p:.3f} · {c.stats_spec.ks_p:.3f} |"
             for c in result.positions]
     verdict = ("speculative decoding passes every test" if not spec_v.rejected else
@@ -202,7 +202,8 @@ def distribution_summary(result: DistributionResult) -> str:
         f"**{spec_v.samples} speculative and {ar_v.samples} target-alone continuations{state}**{after}",
         *notes,
         "",
-        "| token | total variation (target alone · speculative) | by chance at their n | χ² p | PIT p |",
+        "| token | total variation (target alone · speculative) | by chance at their n: mean (95 % below) | χ² p | "
+        "PIT p |",
         "|---|---|---|---|---|",
         *rows,
         "",
@@ -224,6 +225,7 @@ def token_labels(texts: list[str], ids: list[int]) -> list[str]:
 
 def distribution_view(result: DistributionResult) -> DistributionView:
     panels = [(token_labels(c.texts, c.token_ids), c.exact, c.ar, c.spec) for c in result.positions]
-    tvs = [(c.stats_ar.tv, c.stats_ar.tv_noise, c.stats_spec.tv, c.stats_spec.tv_noise) for c in result.positions]
+    tvs = [((c.stats_ar.tv, c.stats_ar.tv_noise, c.stats_ar.tv_noise_high),
+            (c.stats_spec.tv, c.stats_spec.tv_noise, c.stats_spec.tv_noise_high)) for c in result.positions]
     return DistributionView(figures.distribution_figure(panels, result.ar.samples, result.spec.samples, tvs),
                             distribution_summary(result))
