@@ -22,7 +22,7 @@ from specviz.runs.pacing import Pace
 from specviz.runs.replay import shipped_dir, shipped_traces
 from specviz.runs.session import Session
 from specviz.runs.trace import Trace
-from specviz.ui import handlers as h
+from specviz.ui import figures, handlers as h
 from specviz.ui.views import main_view
 
 PROMPT = "the man said that it was good and"
@@ -180,8 +180,9 @@ def test_same_distribution_compares_both_samplers_with_the_exact_distribution(se
     last = views[-1]
     assert "40 speculative and 40 target-alone continuations" in last.summary and "sampling…" not in last.summary
     assert "sampling…" in views[0].summary and len(views) == 3  # a view per batch of 16 paths each
-    assert [t.name for t in last.fig.data] == ["exact p (target)", "target alone (n=40)", "speculative (n=40)"] * 3
-    assert all(sum(t.y) <= 1.0 + 1e-6 for t in last.fig.data)
+    assert [t.name for t in last.fig.data] == ["exact p (target)", "target alone (n=40)", "speculative (n=40)",
+                                               "total variation", figures.CHANCE] * 3
+    assert all(sum(t.y) <= 1.0 + 1e-6 for t in last.fig.data if t.name not in ("total variation", figures.CHANCE))
     assert [f"\n| {i} |" in last.summary for i in (1, 2, 3, 4)] == [True] * 3 + [False]  # a row per position
     assert "Whole path" in last.summary
     assert len(drawn["spec"]) == len(drawn["ar"]) == 40 and len(results) == len(views)
