@@ -203,8 +203,9 @@ def test_same_distribution_compares_both_samplers_with_the_exact_distribution(se
         assert c.ar == [ar_counts[x] / n_ar for x in c.token_ids]
         assert (c.stats_spec.tv, c.stats_ar.tv) == pytest.approx((tv_spec, tv_ar), abs=1e-6)
         # what is shown: the bars are these shares, the table's row these distances
-        exact_bars, ar_bars, spec_bars = last.fig.data[3 * t:3 * t + 3]
+        exact_bars, ar_bars, spec_bars, tvs, _ = last.fig.data[5 * t:5 * t + 5]
         assert list(exact_bars.y) == c.exact and list(ar_bars.y) == c.ar and list(spec_bars.y) == c.spec
+        assert list(tvs.y) == pytest.approx([tv_ar, tv_spec], abs=1e-6)
         assert f"\n| {t + 1} | {tv_ar:.3f} · {tv_spec:.3f} |" in last.summary
     with pytest.raises(gr.Error, match="temperature above 0"):
         list(h.same_distribution(session, Limits(), PROMPT, settings(), {"samples": 40, "temperature": 0.0}))
