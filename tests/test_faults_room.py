@@ -101,17 +101,16 @@ def test_a_load_past_its_time_limit_is_given_up_and_the_served_pair_serves_at_on
     done = threading.Event()
 
     def slow(*args, **kwargs):
-        time.sleep(1.5)
+        time.sleep(3.0)
         pair = tiny_pair()
         done.set()
         return pair
     session = tiny_session(allow_switch=True, loader=slow, load_seconds=0.2)
     served = session.pair
-    start = time.monotonic()
     with pytest.raises(ModelLoadError, match=r"took longer than 0\.2 s, this server's limit for a load: it was given "
                                              r"up \(now serving: tiny"):
         session.switch("tiny", "tiny", "bfloat16")
-    assert time.monotonic() - start < 1.2 and session.pair is served
+    assert not done.is_set() and session.pair is served  # given up while the load still ran
     assert list(quietly(rounds(session)))[-1].finished is not None  # the queue is free: the next run is served
     assert done.wait(30)
     deadline = time.monotonic() + 30
