@@ -344,11 +344,12 @@ def about(report: dict, path_hint: str = "") -> str:
     hardware = ", ".join(x for x in [
         described if "cores" in described else
         f"{described}: `{machine.get('cpu')}`, {machine.get('cpu_count')} cores" if described else
-        f"`{machine.get('cpu')}`, {machine.get('cpu_count')} cores", *([f"`{machine['gpu']}`"] if machine.get("gpu") else []),
+        f"`{machine.get('cpu')}`, {machine.get('cpu_count')} cores",
+        *([f"`{machine['gpu']}`"] if machine.get("gpu") else []),
         *([f"torch {machine['torch']}"] if "torch" in machine else []),
         *([f"transformers {machine['transformers']}"] if "transformers" in machine else [])])
     if "seconds" in report and "disk_bytes" in report:
-        settings = "a fresh clone set up from nothing (`scripts/setup.sh app`), then its first load of the embedded pair"
+        settings = "a fresh clone set up from nothing (`scripts/setup.sh app`), then its first load of the pair"
     elif "wait_s" in report:
         settings = (f"{report['users']} simulated visitors against `{meta['server']['command']}`, "
                     f"{report['seconds']:.0f} s")

@@ -21,7 +21,7 @@ ROOT = Path(__file__).resolve().parents[1]
 PAGES = ("benchmarks.md", "lessons.md", "history.md")  # the benchmark pages: many numbers each
 GUIDES = ("teach.md", "demo.md", "your-prompts.md")  # prose, with formulas as code and numbered steps
 STRICT = (*PAGES, "_headline.md", "_costs_cpu.md", "_first_run.md", "_shot.md", *GUIDES)
-FRONT = ("_headline.md", "_first_run.md", "_shot.md", "teach.md", "demo.md", "your-prompts.md")  # the README and the guides
+FRONT = ("_headline.md", "_first_run.md", "_shot.md", *GUIDES)  # what the README and the guides render
 MACROS = ("_costs_table.md",)  # tables other templates fill: no number typed in them either
 
 

@@ -113,7 +113,8 @@ def test_a_load_past_its_time_limit_is_given_up_and_the_served_pair_serves_at_on
     assert not done.is_set() and session.pair is served  # given up while the load still ran
     assert list(quietly(rounds(session)))[-1].finished is not None  # the queue is free: the next run is served
     assert done.wait(30)
-    late = [t for t in set(threading.enumerate()) - before if t.name == "specviz-model" and t is not session.worker.thread]
+    late = [t for t in set(threading.enumerate()) - before
+            if t.name == "specviz-model" and t is not session.worker.thread]
     for thread in late:  # the given-up load's own model thread: it lets the pair go, then ends
         thread.join(30)
     assert late and not any(t.is_alive() for t in late)

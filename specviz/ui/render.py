@@ -178,7 +178,8 @@ def legend_html(compact: bool = False) -> str:
     """What the token colours mean; `compact`: one short line (the Live view, which must fit a laptop's screen)."""
     if compact:
         items = "".join(f'<span class="sv-tok sv-{k}">{escape(v.split(" (")[0])}</span>' for k, v in LABELS.items())
-        return f'<div class="sv-legend sv-legend-compact">{items}<span class="sv-empty">hover a token for p and q</span></div>'
+        return (f'<div class="sv-legend sv-legend-compact">{items}'
+                '<span class="sv-empty">hover a token for p and q</span></div>')
     items = "".join(f'<span class="sv-tok sv-{k}">{escape(v)}</span>' for k, v in LABELS.items())
     return (f'<div class="sv-legend">{items}<span class="sv-empty">dashed box = one round '
             "(one target forward) · hover a token for p, q, min(1, p/q), u</span></div>")
