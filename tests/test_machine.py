@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from specviz.runs.machine import cpu_fields, described
+from specviz.models.kernel_table import cpu_fields
+from specviz.runs.machine import described
 
 ZEN5 = """processor\t: 0
 vendor_id\t: AuthenticAMD

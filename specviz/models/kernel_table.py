@@ -30,14 +30,27 @@ MEASURE_WAIT = 900.0  # seconds a process waits for another measuring the same i
 SPARE_CORES = 0.25
 
 
-def cpu_fingerprint(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU's model name and instruction-set flags (what decides which kernel is fast)."""
+def cpu_fields(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo (empty where there is none)."""
     try:
         lines = Path(cpuinfo).read_text().splitlines()
     except OSError:
+        return {}
+    fields: dict[str, str] = {}
+    for line in lines:
+        if not line.strip():
+            break
+        name, _, value = line.partition(":")
+        fields[name.strip()] = value.strip()
+    return fields
+
+
+def cpu_fingerprint(cpuinfo: str = "/proc/cpuinfo") -> str:
+    """The CPU's model name and instruction-set flags (what decides which kernel is fast)."""
+    fields = cpu_fields(cpuinfo)
+    if not fields:
         return platform.processor() or platform.machine()
-    first = {line.split(":", 1)[0].strip(): line.split(":", 1)[1].strip() for line in lines if ":" in line}
-    return f"{first.get('model name', platform.machine())} | {first.get('flags', '')}"
+    return f"{fields.get('model name', platform.machine())} | {fields.get('flags', '')}"
 
 
 @dataclass(frozen=True)

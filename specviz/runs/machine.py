@@ -8,27 +8,13 @@ import platform
 import shlex
 import sys
 import time
-from pathlib import Path
 
 import psutil
 
+from specviz.models.kernel_table import cpu_fields
+
 # the instruction sets that decided which kernels were fast on this project's CPUs, as /proc/cpuinfo names them
 FEATURES = (("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"), ("amx_tile", "AMX"))
-
-
-def cpu_fields(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
-    """The first processor's fields in /proc/cpuinfo (empty where there is none)."""
-    try:
-        lines = Path(cpuinfo).read_text().splitlines()
-    except OSError:
-        return {}
-    fields: dict[str, str] = {}
-    for line in lines:
-        if not line.strip():
-            break
-        name, _, value = line.partition(":")
-        fields[name.strip()] = value.strip()
-    return fields
 
 
 def cpu_name(cpuinfo: str = "/proc/cpuinfo") -> str:
