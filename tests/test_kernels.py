@@ -12,8 +12,9 @@ from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate
 from specviz.models import PairSpec, load_spec
 from specviz.models import auto_dtype
 from specviz.models import kernels as K
+from specviz.models import streamed
 from specviz.models.draft.quantized import DraftQuant, Int4Linear, Int8Linear
-from specviz.models.kernels import Choice, TunedLinear, choose, lookup, tune
+from specviz.models.kernels import Choice, TunedLinear, choose, lean_plan, lookup, tune
 from specviz.models.memory import model_bytes, weights_bytes
 from specviz.models.target import quantize_target, with_target
 from specviz.models.tiny import tiny_model, tiny_pair
@@ -63,12 +64,44 @@ def test_above_the_padded_range_only_the_kernel_is_chosen():
     assert lookup(plan, 400) == Choice("onednn", 400)
 
 
+def test_a_plan_on_one_copy_of_the_weight_is_taken_where_it_costs_at_most_three_percent():
+    """The Zen 4 case: torch's own kernel (oneDNN off) fastest at one row, oneDNN packed a little faster at nine.
+    Keeping both copies of the weight for 2 % is not worth it; for 10 % it is, and the price is reported either way."""
+    mix = {1: 1, 9: 1}
+    costs = {"dense": {1: 2.0, 9: 1.10}, "native": {1: 1.0, 9: 3.0}, "onednn": {1: 1.9, 9: 1.06}}
+    lean = lean_plan(costs, max_pad_rows=9, mix=mix)
+    assert choose(costs, 9)[9] == Choice("onednn", 9)  # the fastest plan would keep the packed copy too
+    assert lean.plan[1] == Choice("native", 1) and lean.plan[9] == Choice("dense", 9) and lean.forms == ("as loaded",)
+    assert lean.extra == pytest.approx((1.0 + 1.10) / (1.0 + 1.06) - 1)
+    costs = {"dense": {1: 2.0, 9: 1.2}, "native": {1: 0.5, 9: 3.0}, "onednn": {1: 1.9, 9: 1.05}}
+    lean = lean_plan(costs, max_pad_rows=9, mix=mix)  # one copy: 0.5 + 1.2 or 1.05 + 1.05 (packed) vs 0.5 + 1.05
+    assert lean.plan == choose(costs, 9) and lean.forms == ("as loaded", "packed")
+    assert lean.extra == pytest.approx(1.7 / 1.55 - 1)
+    weighted = lean_plan(costs, max_pad_rows=9, mix={1: 16, 9: 1})  # one-row steps dominate: 9 rows' loss is small
+    assert weighted.forms == ("as loaded",) and weighted.extra == pytest.approx((8 + 1.2) / (8 + 1.05) - 1)
+    one_form = {"dense": {1: 1.0, 9: 1.2}, "onednn": {1: 1.5, 9: 1.5}}  # nothing to trade: no price
+    assert lean_plan(one_form, 9, mix=mix) == K.LeanChoice(choose(one_form, 9), ("as loaded",), 0.0)
+
+
+def test_the_kernel_without_onednn_puts_the_switch_back_even_when_the_product_fails():
+    linear = nn.Linear(8, 4)
+    native = K.WithoutOneDNN(linear.weight, linear.bias)
+    assert torch.backends.mkldnn.enabled
+    torch.testing.assert_close(native(torch.ones(2, 8)), linear(torch.ones(2, 8)))
+    with pytest.raises(RuntimeError):
+        native(torch.ones(2, 5))  # wrong width
+    assert torch.backends.mkldnn.enabled
+    with torch.backends.mkldnn.flags(enabled=False):  # it restores what it found, not "on"
+        native(torch.ones(1, 8))
+        assert not torch.backends.mkldnn.enabled
+
+
 @pytest.mark.parametrize("bias", [True, False])
 def test_every_kernel_and_padding_multiplies_as_the_dense_linear(bias):
     torch.manual_seed(0)
     dense = nn.Linear(96, 160, bias=bias)
     kernels = K.kernels_of(dense)
-    assert set(kernels) == {"dense", "onednn"}
+    assert set(kernels) == {"dense", "native", "onednn"} | ({"streamed"} if streamed.library() else set())
     for name in kernels:
         for rows, padded in ((1, 1), (1, 2), (3, 8), (20, 20)):
             tuned = TunedLinear(dense, {rows: Choice(name, padded)})
@@ -246,7 +279,8 @@ def test_a_lean_draft_holds_its_packed_weights_and_the_embedding_once_and_the_lo
 
 def test_a_weight_a_plan_multiplies_by_or_another_module_holds_is_kept(tmp_path):
     model = tiny_model(0, 64)
-    some, _ = tune(model, folder=tmp_path / "a", timer=fake_timer({"onednn": {1: 0.1, 2: 0.1}}), max_rows=2)
+    some, _ = tune(model, folder=tmp_path / "a", max_rows=2,
+                   timer=fake_timer({"dense": {n: 0.5 for n in K.BUCKETS}, "onednn": {1: 0.1, 2: 0.1}}))
     assert K.release_unused_dense(some) == 0  # dense still serves the prompt's row counts
     model.lm_head.weight = model.model.embed_tokens.weight  # tied, as in Qwen2.5-0.5B
     tied, _ = tune(model, folder=tmp_path / "b", timer=fake_timer({"onednn": {n: 0.1 for n in range(1, 129)}}),

@@ -293,9 +293,12 @@ def anchors(cost, cost_pair, bandwidth: float, tuning) -> dict:
                  **({"draft": step_bound(step_bytes(cost_pair.draft), bandwidth, cost.draft_step_s)}
                     if isinstance(cost_pair.draft, nn.Module) else {})}
     return {"bandwidth_gb_s": round(bandwidth / 1e9, 2), **steps,
-            "kernel_table": None if tuning is None else {"path": str(tuning.path), "cached": tuning.cached,
-                                                         "one_row": {shape: [plan[1].kernel, plan[1].rows]
-                                                                     for shape, plan in tuning.plans.items()}}}
+            "kernel_table": None if tuning is None else {
+                "path": str(tuning.path), "cached": tuning.cached,
+                "one_row": {shape: [plan[1].kernel, plan[1].rows] for shape, plan in tuning.plans.items()},
+                "verify_9": {shape: [plan[9].kernel, plan[9].rows] for shape, plan in tuning.plans.items() if 9 in plan},
+                # per shape: what one copy of the weight costs at a race's widths (0: the fastest plan needs one)
+                "one_copy_cost": {shape: round(x, 4) for shape, x in tuning.one_copy_cost.items()}}}
 
 
 def save_predictor(bench, meta: dict, path: str) -> None:

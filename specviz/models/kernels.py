@@ -12,8 +12,17 @@ count ever costs more than a larger one: the target alone gets the machine's fas
 
 The candidates compute the same product from the same weights (only the summation order differs):
 - `dense`: the module's own call (torch's default CPU kernel for the dtype);
+- `native`: the same call with oneDNN switched off, so torch's own kernel runs (on one Zen 4 its one-row bf16
+  product, `bf16_gemv_trans`, read the weights at 0.72-0.75 of the bandwidth; oneDNN's took twice as long);
 - `onednn`: oneDNN on a copy of the weight packed once at load (CPU, float32 and bfloat16);
+- `streamed`: specviz's own few-row kernel on a copy laid out for it (`streamed.py`: one pass over the weight for
+  up to 17 rows; where the CPU has AVX-512 and a C++ compiler is at hand);
 - `int4` / `int8`: a weight-only quantized linear's own kernel (a quantized target or draft step).
+
+`dense` and `native` multiply by the weight as loaded; `onednn` and `streamed` by a copy of their own (made when
+a plan first uses them). Where a plan would keep both
+forms, the plan on one of them is taken instead unless it costs more than `LEAN_COST` at a race's mix of
+widths (`lean_plan`): one copy of each weight, at a measured price.
 
 The measured table is cached per machine (`kernel_table.KernelKey`: CPU model and flags, threads, torch
 version, dtype, the model's shapes) and re-measured when any of these change.
@@ -26,13 +35,14 @@ import logging
 import statistics
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 
+from specviz.models import streamed
 from specviz.models.draft.quantized import DENSE_ABOVE, Int4Linear, Int8Linear, QuantLinear
 from specviz.models.kernel_table import Costs, KernelKey, kept_or_measured, table_costs, table_path
 
@@ -42,6 +52,12 @@ MAX_PAD_ROWS = 17  # row counts timed one by one (the default K + 1 = 9, a tree 
 BUCKETS = (24, 32, 48, 64, 128)  # prompt chunks and the widest trees: no padding, the kernel only (above 128: its choice)
 PACK_HINT = 16  # the batch size oneDNN packs a weight for (its packed kernel serves any row count)
 TIE = 0.03  # options timed within 3 % of the fastest count as equal (repeated timings differ by about that)
+LEAN_COST = 0.03  # the extra time a one-form plan may cost before a linear keeps two forms of its weight
+# the rows a race multiplies, weighted by how often: 64 new tokens are 64 one-token steps (the target alone) and about
+# 16 verifies of K + 1 = 9 rows, after a prompt of a few 64-row chunks
+RACE_MIX = {1: 16, 9: 4, 64: 1}
+# the copy of the weight a kernel reads
+FORMS = {"dense": "as loaded", "native": "as loaded", "onednn": "packed", "streamed": "streamed"}
 GROUP_BYTES = 64 * 2**20  # time a shape over enough of its linears to leave the caches, as the model does
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]  # 2-D input rows -> 2-D output rows, bias included
@@ -74,6 +90,40 @@ def choose(costs: Costs, max_pad_rows: int = MAX_PAD_ROWS) -> dict[int, Choice]:
     return plan
 
 
+def form_of(kernel: str) -> str:
+    return FORMS.get(kernel, kernel)  # a quantized linear's kernel reads its own packed weights
+
+
+def plan_cost(costs: Costs, plan: dict[int, Choice], mix: dict[int, int] = RACE_MIX) -> float:
+    return sum(weight * costs[plan[n].kernel][plan[n].rows] for n, weight in mix.items() if n in plan)
+
+
+@dataclass(frozen=True)
+class LeanChoice:
+    """A shape's plan, and what one copy of its weight costs: `extra` is the one-form plan's time over the fastest
+    plan's at a race's mix of widths (`RACE_MIX`) (0 where the fastest plan needs one form anyway)."""
+
+    plan: dict[int, Choice]
+    forms: tuple[str, ...]
+    extra: float
+
+
+def lean_plan(costs: Costs, max_pad_rows: int = MAX_PAD_ROWS, limit: float = LEAN_COST,
+              mix: dict[int, int] = RACE_MIX) -> LeanChoice:
+    """The fastest plan (`choose`), unless it keeps two forms of the weight and a plan on one form costs at most
+    `limit` more at a race's mix of widths: then that one (memory is the default's to save)."""
+    fastest = choose(costs, max_pad_rows)
+    forms = sorted({form_of(c.kernel) for c in fastest.values()})
+    if len(forms) < 2:
+        return LeanChoice(fastest, tuple(forms), 0.0)
+    singles = [choose({k: per for k, per in costs.items() if form_of(k) == form}, max_pad_rows) for form in forms]
+    one = min(singles, key=lambda plan: plan_cost(costs, plan, mix))
+    extra = plan_cost(costs, one, mix) / plan_cost(costs, fastest, mix) - 1
+    if extra <= limit:
+        return LeanChoice(one, (form_of(next(iter(one.values())).kernel),), extra)
+    return LeanChoice(fastest, tuple(forms), extra)
+
+
 def lookup(plan: dict[int, Choice], n: int) -> Choice:
     """The choice for n rows: its own where measured, else the kernel of the largest measured size below it."""
     if n in plan:
@@ -102,18 +152,44 @@ def kernels_of(module: nn.Module) -> dict[str, Kernel]:
     weight, bias = module.weight, module.bias
     kernels: dict[str, Kernel] = {"dense": lambda x: F.linear(x, weight, bias)}
     if onednn_applies(weight):
+        kernels["native"] = WithoutOneDNN(weight, bias)
         kernels["onednn"] = OneDNN(weight, bias)
+    if streamed.applies(weight) and (lib := streamed.library()) is not None:
+        kernels["streamed"] = streamed.Streamed(weight, bias, lib)
     return kernels
 
 
-class OneDNN:
-    """oneDNN's linear on a copy of the weight packed once for it (twice the weight's memory while kept)."""
+class WithoutOneDNN:
+    """The module's product with oneDNN switched off for the call: torch's own kernel for the dtype runs. torch keeps
+    that switch once for the process, so it is set and put back around the call (models run on one thread)."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        self.packed = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_HINT)
-        self.bias = bias
+        self.weight, self.bias = weight, bias
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        was = torch._C._get_mkldnn_enabled()
+        torch._C._set_mkldnn_enabled(False)
+        try:
+            return F.linear(x, self.weight, self.bias)
+        finally:
+            torch._C._set_mkldnn_enabled(was)
+
+
+class OneDNN:
+    """oneDNN's linear on a copy of the weight packed for it: at the first call (a candidate the plan never uses
+    costs no memory), or by `prepare` before anything is timed."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
+        self.weight, self.bias = weight, bias
+        self.packed: torch.Tensor | None = None
+
+    def prepare(self) -> None:
+        if self.packed is None:
+            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_HINT)
+            self.weight = None  # the plain weight is the model's, not ours to keep
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.prepare()
         return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
@@ -147,8 +223,9 @@ class TunedLinear(nn.Module):
         self.plan = {n: c for n, c in plan.items() if c.kernel in kernels}
         used = {c.kernel for c in self.plan.values()} or set(kernels)
         self.kernels = {k: f for k, f in kernels.items() if k in used}  # a packed copy never chosen is let go
-        for name, kernel in self.kernels.items():  # a buffer, so the memory the app shows counts it
-            if isinstance(kernel, OneDNN):
+        for name, kernel in self.kernels.items():  # packed now, not in a timed run; a buffer, so memory counts it
+            if isinstance(kernel, (OneDNN, streamed.Streamed)):
+                kernel.prepare()
                 self.register_buffer(f"packed_{name}", kernel.packed, persistent=False)
         self.in_features, self.out_features = module.in_features, module.out_features
         self.key = shape_key(module)
@@ -244,6 +321,7 @@ class Tuning:
     plans: dict[str, dict[int, Choice]]
     cached: bool
     path: Path | None
+    one_copy_cost: dict[str, float] = field(default_factory=dict)  # per shape: `LeanChoice.extra`
 
 
 def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_group, folder: Path | None = None,
@@ -262,7 +340,9 @@ def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_
     for entry in candidates:
         groups.setdefault(shape_key(entry[2]), []).append(entry)
     row_counts = sizes(max_rows)
-    key = KernelKey.of(groups, device, row_counts, cpu)
+    # the candidates are part of what was measured: a table timed without one is timed again
+    key = KernelKey.of([f"{shape}|{'+'.join(members[0][3])}" for shape, members in groups.items()], device,
+                       row_counts, cpu)
     path = table_path(key, folder)
 
     def measure() -> dict:
@@ -282,15 +362,16 @@ def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_
 
     data, cached = kept_or_measured(path, key, "The kernel timings", measure, log.warning)
     costs = table_costs(data)
-    plans = {shape: choose(c, max_rows) for shape, c in costs.items()}
+    lean = {shape: lean_plan(c, max_rows) for shape, c in costs.items()}
+    plans = {shape: choice.plan for shape, choice in lean.items()}
     for parent, name, module, kernels in candidates:
         setattr(parent, name, TunedLinear(module, plans[shape_key(module)], kernels))
-    return fast.eval(), Tuning(costs, plans, cached, path)
+    return fast.eval(), Tuning(costs, plans, cached, path, {shape: choice.extra for shape, choice in lean.items()})
 
 
 def release_unused_dense(model: nn.Module) -> int:
-    """One copy of each weight: a tuned linear whose plan never multiplies by its dense weight (a packed copy serves
-    every row count) drops it, unless another part of the model holds it (a tied embedding). The weight becomes a
+    """One copy of each weight: a tuned linear whose plan never multiplies by its weight as loaded (a copy of a
+    kernel's own serves every row count) drops it, unless another part of the model holds it (a tied embedding). The weight becomes a
     meta tensor of its shape: `step_bytes` still counts the bytes a step reads, none stay resident, and any use of
     it fails loudly. The model as loaded shares these weights: it must not be used afterwards (`load_spec` releases
     only where nothing does). Returns the bytes released."""
@@ -302,7 +383,8 @@ def release_unused_dense(model: nn.Module) -> int:
     released = 0
     for m in tuned:
         weight = m.inner.weight
-        if set(m.kernels) != {"onednn"} or weight.device.type == "meta" or weight.untyped_storage().data_ptr() in held:
+        if any(form_of(k) == "as loaded" for k in m.kernels) or weight.device.type == "meta" \
+                or weight.untyped_storage().data_ptr() in held:
             continue
         released += weight.numel() * weight.element_size()
         m.inner.weight = nn.Parameter(torch.empty_like(weight, device="meta"), requires_grad=False)

@@ -1,0 +1,124 @@
+"""A kernel for few rows that reads each weight once, whatever the number of rows: a candidate of the dispatcher.
+
+A decode step multiplies one row by every weight and a verify K + 1 rows: both should cost what reading the
+weights costs. torch's kernels did not on this project's CPUs: its own one-row bf16 product streamed the weights
+near the bandwidth on a Zen 4 but took 3-4x as long at 9 rows; oneDNN's was slower at one row and needs a packed
+copy of its own. This kernel (`streamed.cpp`) keeps the weight in one layout made for few rows (blocks of 16
+outputs, their inputs in order) and multiplies up to 17 rows in one pass over it. It is one more candidate
+(`kernels.kernels_of`): the dispatcher times it beside the others and uses it only where it measures faster.
+
+It is built at first use with the machine's C++ compiler (`CXX`, else g++), once per machine, into the cache;
+where there is no compiler or the CPU lacks AVX-512 (AVX512-BF16 for bf16), the dispatcher goes on without it
+and says so once.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import hashlib
+import logging
+import os
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+import torch
+from filelock import FileLock
+
+from specviz.models.cache import cache_dir
+from specviz.models.kernel_table import cpu_fields
+
+log = logging.getLogger(__name__)
+
+SOURCE = Path(__file__).with_name("streamed.cpp")
+FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")
+LANES = 16  # outputs in a block (streamed.cpp)
+NEEDS = {torch.float32: {"avx512f"}, torch.bfloat16: {"avx512f", "avx512_bf16"}}
+
+
+def cpu_flags() -> set[str]:
+    return set(cpu_fields().get("flags", "").split())
+
+
+def build(folder: Path, compiler: str) -> Path:
+    """The shared library for this source, compiler and flags: compiled once into `folder` (under a lock; written
+    whole, then moved in place) and reused."""
+    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
+    digest = hashlib.sha256("\n".join([SOURCE.read_text(), version, *FLAGS]).encode()).hexdigest()[:16]
+    path = folder / f"streamed-{digest}.so"
+    folder.mkdir(parents=True, exist_ok=True)
+    with FileLock(str(path) + ".lock", timeout=300):
+        if not path.exists():
+            fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so.tmp")
+            os.close(fd)
+            try:
+                subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, check=True,
+                               timeout=300)
+                os.replace(tmp, path)
+            finally:
+                Path(tmp).unlink(missing_ok=True)
+    return path
+
+
+@functools.cache  # built and loaded once per process; a missing compiler said once
+def library() -> ctypes.CDLL | None:
+    """The loaded kernels, or None (said once) where they cannot be had here."""
+    missing = NEEDS[torch.float32] - cpu_flags()
+    compiler = shutil.which(os.environ.get("CXX", "g++"))
+    why = (f"this CPU lacks {', '.join(sorted(missing))}" if missing else
+           "no C++ compiler was found (set CXX, or install g++)" if compiler is None else None)
+    if why is None:
+        try:
+            lib = ctypes.CDLL(str(build(cache_dir() / "kernels", compiler)))
+        except (OSError, subprocess.SubprocessError) as e:
+            detail = e.stderr.strip().splitlines()[-1] if isinstance(e, subprocess.CalledProcessError) and e.stderr \
+                else str(e)
+            why = f"it could not be built or loaded ({detail})"
+        else:
+            for fn in (lib.linear_bf16, lib.linear_f32):
+                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3
+                fn.restype = None
+            return lib
+    log.warning(f"The few-row kernel is not used: {why}; the other kernels serve every row count.")
+    return None
+
+
+def applies(weight: torch.Tensor) -> bool:
+    """A CPU weight in a dtype this CPU has the instructions for, in a shape the layout takes."""
+    out, width = weight.shape
+    return (weight.device.type == "cpu" and weight.dtype in NEEDS and NEEDS[weight.dtype] <= cpu_flags()
+            and out % LANES == 0 and width % 2 == 0)
+
+
+def pack(weight: torch.Tensor) -> torch.Tensor:
+    """The weight [out, in] as streamed.cpp reads it: blocks of 16 outputs, inputs in order (bf16: in pairs)."""
+    out, width = weight.shape
+    pair = 2 if weight.dtype == torch.bfloat16 else 1
+    blocks = weight.detach().reshape(out // LANES, LANES, width // pair, pair)
+    return blocks.permute(0, 2, 1, 3).contiguous()
+
+
+class Streamed:
+    """The product with the weight in streamed.cpp's layout: packed at the first call (so a candidate the plan
+    never uses costs no memory), or by `prepare` before anything is timed."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL):
+        self.weight, self.bias = weight, None if bias is None else bias.detach().contiguous()
+        self.out, self.width = weight.shape
+        self.dtype = weight.dtype
+        self.fn = lib.linear_bf16 if weight.dtype == torch.bfloat16 else lib.linear_f32
+        self.packed: torch.Tensor | None = None
+
+    def prepare(self) -> None:
+        if self.packed is None:
+            self.packed, self.weight = pack(self.weight), None  # the plain weight is the model's, not ours to keep
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        self.prepare()
+        x = x.to(self.dtype).contiguous()
+        y = torch.empty(x.shape[0], self.out, dtype=self.dtype)
+        self.fn(x.data_ptr(), self.packed.data_ptr(), None if self.bias is None else self.bias.data_ptr(),
+                y.data_ptr(), x.shape[0], self.width, self.out)
+        return y

@@ -1,0 +1,104 @@
+"""The few-row kernel (`models/streamed.py`): the same product as torch's, its layout, its build, its absence."""
+
+from __future__ import annotations
+
+import logging
+
+import pytest
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from specviz.models import kernels as K
+from specviz.models import streamed
+from specviz.models.kernels import Choice, TunedLinear, tune
+from specviz.models.memory import model_bytes
+from specviz.models.tiny import tiny_model
+
+needs_kernel = pytest.mark.skipif(streamed.library() is None, reason="the few-row kernel cannot be built here")
+
+
+def test_the_layout_puts_16_outputs_side_by_side_and_bf16_inputs_in_pairs():
+    weight = torch.arange(32 * 4, dtype=torch.float32).reshape(32, 4)  # w[j][c] = 4 j + c
+    packed = streamed.pack(weight)
+    assert packed.shape == (2, 4, 16, 1)  # [blocks, inputs, outputs in the block, 1]
+    assert packed[1, 3, :, 0].tolist() == [4 * (16 + j) + 3 for j in range(16)]
+    packed = streamed.pack(weight.to(torch.bfloat16))
+    assert packed.shape == (2, 2, 16, 2)  # bf16: the inputs in pairs
+    assert packed[0, 1, 5].tolist() == [4 * 5 + 2, 4 * 5 + 3]
+
+
+@needs_kernel
+@pytest.mark.parametrize("bias", [True, False])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8, 9, 13, 16, 17, 18, 40])
+def test_it_multiplies_as_torch_in_float32(rows, bias):
+    torch.manual_seed(rows)
+    linear = nn.Linear(96, 160, bias=bias)
+    kernel = K.kernels_of(linear)["streamed"]
+    x = torch.randn(rows, 96)
+    torch.testing.assert_close(kernel(x), linear(x), rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+@pytest.mark.skipif(not streamed.NEEDS[torch.bfloat16] <= streamed.cpu_flags(), reason="no AVX512-BF16 here")
+@pytest.mark.parametrize("rows", [1, 4, 9, 17, 33])
+def test_it_multiplies_as_torch_in_bf16_to_the_last_bit_of_float32_sums(rows):
+    """bf16 products are exact in float32: the sums differ from a float32 reference by summation order only, and
+    the outputs are that sum (plus the bias) rounded to bf16 once."""
+    torch.manual_seed(rows)
+    weight, bias = torch.randn(64, 256, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
+    x = torch.randn(rows, 256, dtype=torch.bfloat16)
+    got = streamed.Streamed(weight, bias, streamed.library())(x)
+    exact = x.double() @ weight.double().T + bias.double()
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-6)  # within bf16's half-ulp rounding
+    torch.testing.assert_close(got, F.linear(x, weight, bias), rtol=2 ** -7, atol=1e-2)
+
+
+@needs_kernel
+def test_a_plan_on_the_streamed_copy_alone_lets_the_weights_as_loaded_go(tmp_path):
+    """One copy of each weight: where the few-row kernel serves every row count, the linears' weights as loaded are
+    released and the model holds its streamed copies and the rest once; the logits stay the model's."""
+    model = tiny_model(0, 64)
+    linears = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear))
+    timer = lambda group, *a: {k: {n: 0.1 if k == "streamed" else 1.0 for n in a[-1]} for k in group[0]}  # noqa: E731
+    fast, tuning = tune(model, folder=tmp_path, timer=timer, max_rows=3)
+    assert {c.kernel for plan in tuning.plans.values() for c in plan.values()} == {"streamed"}
+    assert model_bytes(fast) == model_bytes(model) + linears  # the streamed copies, made at tuning, beside the loaded
+    assert K.release_unused_dense(fast) == linears
+    assert model_bytes(fast) == model_bytes(model)
+    ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    torch.testing.assert_close(fast(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+@needs_kernel
+def test_a_candidate_the_plan_does_not_use_makes_no_copy():
+    linear = nn.Linear(64, 64)
+    kernels = K.kernels_of(linear)
+    tuned = TunedLinear(linear, {1: Choice("dense", 1)}, kernels)
+    assert kernels["streamed"].packed is None and kernels["onednn"].packed is None
+    assert model_bytes(tuned) == model_bytes(linear)
+
+
+def test_without_a_compiler_it_is_said_once_and_the_others_serve(monkeypatch, caplog):
+    monkeypatch.setenv("CXX", "/nonexistent/c++")
+    streamed.library.cache_clear()
+    try:
+        with caplog.at_level(logging.WARNING):
+            assert set(K.kernels_of(nn.Linear(64, 64))) == {"dense", "native", "onednn"}
+            assert set(K.kernels_of(nn.Linear(64, 64))) == {"dense", "native", "onednn"}
+        said = [r.getMessage() for r in caplog.records if "few-row kernel" in r.getMessage()]
+        assert len(said) == 1 and "no C++ compiler" in said[0]
+    finally:
+        streamed.library.cache_clear()
+
+
+@needs_kernel
+def test_it_is_built_once_per_machine_and_reused(tmp_path):
+    import shutil
+
+    compiler = shutil.which("g++")
+    first = streamed.build(tmp_path, compiler)
+    made = first.stat().st_mtime_ns
+    assert streamed.build(tmp_path, compiler) == first and first.stat().st_mtime_ns == made
+    assert [p.name for p in tmp_path.iterdir() if p.suffix == ".tmp"] == []  # nothing half-written left behind
