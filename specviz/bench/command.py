@@ -141,6 +141,7 @@ def cmd_bench(args) -> int:
     from specviz.models.draft import DraftQuant, cheaper_draft, with_cheaper_draft
     from specviz.bench.bandwidth import triad_bandwidth
     from specviz.models.draft.lean import LeanDraft
+    from specviz.models.draft.vocab import draft_vocab_ids
     from specviz.models.compiled import is_compiled
     from specviz.models.memory import resident
     from specviz.models.steps import with_steps
@@ -171,7 +172,8 @@ def cmd_bench(args) -> int:
         print(f"specviz bench: {problem}", file=sys.stderr)
         return 2
     quant = DraftQuant.named(spec.draft_quant, args.draft_group)
-    cheap = with_cheaper_draft(loaded, quant, lean=args.draft_step == "lean")
+    vocab_ids = draft_vocab_ids(loaded, spec.draft_vocab)
+    cheap = with_cheaper_draft(loaded, quant, lean=args.draft_step == "lean", vocab_ids=vocab_ids)
     spec_pair = replace(cheap, target=pair.target, target_name=pair.target_name)
     if tuning is not None:
         spec_pair = with_tuned_draft(spec_pair)
@@ -185,7 +187,7 @@ def cmd_bench(args) -> int:
         # "same": specviz's cheaper draft through the Hugging Face forward generate() needs; "loaded": as a user
         # would hand it over
         # (a compiled draft step is the loaded draft's: transformers gets that draft as loaded)
-        same = cheaper_draft(pair, quant, lean=False) if isinstance(spec_pair.draft, LeanDraft) else \
+        same = cheaper_draft(pair, quant, lean=False, vocab_ids=vocab_ids) if isinstance(spec_pair.draft, LeanDraft) else \
             pair.draft if is_compiled(spec_pair.draft) else spec_pair.draft
         assistants = {"same": same, **({"loaded": pair.draft} if same is not pair.draft else {})}
     cost_pair = spec_pair

@@ -55,6 +55,7 @@ def cmd_prove(args) -> int:
     from specviz.bench.command import machine
     from specviz.models import encode_prompt, load_spec
     from specviz.models.draft import DraftQuant, with_cheaper_draft
+    from specviz.models.draft.vocab import draft_vocab_ids
     from specviz.runs.errors import InputError
     from specviz.runs.proof import identity, matrix, prove, samplers
 
@@ -82,7 +83,8 @@ def cmd_prove(args) -> int:
     total = paths(True) + (len(configs) - 1) * paths(False) + len(identity_configs)
     with tqdm(total=len(quants) * total, desc="prove", unit="path", disable=args.no_progress) as bar:
         for q in quants:
-            pair = base if q == "none" or base.draft is None else with_cheaper_draft(base, DraftQuant.named(q))
+            pair = base if q == "none" or base.draft is None else \
+                with_cheaper_draft(base, DraftQuant.named(q), vocab_ids=draft_vocab_ids(base, spec.draft_vocab))
             for i, config in enumerate(configs):
                 last = 0
                 # the target alone and the draft alone run once per quantisation: no drafter changes their paths

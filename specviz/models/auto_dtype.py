@@ -39,7 +39,9 @@ def layer_step_seconds(dtype: torch.dtype, timer: Timer = time_group) -> float:
 def cpu_dtype_timings(folder: Path | None = None, cpu: str | None = None,
                       measure: Callable[[torch.dtype], float] = layer_step_seconds) -> dict[str, float]:
     """Seconds of the reference layer's tuned one-token step per dtype, measured once per machine and cached."""
-    key = KernelKey.of([f"dtype:{d}" for d in DTYPE_CANDIDATES], torch.device("cpu"), [1, 2, 3, 4], cpu)
+    # the candidate kernels are part of the answer: timed again when they change
+    key = KernelKey.of([f"dtype:{d}|{'+'.join(kernels_of(nn.Linear(64, 64, bias=False, dtype=d)))}"
+                        for d in DTYPE_CANDIDATES], torch.device("cpu"), [1, 2, 3, 4], cpu)
     path = table_path(key, folder).with_name(f"dtype-{key.digest()}.json")
 
     def measured() -> dict:

@@ -21,8 +21,8 @@ The candidates compute the same product from the same weights (only the summatio
 
 `dense` and `native` multiply by the weight as loaded; `onednn` and `streamed` by a copy of their own (made when
 a plan first uses them). Where a plan would keep both
-forms, the plan on one of them is taken instead unless it costs more than `LEAN_COST` at a race's mix of
-widths (`lean_plan`): one copy of each weight, at a measured price.
+forms, the plan on one of them is taken instead unless the model's race would pay more than `LEAN_COST` of its
+time for it (`lean_plans`, at a race's mix of widths): one copy of each weight, at a measured price.
 
 The measured table is cached per machine (`kernel_table.KernelKey`: CPU model and flags, threads, torch
 version, dtype, the model's shapes) and re-measured when any of these change.
@@ -52,7 +52,7 @@ MAX_PAD_ROWS = 17  # row counts timed one by one (the default K + 1 = 9, a tree 
 BUCKETS = (24, 32, 48, 64, 128)  # prompt chunks and the widest trees: no padding, the kernel only (above 128: its choice)
 PACK_HINT = 16  # the batch size oneDNN packs a weight for (its packed kernel serves any row count)
 TIE = 0.03  # options timed within 3 % of the fastest count as equal (repeated timings differ by about that)
-LEAN_COST = 0.03  # the extra time a one-form plan may cost before a linear keeps two forms of its weight
+LEAN_COST = 0.03  # the share of a race's time one copy of each weight may cost before some keep two forms
 # the rows a race multiplies, weighted by how often: 64 new tokens are 64 one-token steps (the target alone) and about
 # 16 verifies of K + 1 = 9 rows, after a prompt of a few 64-row chunks
 RACE_MIX = {1: 16, 9: 4, 64: 1}
@@ -98,30 +98,46 @@ def plan_cost(costs: Costs, plan: dict[int, Choice], mix: dict[int, int] = RACE_
     return sum(weight * costs[plan[n].kernel][plan[n].rows] for n, weight in mix.items() if n in plan)
 
 
+def forms_of(plan: dict[int, Choice]) -> tuple[str, ...]:
+    return tuple(sorted({form_of(c.kernel) for c in plan.values()}))
+
+
+def one_form_plan(costs: Costs, max_pad_rows: int = MAX_PAD_ROWS, mix: dict[int, int] = RACE_MIX
+                  ) -> dict[int, Choice]:
+    """The fastest plan whose kernels all read one form of the weight (the cheapest at a race's mix of widths)."""
+    forms = sorted({form_of(k) for k in costs})
+    singles = [choose({k: per for k, per in costs.items() if form_of(k) == form}, max_pad_rows) for form in forms]
+    return min(singles, key=lambda plan: plan_cost(costs, plan, mix))
+
+
 @dataclass(frozen=True)
 class LeanChoice:
     """A shape's plan, and what one copy of its weight costs: `extra` is the one-form plan's time over the fastest
-    plan's at a race's mix of widths (`RACE_MIX`) (0 where the fastest plan needs one form anyway)."""
+    plan's at a race's mix of widths (`RACE_MIX`): 0 where the fastest plan needs one form anyway."""
 
     plan: dict[int, Choice]
     forms: tuple[str, ...]
     extra: float
 
 
-def lean_plan(costs: Costs, max_pad_rows: int = MAX_PAD_ROWS, limit: float = LEAN_COST,
-              mix: dict[int, int] = RACE_MIX) -> LeanChoice:
-    """The fastest plan (`choose`), unless it keeps two forms of the weight and a plan on one form costs at most
-    `limit` more at a race's mix of widths: then that one (memory is the default's to save)."""
-    fastest = choose(costs, max_pad_rows)
-    forms = sorted({form_of(c.kernel) for c in fastest.values()})
-    if len(forms) < 2:
-        return LeanChoice(fastest, tuple(forms), 0.0)
-    singles = [choose({k: per for k, per in costs.items() if form_of(k) == form}, max_pad_rows) for form in forms]
-    one = min(singles, key=lambda plan: plan_cost(costs, plan, mix))
-    extra = plan_cost(costs, one, mix) / plan_cost(costs, fastest, mix) - 1
-    if extra <= limit:
-        return LeanChoice(one, (form_of(next(iter(one.values())).kernel),), extra)
-    return LeanChoice(fastest, tuple(forms), extra)
+def lean_plans(costs: dict[str, Costs], linears: dict[str, tuple[int, int]], max_pad_rows: int = MAX_PAD_ROWS,
+               limit: float = LEAN_COST, mix: dict[int, int] = RACE_MIX) -> dict[str, LeanChoice]:
+    """Each shape's plan on one form of its weight, unless the whole model's race would pay more than `limit` of
+    its time for that: then the shapes whose second copy buys the most time per byte keep their fastest plan.
+
+    `linears`: per shape, how many linears of it the model has and the bytes of one's weight."""
+    fastest = {s: choose(c, max_pad_rows) for s, c in costs.items()}
+    one = {s: one_form_plan(c, max_pad_rows, mix) if len(forms_of(fastest[s])) > 1 else fastest[s]
+           for s, c in costs.items()}
+    time = {s: linears[s][0] * plan_cost(costs[s], fastest[s], mix) for s in costs}
+    extra = {s: linears[s][0] * plan_cost(costs[s], one[s], mix) - time[s] for s in costs}
+    budget, lean = limit * sum(time.values()), set()
+    for s in sorted(costs, key=lambda s: extra[s] / max(linears[s][0] * linears[s][1], 1)):  # cheapest bytes first
+        if extra[s] <= budget:
+            budget -= max(extra[s], 0.0)
+            lean.add(s)
+    return {s: LeanChoice(one[s] if s in lean else fastest[s], forms_of(one[s] if s in lean else fastest[s]),
+                          extra[s] / time[s] if time[s] else 0.0) for s in costs}
 
 
 def lookup(plan: dict[int, Choice], n: int) -> Choice:
@@ -259,8 +275,8 @@ class TunedLinear(nn.Module):
             y = (self.by_rows[n] if n < len(self.by_rows) else self.call_for(n))(x2)
         return y.view(*x.shape[:-1], self.out_features)
 
-    def extra_repr(self) -> str:
-        return self.key
+    def extra_repr(self) -> str:  # the kernels it keeps: a step timed on other kernels is timed again (`steps`)
+        return f"{self.key} on {'+'.join(self.kernels)}"
 
 
 def sites(model: nn.Module, skip: tuple[str, ...] = ("full",)) -> list[tuple[nn.Module, str, nn.Module]]:
@@ -362,7 +378,8 @@ def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_
 
     data, cached = kept_or_measured(path, key, "The kernel timings", measure, log.warning)
     costs = table_costs(data)
-    lean = {shape: lean_plan(c, max_rows) for shape, c in costs.items()}
+    lean = lean_plans(costs, {shape: (len(members), module_bytes(members[0][2])) for shape, members in groups.items()},
+                      max_rows)
     plans = {shape: choice.plan for shape, choice in lean.items()}
     for parent, name, module, kernels in candidates:
         setattr(parent, name, TunedLinear(module, plans[shape_key(module)], kernels))

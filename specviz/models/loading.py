@@ -328,14 +328,19 @@ def with_speedups(pair: ModelPair, spec: PairSpec, status: Status = log.info, re
     step replaced are released before the target's packed copy is made (the load's peak)."""
     from specviz.models.draft import DraftQuant, with_cheaper_draft  # torch kernels: only when asked for
     from specviz.models.draft.lean import LeanDraft, release_replaced
+    from specviz.models.draft.vocab import draft_vocab_ids
     from specviz.models.steps import with_steps
     from specviz.models.target import with_target, with_tuned_draft
 
     loaded = pair
+    if spec.draft_vocab and (spec.draft_quant == "none" or pair.device.type != "cpu"):
+        raise ModelLoadError(f"--draft-vocab {spec.draft_vocab} cuts the head of the cheaper draft step: it needs "
+                             "--draft-quant int4 or int8, on a CPU.")
     # the draft first, its step decided before the target is packed (so its dense linears may go first)
     if spec.draft_quant != "none" and pair.draft is not None and pair.device.type == "cpu":  # CPU kernels only
         status(f"Packing the draft's weights as {spec.draft_quant}…")
-        pair = with_cheaper_draft(pair, DraftQuant.named(spec.draft_quant))
+        pair = with_cheaper_draft(pair, DraftQuant.named(spec.draft_quant),
+                                  vocab_ids=draft_vocab_ids(pair, spec.draft_vocab))
     pair = with_tuned_draft(pair, status) if spec.kernels == "tuned" else pair
     pair = with_steps(loaded, pair, spec, status, roles=("draft",))
     if release and isinstance(pair.draft, LeanDraft):

@@ -46,6 +46,12 @@ class PairSpec:
                                         description="on CPU, run the draft's one-token step with int4/int8 weights "
                                                     "(about 3x cheaper; exact all the same, since q is what that "
                                                     "draft sampled from); the target's weights are never changed")
+    draft_vocab: int = Field(0, ge=0, le=1_000_000, multiple_of=16, title="draft vocabulary",
+                             description="on CPU, the draft's head over only the N most frequent tokens of a corpus "
+                                         "(FR-Spec; the ranking shipped for the embedded pair's tokenizer): q is a "
+                                         "distribution over them, zero elsewhere, so decoding stays exact; a "
+                                         "cheaper draft step, at the acceptance the bench measures; 0 = the whole "
+                                         "vocabulary")
     target_quant: TargetQuant = Field("none", title="target precision",
                                       description="on CPU, run the target with int8/int4 weights in both lanes (the "
                                                   "economics of CPU engines such as llama.cpp: the target gets "

@@ -9,18 +9,20 @@ from specviz.models.draft.lean import lean_draft
 from specviz.models.draft.quantized import DraftQuant, quantize_draft
 
 
-def cheaper_draft(pair, quant: DraftQuant, lean: bool = True):
-    """The cheaper draft for `pair` (its own draft stays as loaded, e.g. for transformers' generate).
-    `lean=False` keeps the Hugging Face forward (what `generate(assistant_model=...)` needs)."""
+def cheaper_draft(pair, quant: DraftQuant, lean: bool = True, vocab_ids=None):
+    """The cheaper draft for `pair` (its own draft stays as loaded, e.g. for transformers' generate), its head over
+    `vocab_ids` only where given (`vocab.SubsetHead`). `lean=False` keeps the Hugging Face forward (what
+    `generate(assistant_model=...)` needs)."""
     if pair.draft is None:
         return None
-    model = lean_draft(pair.draft, quant) if lean else None
-    return model if model is not None else quantize_draft(pair.draft, quant)
+    model = lean_draft(pair.draft, quant, vocab_ids) if lean else None
+    return model if model is not None else quantize_draft(pair.draft, quant, vocab_ids)
 
 
-def with_cheaper_draft(pair, quant: DraftQuant, lean: bool = True):
+def with_cheaper_draft(pair, quant: DraftQuant, lean: bool = True, vocab_ids=None):
     """The same pair with the cheaper draft, named so (where it applies: CPU; elsewhere `pair` itself)."""
-    draft = cheaper_draft(pair, quant, lean)
+    draft = cheaper_draft(pair, quant, lean, vocab_ids)
     if draft is None or draft is pair.draft:
         return pair
-    return replace(pair, draft=draft, draft_name=f"{pair.draft_name} [int{quant.bits} draft step]")
+    head = "" if vocab_ids is None else f", head over {len(vocab_ids):,} tokens"
+    return replace(pair, draft=draft, draft_name=f"{pair.draft_name} [int{quant.bits} draft step{head}]")

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specviz.models.draft.quantized import DraftQuant, quantize_linear, supports
+from specviz.models.draft.quantized import DraftQuant, quantize_head, quantize_linear, supports
 
 SUPPORTED = ("qwen2", "llama")
 
@@ -93,7 +93,7 @@ class LeanDraft(nn.Module):
     """Callable like a Hugging Face causal LM for what the drafter uses:
     `model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits`."""
 
-    def __init__(self, model: nn.Module, spec: DraftQuant):
+    def __init__(self, model: nn.Module, spec: DraftQuant, vocab_ids: torch.Tensor | None = None):
         super().__init__()
         self.config = model.config  # the original itself is not kept: its dense weights are freed with it
         inner = model.model
@@ -102,7 +102,7 @@ class LeanDraft(nn.Module):
         self.embed = inner.embed_tokens
         self.rotary = inner.rotary_emb
         self.norm, self.eps = inner.norm.weight, eps
-        self.lm_head = quantize_linear(model.get_output_embeddings(), spec.bits, spec.group_size, keep_dense=False)
+        self.lm_head = quantize_head(model.get_output_embeddings(), spec, vocab_ids)
 
     @property
     def device(self) -> torch.device:
@@ -151,8 +151,9 @@ def release_replaced(model: nn.Module) -> int:
     return released
 
 
-def lean_draft(model: nn.Module, spec: DraftQuant) -> nn.Module | None:
-    """A LeanDraft of `model`, or None where this module does not apply (architecture, device)."""
+def lean_draft(model: nn.Module, spec: DraftQuant, vocab_ids: torch.Tensor | None = None) -> nn.Module | None:
+    """A LeanDraft of `model` (its head over `vocab_ids` only, where given), or None where this module does not
+    apply (architecture, device)."""
     if not supported(model) or not supports(next(model.parameters()).device, spec.bits):
         return None
-    return LeanDraft(model, spec).eval()
+    return LeanDraft(model, spec, vocab_ids).eval()
