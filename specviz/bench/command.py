@@ -163,7 +163,7 @@ def cmd_bench(args) -> int:
         log.warning("torch uses %s threads on %s cores", info["torch_threads"], info["cpu_count"])
     # the draft as loaded (the cheaper one is chosen below) and the target at its precision, on the kernels as loaded
     # (the one-token steps are chosen below, on the pair as the runs use it: the tuned kernels, the cheaper draft)
-    loaded = load_spec(replace(spec, draft_quant="none", kernels="plain", step="eager"))
+    loaded = load_spec(replace(spec, draft_quant="none", draft_vocab=0, kernels="plain", step="eager"))
     pair, tuning = with_target(loaded, "none", spec.kernels, status=lambda s: print(s, file=sys.stderr))
     untuned = loaded if args.also_untuned and tuning is not None else None
     problem = next(filter(None, (drafter_problem(c.drafter, pair.draft, pair.target, c.exit_layer, pair.vocab_map)

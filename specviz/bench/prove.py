@@ -66,7 +66,7 @@ def cmd_prove(args) -> int:
     spec = validate(PairSpec, {**values_of(args, PairSpec), "draft_quant": "none"})
     for q in quants:
         validate(PairSpec, {**values_of(args, PairSpec), "draft_quant": q})
-    base = load_spec(spec)
+    base = load_spec(replace(spec, draft_vocab=0))  # a cut head is the cheaper draft's, made below
     ids = encode_prompt(base.tokenizer, args.prompt)
     report = {"meta": {"machine": machine(), "draft": base.draft_name, "target": base.target_name,
                        "dtype": str(base.dtype).removeprefix("torch."), "device": str(base.device),
