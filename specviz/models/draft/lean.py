@@ -76,11 +76,22 @@ class LeanLayer(nn.Module):
         v = v.view(1, t, -1, self.head_dim).transpose(1, 2)
         q, k = _rope(q, cos, sin), _rope(k, cos, sin)
         k, v = cache.update(k, v, self.index)
-        a = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=True)
+        a = decode_attention(q, k, v, self.scaling) if t == 1 and mask is None else \
+            F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.scaling, enable_gqa=True)
         h = h + self.o(a.transpose(1, 2).reshape(1, t, -1))
         x = F.rms_norm(h, (h.shape[-1],), self.norm2, self.eps)
         gate, up = self.gate_up(x).split([self.ffn, self.ffn], dim=-1)
         return h + self.down(F.silu(gate) * up)
+
+
+def decode_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """One new token's attention over the cache as two small matmuls, each query head beside the key/value head it
+    shares (grouped-query attention). torch's fused CPU kernel took 4-5x as long for one query row over a few hundred
+    positions (bf16, the embedded draft's heads on a 2-core Zen 4: 381 vs 82 us at 512; the same maths)."""
+    batch, heads, _, dim = q.shape
+    shared = q.view(batch, k.shape[1], heads // k.shape[1], dim)
+    weights = torch.softmax((shared @ k.transpose(-1, -2)).float() * scale, -1).to(q.dtype)
+    return (weights @ v).view(batch, heads, 1, dim)
 
 
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
