@@ -28,7 +28,8 @@ from specviz.engine.drafters import Draft, ModelDrafter
 from specviz.models import PairSpec, load_spec
 from specviz.models.draft import DraftQuant, with_cheaper_draft
 from specviz.models.draft.lean import LeanDraft
-from specviz.models.draft.vocab import SubsetHead, draft_vocab_ids, subset_linear, tokenizer_digest
+from specviz.models.draft.vocab import SubsetHead, subset_linear, tokenizer_digest
+from specviz.models.loading import draft_vocab_ids
 from specviz.models.memory import model_bytes
 from specviz.models.pair import ModelLoadError
 from specviz.models.tiny import EOS_ID, tiny_pair

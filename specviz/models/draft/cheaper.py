@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from specviz.models.draft.lean import lean_draft
 from specviz.models.draft.quantized import DraftQuant, quantize_draft
+from specviz.models.draft.vocab import quantize_head
 
 
 def cheaper_draft(pair, quant: DraftQuant, lean: bool = True, vocab_ids=None):
@@ -16,7 +17,12 @@ def cheaper_draft(pair, quant: DraftQuant, lean: bool = True, vocab_ids=None):
     if pair.draft is None:
         return None
     model = lean_draft(pair.draft, quant, vocab_ids) if lean else None
-    return model if model is not None else quantize_draft(pair.draft, quant, vocab_ids)
+    if model is not None:
+        return model
+    model = quantize_draft(pair.draft, quant)
+    if vocab_ids is not None and model is not pair.draft:  # (a copy: the draft as loaded keeps its head)
+        model.set_output_embeddings(quantize_head(pair.draft.get_output_embeddings(), quant, vocab_ids))
+    return model
 
 
 def with_cheaper_draft(pair, quant: DraftQuant, lean: bool = True, vocab_ids=None):

@@ -22,7 +22,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specviz.models.draft.quantized import DraftQuant, quantize_head, quantize_linear, supports
+from specviz.models.draft.quantized import DraftQuant, quantize_linear, supports
+from specviz.models.draft.vocab import quantize_head
 
 SUPPORTED = ("qwen2", "llama")
 

@@ -114,19 +114,8 @@ def quantize_linear(linear: nn.Linear, bits: int, group_size: int = 32, keep_den
     return linear
 
 
-def quantize_head(head: nn.Module, spec: DraftQuant, vocab_ids: torch.Tensor | None = None) -> nn.Module:
-    """The draft's head quantized, over the whole vocabulary or only over `vocab_ids` (`vocab.SubsetHead`); the
-    loaded head is not modified (a tied head is the embedding)."""
-    from specviz.models.draft.vocab import SubsetHead, subset_linear
-
-    if vocab_ids is None:
-        return quantize_linear(head, spec.bits, spec.group_size, keep_dense=False)
-    sub = quantize_linear(subset_linear(head, vocab_ids), spec.bits, spec.group_size, keep_dense=False)
-    return SubsetHead(sub, vocab_ids, head.out_features)
-
-
 @torch.no_grad()
-def quantize_draft(model: nn.Module, spec: DraftQuant, vocab_ids: torch.Tensor | None = None) -> nn.Module:
+def quantize_draft(model: nn.Module, spec: DraftQuant) -> nn.Module:
     """A quantized copy of a causal LM, or `model` itself where the kernels do not apply.
     The original is untouched and its weights are shared, not copied."""
     if not supports(next(model.parameters()).device, spec.bits):
@@ -138,7 +127,5 @@ def quantize_draft(model: nn.Module, spec: DraftQuant, vocab_ids: torch.Tensor |
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, quantize_linear(child, spec.bits, spec.group_size))
-    head = model.get_output_embeddings()
-    fast.set_output_embeddings(quantize_linear(head, spec.bits, spec.group_size) if vocab_ids is None
-                               else quantize_head(head, spec, vocab_ids))
+    fast.set_output_embeddings(quantize_linear(model.get_output_embeddings(), spec.bits, spec.group_size))
     return fast.eval()

@@ -21,6 +21,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from specviz.models.draft.quantized import DraftQuant, quantize_linear
+
 RANKING = Path(str(files("specviz.data") / "draft_vocab.json"))
 
 
@@ -31,25 +33,10 @@ def tokenizer_digest(tokenizer) -> str:
     return hashlib.sha256(json.dumps(sorted(vocab.items())).encode()).hexdigest()
 
 
-def draft_vocab_ids(pair, n: int, path: Path = RANKING) -> torch.Tensor | None:
-    """The token ids a draft head over n tokens keeps for `pair` (None: n = 0, the whole vocabulary); one sentence
-    where the shipped ranking does not fit the pair's tokenizer."""
-    from specviz.models.pair import ModelLoadError
-
-    if not n:
-        return None
-    ids = ranked_ids(pair.tokenizer, n, path) if pair.vocab_map is None else None
-    if ids is None:
-        raise ModelLoadError(f"--draft-vocab {n}: the shipped token ranking was made for the embedded pair's "
-                             f"tokenizer, not {pair.draft_name}'s (scripts/rank_draft_vocab.py --tokenizer makes "
-                             "one); use --draft-vocab 0 for the whole vocabulary.")
-    return ids
-
-
-def ranked_ids(tokenizer, n: int, path: Path = RANKING) -> torch.Tensor | None:
+def ranked_ids(tokenizer, n: int, path: Path | None = None) -> torch.Tensor | None:
     """The n most frequent token ids for `tokenizer`, sorted; None where the shipped ranking was made for another
     tokenizer."""
-    ranking = json.loads(path.read_text())
+    ranking = json.loads((path or RANKING).read_text())
     if ranking["tokenizer_sha256"] != tokenizer_digest(tokenizer):
         return None
     ranked = ranking["ranked"][:n]
@@ -81,3 +68,12 @@ def subset_linear(head: nn.Module, ids: torch.Tensor) -> nn.Linear:
     if head.bias is not None:
         linear.bias = nn.Parameter(head.bias.detach()[ids].clone(), requires_grad=False)
     return linear
+
+
+def quantize_head(head: nn.Module, spec: DraftQuant, vocab_ids: torch.Tensor | None = None) -> nn.Module:
+    """The draft's head quantized, over the whole vocabulary or only over `vocab_ids`; the loaded head is not
+    modified (a tied head is the embedding)."""
+    if vocab_ids is None:
+        return quantize_linear(head, spec.bits, spec.group_size, keep_dense=False)
+    sub = quantize_linear(subset_linear(head, vocab_ids), spec.bits, spec.group_size, keep_dense=False)
+    return SubsetHead(sub, vocab_ids, head.out_features)
