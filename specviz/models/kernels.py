@@ -15,8 +15,9 @@ The candidates compute the same product from the same weights (only the summatio
 - `native`: the same call with oneDNN switched off, so torch's own kernel runs (on one Zen 4 its one-row bf16
   product, `bf16_gemv_trans`, read the weights at 0.72-0.75 of the bandwidth; oneDNN's took twice as long);
 - `onednn`: oneDNN on a copy of the weight packed once at load (CPU, float32 and bfloat16);
-- `streamed`: specviz's own few-row kernel on a copy laid out for it (`streamed.py`: one pass over the weight for
-  up to 17 rows; where the CPU has AVX-512 and a C++ compiler is at hand);
+- `streamed`: specviz's own kernel on a copy of the weight laid out for it (`streamed.py`: one pass over the weight
+  for a verify's few rows, a block at a time for a prompt's many; where the CPU has AVX-512 and a C++ compiler is
+  at hand);
 - `int4` / `int8`: a weight-only quantized linear's own kernel (a quantized target or draft step).
 
 `dense` and `native` multiply by the weight as loaded; `onednn` and `streamed` by a copy of their own (made when

@@ -59,9 +59,10 @@ class PairSpec:
                                                   "against this quantized target")
     kernels: Kernels = Field("tuned", title="kernels",
                              description="on CPU, time every linear shape for every row count the engine uses on "
-                                         "each kernel (dense, oneDNN-packed, padded to more rows) and send each "
-                                         "to the fastest, for both lanes (once per machine, cached); plain = as "
-                                         "loaded")
+                                         "each kernel (as loaded, oneDNN off, oneDNN-packed, specviz's few-row "
+                                         "kernel; padded to more rows) and send each to the fastest, for both "
+                                         "lanes, keeping one copy of each weight (once per machine, cached); "
+                                         "plain = as loaded")
     step: Step = Field("auto", title="one-token step",
                        description="compiled = each model's one-token step compiled (torch.compile, CUDA graphs on "
                                    "a GPU) on a static KV cache; eager = as the kernels above run it; auto = "

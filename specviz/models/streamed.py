@@ -4,7 +4,8 @@ A decode step multiplies one row by every weight and a verify K + 1 rows: both s
 weights costs. torch's kernels did not on this project's CPUs: its own one-row bf16 product streamed the weights
 near the bandwidth on a Zen 4 but took 3-4x as long at 9 rows; oneDNN's was slower at one row and needs a packed
 copy of its own. This kernel (`streamed.cpp`) keeps the weight in one layout made for few rows (blocks of 16
-outputs, their inputs in order) and multiplies up to 17 rows in one pass over it. It is one more candidate
+outputs, their inputs in order) and multiplies up to 13 rows in one pass over it; more rows (a prompt) go a block
+at a time, each block read from memory once. It is one more candidate
 (`kernels.kernels_of`): the dispatcher times it beside the others and uses it only where it measures faster.
 
 It is built at first use with the machine's C++ compiler (`CXX`, else g++), once per machine, into the cache;
