@@ -29,10 +29,10 @@ from specviz.models import PairSpec, load_spec
 from specviz.models.draft import DraftQuant, with_cheaper_draft
 from specviz.models.draft.lean import LeanDraft
 from specviz.models.draft.vocab import SubsetHead, subset_linear, tokenizer_digest
-from specviz.models.loading import draft_vocab_ids
+from specviz.models.cut_head import draft_vocab_ids
 from specviz.models.memory import model_bytes
 from specviz.models.pair import ModelLoadError
-from specviz.models.tiny import EOS_ID, tiny_pair
+from specviz.models.tiny import tiny_pair
 
 KEPT = torch.tensor([0, 1, 2, 3, 4, 5, 6, 9, 12, 15])  # <eos> (0) among them: the draft can stop
 RUNS = 3_000

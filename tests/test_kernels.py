@@ -14,7 +14,8 @@ from specviz.models import auto_dtype
 from specviz.models import kernels as K
 from specviz.models import streamed
 from specviz.models.draft.quantized import DraftQuant, Int4Linear, Int8Linear
-from specviz.models.kernels import Choice, TunedLinear, choose, lean_plans, lookup, tune
+from specviz.models.kernels import TunedLinear, tune
+from specviz.models.plans import BUCKETS, Choice, LeanChoice, choose, lean_plans, lookup
 from specviz.models.memory import model_bytes, weights_bytes
 from specviz.models.target import quantize_target, with_target
 from specviz.models.tiny import tiny_model, tiny_pair
@@ -86,7 +87,7 @@ def test_one_copy_of_each_weight_unless_the_race_pays_more_than_three_percent_fo
     pair = lean_plans({"a": a, "d": d}, {"a": (1, 100), "d": (1, 1000)}, 9, mix=mix)
     assert pair["d"].forms == ("as loaded",) and pair["a"].forms == ("as loaded", "packed")
     one_form = {"dense": {1: 1.0, 9: 1.2}, "onednn": {1: 1.5, 9: 1.5}}  # nothing to trade: no price
-    assert lean_plans({"e": one_form}, {"e": (1, 1)}, 9, mix=mix)["e"] == K.LeanChoice(choose(one_form, 9),
+    assert lean_plans({"e": one_form}, {"e": (1, 1)}, 9, mix=mix)["e"] == LeanChoice(choose(one_form, 9),
                                                                                         ("as loaded",), 0.0)
 
 
@@ -287,7 +288,7 @@ def test_a_lean_draft_holds_its_packed_weights_and_the_embedding_once_and_the_lo
 def test_a_weight_a_plan_multiplies_by_or_another_module_holds_is_kept(tmp_path):
     model = tiny_model(0, 64)
     some, _ = tune(model, folder=tmp_path / "a", max_rows=2,
-                   timer=fake_timer({"dense": {n: 0.5 for n in K.BUCKETS}, "onednn": {1: 0.1, 2: 0.1}}))
+                   timer=fake_timer({"dense": {n: 0.5 for n in BUCKETS}, "onednn": {1: 0.1, 2: 0.1}}))
     assert K.release_unused_dense(some) == 0  # dense still serves the prompt's row counts
     model.lm_head.weight = model.model.embed_tokens.weight  # tied, as in Qwen2.5-0.5B
     tied, _ = tune(model, folder=tmp_path / "b", timer=fake_timer({"onednn": {n: 0.1 for n in range(1, 129)}}),

@@ -11,7 +11,8 @@ from torch.nn import functional as F
 
 from specviz.models import kernels as K
 from specviz.models import streamed
-from specviz.models.kernels import Choice, TunedLinear, tune
+from specviz.models.kernels import TunedLinear, tune
+from specviz.models.plans import Choice
 from specviz.models.memory import model_bytes
 from specviz.models.tiny import tiny_model
 

@@ -141,7 +141,7 @@ def cmd_bench(args) -> int:
     from specviz.models.draft import DraftQuant, cheaper_draft, with_cheaper_draft
     from specviz.bench.bandwidth import triad_bandwidth
     from specviz.models.draft.lean import LeanDraft
-    from specviz.models.loading import draft_vocab_ids
+    from specviz.models.cut_head import draft_vocab_ids
     from specviz.models.compiled import is_compiled
     from specviz.models.memory import resident
     from specviz.models.steps import with_steps

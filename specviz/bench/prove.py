@@ -55,7 +55,7 @@ def cmd_prove(args) -> int:
     from specviz.bench.command import machine
     from specviz.models import encode_prompt, load_spec
     from specviz.models.draft import DraftQuant, with_cheaper_draft
-    from specviz.models.loading import draft_vocab_ids
+    from specviz.models.cut_head import draft_vocab_ids
     from specviz.runs.errors import InputError
     from specviz.runs.proof import identity, matrix, prove, samplers
 

@@ -322,26 +322,12 @@ def lean(pair: ModelPair, status: Status = log.info) -> ModelPair:
     return pair
 
 
-def draft_vocab_ids(pair: ModelPair, n: int, ranking: Path | None = None) -> torch.Tensor | None:
-    """The token ids a draft head over n tokens keeps for `pair` (None: n = 0, the whole vocabulary); one sentence
-    where the shipped ranking does not fit the pair's tokenizer."""
-    from specviz.models.draft.vocab import ranked_ids
-
-    if not n:
-        return None
-    ids = ranked_ids(pair.tokenizer, n, ranking) if pair.vocab_map is None else None
-    if ids is None:
-        raise ModelLoadError(f"--draft-vocab {n}: the shipped token ranking was made for the embedded pair's "
-                             f"tokenizer, not {pair.draft_name}'s (scripts/rank_draft_vocab.py --tokenizer makes "
-                             "one); use --draft-vocab 0 for the whole vocabulary.")
-    return ids
-
-
 def with_speedups(pair: ModelPair, spec: PairSpec, status: Status = log.info, release: bool = False) -> ModelPair:
     """`pair` with the target's precision, the kernels and the one-token steps `spec` asks for; the loaded models
     stay as they are, unless `release` (for a caller that drops `pair`): then the loaded draft's linears a lean draft
     step replaced are released before the target's packed copy is made (the load's peak)."""
     from specviz.models.draft import DraftQuant, with_cheaper_draft  # torch kernels: only when asked for
+    from specviz.models.cut_head import draft_vocab_ids
     from specviz.models.draft.lean import LeanDraft, release_replaced
     from specviz.models.steps import with_steps
     from specviz.models.target import with_target, with_tuned_draft
