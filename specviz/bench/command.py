@@ -187,7 +187,8 @@ def cmd_bench(args) -> int:
         # "same": specviz's cheaper draft through the Hugging Face forward generate() needs; "loaded": as a user
         # would hand it over
         # (a compiled draft step is the loaded draft's: transformers gets that draft as loaded)
-        same = cheaper_draft(pair, quant, lean=False, vocab_ids=vocab_ids) if isinstance(spec_pair.draft, LeanDraft) else \
+        same = cheaper_draft(pair, quant, lean=False, vocab_ids=vocab_ids) \
+            if isinstance(spec_pair.draft, LeanDraft) else \
             pair.draft if is_compiled(spec_pair.draft) else spec_pair.draft
         assistants = {"same": same, **({"loaded": pair.draft} if same is not pair.draft else {})}
     cost_pair = spec_pair
@@ -298,7 +299,8 @@ def anchors(cost, cost_pair, bandwidth: float, tuning) -> dict:
             "kernel_table": None if tuning is None else {
                 "path": str(tuning.path), "cached": tuning.cached,
                 "one_row": {shape: [plan[1].kernel, plan[1].rows] for shape, plan in tuning.plans.items()},
-                "verify_9": {shape: [plan[9].kernel, plan[9].rows] for shape, plan in tuning.plans.items() if 9 in plan},
+                "verify_9": {shape: [plan[9].kernel, plan[9].rows]
+                             for shape, plan in tuning.plans.items() if 9 in plan},
                 # per shape: what one copy of the weight costs at a race's widths (0: the fastest plan needs one)
                 "one_copy_cost": {shape: round(x, 4) for shape, x in tuning.one_copy_cost.items()}}}
 

@@ -295,10 +295,10 @@ def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_
 
 def release_unused_dense(model: nn.Module) -> int:
     """One copy of each weight: a tuned linear whose plan never multiplies by its weight as loaded (a copy of a
-    kernel's own serves every row count) drops it, unless another part of the model holds it (a tied embedding). The weight becomes a
-    meta tensor of its shape: `step_bytes` still counts the bytes a step reads, none stay resident, and any use of
-    it fails loudly. The model as loaded shares these weights: it must not be used afterwards (`load_spec` releases
-    only where nothing does). Returns the bytes released."""
+    kernel's own serves every row count) drops it, unless another part of the model holds it (a tied embedding).
+    The weight becomes a meta tensor of its shape: `step_bytes` still counts the bytes a step reads, none stay
+    resident, and any use of it fails loudly. The model as loaded shares these weights: it must not be used
+    afterwards (`load_spec` releases only where nothing does). Returns the bytes released."""
     tuned = [m for m in model.modules() if isinstance(m, TunedLinear) and isinstance(m.inner, nn.Linear)]
     linears = {id(m) for t in tuned for m in (t, t.inner)}
     held = {t.untyped_storage().data_ptr() for module in model.modules() if id(module) not in linears
