@@ -18,6 +18,8 @@
 #   race            the app's race through the runs layer, advanced from a thread pool as Gradio does, on the model
 #                   thread, with a compiled step (CUDA graphs are per thread: this is where a second thread would
 #                   break them)
+#   profile         where a round's time goes (scripts/gpu_profile.py): the compiled steps' kernels and the gaps
+#                   between them, a round's parts, runtime calls and Python (cProfile), inductor options A/B
 #   serve           `specviz serve` on the 0.5B -> 7B shapes on the device, a race asked through gradio_client from
 #                   each of two threads one after the other (scripts/gpu_serve.py): both lanes to the end, the
 #                   result kept (needs the serve wheels: bash scripts/gpu_wheels.sh serve)
@@ -42,7 +44,7 @@ costs() {  # $1: target shape, $2: report name
   local small=${SPECVIZ_GPU_CHECK_SMALL:-}
   local draft=${small:+synthetic:mini-draft}; draft=${draft:-synthetic:qwen2.5-0.5b}
   local target=${small:+synthetic:mini-target}; target=${target:-$1}
-  timeout 540 "$python" -m specviz.bench.shape_costs costs --draft "$draft" --target "$target" --device "$device" \
+  timeout "${SPECVIZ_GPU_CHECK_TIMEOUT:-540}" "$python" -m specviz.bench.shape_costs costs --draft "$draft" --target "$target" --device "$device" \
     --dtype bfloat16 --step "${SPECVIZ_GPU_CHECK_STEPS:-eager,compiled}" --max-verify 32 --forced-k 4,8 --forced-tokens 128 --json "$OUT/$2.json" 2>&1 \
     | tee "$OUT/$2.log"
 }
@@ -81,6 +83,9 @@ for stage in "$@"; do
       pytests bfloat16 race tests/test_model_thread.py >/dev/null & c=$!
       for p in $a $b $c; do wait $p || status=1; done
       tail -n 3 "$OUT"/tests_float32.log "$OUT"/tests_bfloat16.log "$OUT"/race.log ;;
+    profile) timeout "${SPECVIZ_GPU_CHECK_TIMEOUT:-540}" "$python" scripts/gpu_profile.py --out "$OUT" --device "$device" \
+      ${SPECVIZ_GPU_CHECK_SMALL:+--draft synthetic:mini-draft --target synthetic:mini-target} --budget-s "${SPECVIZ_GPU_PROFILE_BUDGET:-300}" \
+      --parts "${SPECVIZ_GPU_PROFILE_PARTS:-steps,round,variants}" 2>&1 | tee "$OUT/profile.log" || status=1 ;;
     serve) serve || status=1 ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac

@@ -141,8 +141,8 @@ def test_the_forced_drafter_pays_the_draft_s_steps_and_proposes_the_target_s_con
     continuation = [s.token.id for s in autoregressive_generate(pair, prompt, replace(greedy, max_new_tokens=new + 5))]
     draft = CountingDraft(pair.draft)
     inner = ModelDrafter(draft, SamplingParams(0.0), make_generator(pair.device, 0), pair.vocab_size)
-    rounds = list(speculative_generate(pair, prompt, greedy,
-                                       drafter=ForcedDrafter(inner, continuation, len(prompt), pair.vocab_size)))
+    forced = ForcedDrafter(inner, continuation, len(prompt), pair.vocab_size, pair.device)
+    rounds = list(speculative_generate(pair, prompt, greedy, drafter=forced))
     assert all(r.n_accepted == r.k for r in rounds)
     assert [t for r in rounds for t in r.new_token_ids] == continuation[:new]
     assert all(d.q == 1.0 for r in rounds for d in r.drafted)  # point masses: the q the rule is given is true
@@ -160,8 +160,8 @@ def test_keep_every_draft_keeps_what_the_rule_would_reject_and_the_report_says_h
     alone = [s.token.id for s in autoregressive_generate(pair, prompt, replace(config, max_new_tokens=30))]
     wrong = [(t + 1) % pair.vocab_size for t in alone]
     inner = ModelDrafter(pair.draft, SamplingParams(0.0), make_generator(pair.device, 0), pair.vocab_size)
-    rounds = list(speculative_generate(pair, prompt, config, rule=keep_every_draft,
-                                       drafter=ForcedDrafter(inner, wrong, len(prompt), pair.vocab_size)))
+    forced = ForcedDrafter(inner, wrong, len(prompt), pair.vocab_size, pair.device)
+    rounds = list(speculative_generate(pair, prompt, config, rule=keep_every_draft, drafter=forced))
     assert all(r.n_accepted == r.k and r.emitted.kind == "bonus" for r in rounds)
     assert [t for r in rounds for t in r.new_token_ids][:k] == wrong[:k]
     assert not any(d.p == 1.0 for r in rounds for d in r.drafted)  # greedy p: 1 only at the verify's argmax

@@ -35,7 +35,9 @@ def keep_every_draft(p, q, tokens, generator, greedy: bool = False) -> Verdict:
     verdict = verify(p, q, tokens, generator, greedy)
     k = tokens.shape[0]
     bonus = draw(p[k], p[k], greedy, generator)
-    return replace(verdict, n_accepted=torch.tensor(k, device=p.device), next_token=bonus, next_prob=at(p[k], bonus))
+    # (a fill, not torch.tensor: a copy from the host's pageable memory would wait for the device's queue first)
+    kept = torch.full((), k, dtype=torch.long, device=p.device)
+    return replace(verdict, n_accepted=kept, next_token=bonus, next_prob=at(p[k], bonus))
 
 
 class ForcedDrafter:
@@ -43,8 +45,12 @@ class ForcedDrafter:
 
     name = "model"
 
-    def __init__(self, inner: ModelDrafter, continuation: list[int], prompt_len: int, vocab_size: int):
-        self.inner, self.continuation, self.prompt_len, self.vocab_size = inner, continuation, prompt_len, vocab_size
+    def __init__(self, inner: ModelDrafter, continuation: list[int], prompt_len: int, vocab_size: int,
+                 device: torch.device):
+        self.inner, self.prompt_len, self.vocab_size = inner, prompt_len, vocab_size
+        # on the device once: a round's proposal is then a slice, with no copy from the host (each would wait for
+        # the device to finish the draft's steps, a stall the real drafter does not have)
+        self.continuation = torch.tensor(continuation, dtype=torch.long, device=device)
 
     def prefill(self, ids: torch.Tensor, room: int = 0) -> None:
         self.inner.prefill(ids, room)
@@ -52,9 +58,8 @@ class ForcedDrafter:
     def propose(self, ids: torch.Tensor, history: list[int], k: int) -> Draft:
         drafted = self.inner.propose(ids, history, k)  # the draft's true cost: its k steps
         start = len(history) - self.prompt_len
-        tokens = self.continuation[start:start + drafted.k]
-        forced = point_mass_draft(tokens, self.vocab_size, ids.device)
-        return Draft(forced.tokens, forced.q, drafted.logits[:len(tokens)])
+        forced = point_mass_draft(self.continuation[start:start + drafted.k], self.vocab_size, ids.device)
+        return Draft(forced.tokens, forced.q, drafted.logits[:forced.k])
 
     def rollback(self, keep: int) -> None:
         self.inner.rollback(keep)
@@ -120,7 +125,7 @@ def forced_run(pair, prompt: list[int], k: int, new_tokens: int, cost: CostModel
     continuation = [s.token.id for s in steps]
     config = DecodeConfig(k=k, max_new_tokens=new_tokens, adaptive="fixed")
     inner = ModelDrafter(pair.draft, SamplingParams(0.0), make_generator(pair.device, 0), pair.vocab_size)
-    drafter = ForcedDrafter(inner, continuation, len(prompt), pair.vocab_size)
+    drafter = ForcedDrafter(inner, continuation, len(prompt), pair.vocab_size, pair.device)
     rounds, decode_s, reads, compiles = timed_events(speculative_generate(pair, prompt, config, drafter=drafter,
                                                                           rule=keep_every_draft), pair.device)
     timed = rounds[1:]  # as `decode_s`: the first round's wall time includes reading the prompt

@@ -110,6 +110,8 @@ def cmd_costs(args) -> int:
     from specviz.bench.command import machine
     from specviz.models.loading import load_pair, with_speedups
     from specviz.models.memory import weights_bytes
+    from specviz.models.compiled import VERIFY_WIDTHS
+    from specviz.models.static_cache import SIZES
     from specviz.models.steps import failure, with_steps
     from specviz.models.synthetic import prompt_ids
 
@@ -133,9 +135,14 @@ def cmd_costs(args) -> int:
                        "args": {k: v for k, v in vars(args).items() if k != "func"},
                        "weights_estimate_bytes": estimate[0] if estimate else None},
               "bandwidth_gb_s": round(bandwidth / 1e9, 2), "steps": {}}
+    # the one static cache size the runs here use (the prompt, a full-acceptance run and a round past it): each
+    # size more is more graphs compiled, which a lent GPU's minutes can't spare
+    k = max(map(int, several_values(args.forced_k)), default=0)
+    longest = args.prompt_tokens + args.forced_tokens + 2 * (k + 1) + VERIFY_WIDTHS[-1]
+    sizes = (next((size for size in SIZES if size >= longest), SIZES[-1]),)
     for s in steps:  # the JSON written after each mode: a call cut off at its limit keeps what was measured
         try:
-            pair = eager if s == "eager" else with_steps(loaded, eager, replace(spec, step=s), status)
+            pair = eager if s == "eager" else with_steps(loaded, eager, replace(spec, step=s), status, sizes=sizes)
             status(f"Measuring the {s} steps of {pair.draft_name} → {pair.target_name}…")
             report["steps"][s] = step_report(pair, prompt, args, bandwidth)
         except Exception as e:  # noqa: BLE001 - a failing mode is recorded, and the next one still runs

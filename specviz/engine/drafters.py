@@ -40,8 +40,8 @@ class Drafter(Protocol):
     def rollback(self, keep: int) -> None: ...
 
 
-def point_mass_draft(tokens: list[int], vocab_size: int, device) -> Draft:
-    t = torch.tensor(tokens, dtype=torch.long, device=device)
+def point_mass_draft(tokens: list[int] | torch.Tensor, vocab_size: int, device) -> Draft:
+    t = tokens if isinstance(tokens, torch.Tensor) else torch.tensor(tokens, dtype=torch.long, device=device)
     q = torch.zeros(len(tokens), vocab_size, device=device).scatter_(1, t[:, None], 1.0)
     return Draft(t, q, torch.log(q))
 

@@ -91,8 +91,8 @@ class Round:
     new_token_ids: list[int]  # what this round committed to the output, in order
     position: int  # index in the generated sequence of this round's first new token
     text: str  # the whole generated text so far
-    draft_time: float  # seconds, device-synchronized
-    verify_time: float  # one target forward + the rule, seconds, device-synchronized
+    draft_time: float  # seconds, as the device ran them (`plumbing.Phases`)
+    verify_time: float  # one target forward + the rule, seconds, as the device ran them
     overhead_time: float  # building this event on the host, seconds
     finished: Finish = None
     prefill_time: float = 0.0  # the first round only: reading the prompt into both caches, seconds

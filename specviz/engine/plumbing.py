@@ -16,6 +16,32 @@ def clock(device: torch.device) -> float:
     return time.perf_counter()
 
 
+class Phases:
+    """A round's phase boundaries, read once the round is over. On a CPU, host clock readings. On a GPU, events
+    recorded in the device's stream: reading a clock there needs a synchronize, and each one stops the host from
+    queueing the next phase's kernels while the device still runs this one's (an H200's profile of a round at
+    K = 4 showed the device idle 45 % of the round, four synchronizes a round among the causes)."""
+
+    def __init__(self, device: torch.device):
+        self.device, self.marks = device, []
+
+    def mark(self) -> None:
+        if self.device.type == "cuda":
+            event = torch.cuda.Event(enable_timing=True)
+            event.record(torch.cuda.current_stream(self.device))
+            self.marks.append(event)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def seconds(self) -> list[float]:
+        """The time between consecutive marks (on a GPU, once the device has reached the last: by then it is idle,
+        the round's host transfer having waited for its work)."""
+        if self.device.type != "cuda":
+            return [b - a for a, b in zip(self.marks, self.marks[1:])]
+        self.marks[-1].synchronize()
+        return [a.elapsed_time(b) / 1e3 for a, b in zip(self.marks, self.marks[1:])]
+
+
 def to_host(**tensors: torch.Tensor) -> dict[str, float | list]:
     """Move many small tensors to the host in ONE transfer (one sync per round, not one per value),
     as Python numbers and (nested) lists: reading them later costs no tensor op at all.

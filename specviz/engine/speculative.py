@@ -17,7 +17,7 @@ from specviz.engine.events import (
     ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, Finish, Round, end_of_run, until_eos,
 )
 from specviz.engine.plumbing import (
-    Pieces, PromptCache, at, clock, fit_ids, model_vocab, pad_vocab, prefilled, rollback, to_host,
+    Phases, Pieces, PromptCache, at, clock, fit_ids, model_vocab, pad_vocab, prefilled, rollback, to_host,
 )
 from specviz.engine.rules import overlap, verify
 from specviz.engine.sampling import logits_to_probs, make_generator
@@ -63,9 +63,10 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
     for index in range(config.max_new_tokens):
         # never draft more than can be emitted: k accepted + 1 correction/bonus <= tokens left
         k_round = min(k, config.max_new_tokens - len(generated) - 1)
-        t0 = clock(device)
+        phases = Phases(device)
+        phases.mark()
         draft = drafter.propose(ids, history, k_round)
-        t1 = clock(device)
+        phases.mark()
         drafted = draft.tokens if target_rows == vocab else fit_ids(draft.tokens, target_rows)
         feed = torch.cat([ids[:, cache.get_seq_length():], drafted[None]], dim=1)
         out = pair.target(feed, past_key_values=cache, use_cache=True, logits_to_keep=draft.k + 1)
@@ -73,7 +74,7 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
         logits = pad_vocab(out.logits[0, -(draft.k + 1):].float(), vocab)
         p = logits_to_probs(logits, config.sampling)
         verdict = rule(p, draft.q, draft.tokens, gen, greedy=config.sampling.greedy)
-        t2 = clock(device)
+        phases.mark()
         # from here on, the work is for the event (display statistics, host transfer, texts):
         # it counts as overhead, not as verification
         host = to_host(**_round_stats(draft, logits, p, verdict, config))
@@ -92,11 +93,11 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
         drafter.rollback(keep)
         ids = torch.cat([ids, torch.tensor([new], dtype=torch.long, device=device)], dim=1)
         event = _round_event(host, n, new, draft.k, pieces, predictor, index=index, drafter=drafter.name,
-                             position=position, text=pieces.text(generated), draft_time=t1 - t0,
-                             verify_time=t2 - t1, finished=finished)
+                             position=position, text=pieces.text(generated), finished=finished)
         if mapping is not None and event.emitted is not None:
             event.emitted.draftable = mapping.draftable(event.emitted.id)
-        event.overhead_time = clock(device) - t2  # building the event is part of the overhead
+        phases.mark()  # building the event is part of the overhead
+        event.draft_time, event.verify_time, event.overhead_time = phases.seconds()
         event.prefill_time, prefill_time = prefill_time, 0.0
         yield event
         if finished:
@@ -170,4 +171,4 @@ def _round_event(h, n, new, k, pieces, predictor: AcceptanceModel, **fields) -> 
     emitted = emitted_token(h, n, new[n], CORRECTION if n < k else BONUS, h["next_p"], h["next_p_soft"],
                             pieces) if len(new) > n else None
     return Round(k=k, drafted=drafted, n_accepted=kept, emitted=emitted, new_token_ids=new,
-                 overhead_time=0.0, **fields)  # overhead_time: measured once the event is built
+                 draft_time=0.0, verify_time=0.0, overhead_time=0.0, **fields)  # the times: read once it is built

@@ -19,7 +19,7 @@ from specviz.engine.events import (
     end_of_run, until_eos,
 )
 from specviz.engine.plumbing import (
-    Pieces, PromptCache, at, clock, fit_ids, model_dtype, model_vocab, pad_vocab, prefilled, to_host,
+    Phases, Pieces, PromptCache, at, clock, fit_ids, model_dtype, model_vocab, pad_vocab, prefilled, to_host,
 )
 from specviz.engine.sampling import draw, logits_to_probs, make_generator
 from specviz.engine.siblings import walk_point_masses, without
@@ -62,9 +62,10 @@ def tree_generate(pair, prompt_ids: list[int], config, *, prompt_cache: PromptCa
     prefill_time = clock(device) - t0
     for index in range(config.max_new_tokens):
         depth = min(config.k, config.max_new_tokens - len(generated) - 1)
-        t0 = clock(device)
+        phases = Phases(device)
+        phases.mark()
         tree = drafter.grow(ids, depth, config.tree_budget)
-        t1 = clock(device)
+        phases.mark()
         past = cache.get_seq_length()
         pending = ids.shape[1] - past
         nodes = torch.tensor([tree.tokens], dtype=torch.long, device=device)
@@ -83,7 +84,7 @@ def tree_generate(pair, prompt_ids: list[int], config, *, prompt_cache: PromptCa
             left = without(next_dist, [tree.tokens[i] for i in tried if tree.parents[i] == end - 1])
             next_dist = torch.where(left.sum() > 0, left, next_dist)  # nothing left: a rejection by rounding
         nxt = draw(next_dist, next_dist, greedy, gen)
-        t2 = clock(device)
+        phases.mark()
         last = to_host(next=nxt, next_p=at(next_dist, nxt), next_p_soft=at(torch.softmax(logits[end], -1), nxt),
                        **top(next_dist[None], config.top_n, "r"))
         new = until_eos([tree.tokens[i] for i in verdict.path] + [int(last["next"])], pair.eos_token_ids)
@@ -96,8 +97,9 @@ def tree_generate(pair, prompt_ids: list[int], config, *, prompt_cache: PromptCa
         ids = torch.cat([ids, torch.tensor([new], dtype=torch.long, device=device)], dim=1)
         event = _tree_event(tree, verdict, tried, host, last, new, end, pieces, greedy, index=index,
                             drafter=drafter.name, position=position, text=pieces.text(generated),
-                            draft_time=t1 - t0, verify_time=t2 - t1, finished=finished)
-        event.overhead_time = clock(device) - t2
+                            finished=finished)
+        phases.mark()
+        event.draft_time, event.verify_time, event.overhead_time = phases.seconds()
         event.prefill_time, prefill_time = prefill_time, 0.0
         yield event
         if finished:
@@ -137,7 +139,7 @@ def _tree_event(tree: DraftTree, verdict, tried: list[int], h: dict, last: dict,
     emitted = emitted_token(h, end, new[-1], BONUS if verdict.bonus else CORRECTION, last["next_p"],
                             last["next_p_soft"], pieces) if len(new) > len(verdict.path) else None
     return Round(k=len(drafted), drafted=drafted, n_accepted=kept, emitted=emitted, new_token_ids=new,
-                 overhead_time=0.0, tree=nodes, **fields)
+                 draft_time=0.0, verify_time=0.0, overhead_time=0.0, tree=nodes, **fields)  # times: read once built
 
 
 def _drafted(tree: DraftTree, i: int, node: TreeNode, h: dict, last: dict, pieces, rejected: bool) -> DraftedToken:

@@ -33,6 +33,7 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from specviz.models.fused import fuse_projections
 from specviz.models.static_cache import MAX_LEN, SIZES, StaticKV, StaticPool, chain_mask, static_mask  # noqa: F401
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,8 @@ def with_compiled_step(model: nn.Module, sizes: tuple[int, ...] = SIZES, wide: n
     fastest, not on the kernels as loaded."""
     param = next(model.parameters())
     fast = copy.deepcopy(model, memo={id(t): t for t in [*model.parameters(), *model.buffers()]})
+    if param.device.type == "cuda":  # a GPU's step is bound by its count of kernels (`fused`); a CPU's tuned
+        fuse_projections(fast)       # kernels serve each projection as loaded
     eager = fast.forward if wide is None else wide.forward  # wide's forward takes the same static cache
     # transformers renamed the cache argument (past_key_values -> cache); inside the graph, use the current name
     cache_arg = "cache" if "cache" in inspect.signature(eager).parameters else "past_key_values"
@@ -174,6 +177,7 @@ def with_compiled_step(model: nn.Module, sizes: tuple[int, ...] = SIZES, wide: n
     # (a run's tokens are a hint: one longer than the largest size is refused only if it really grows past it)
     fast.new_cache = lambda tokens=0: StaticKV(pool, pool.size_for(min(tokens, pool.sizes[-1])))
     fast.static_pool = pool
+    fast.cuda_graphs = graphs  # (scripts/gpu_profile.py launches the same compiled code without them, to compare)
     fast.compiled_step = True
     return fast.eval()
 

@@ -323,5 +323,7 @@ def module_bytes(module: nn.Module) -> int:
 def step_bytes(model: nn.Module) -> int:
     """Bytes of weights one token's forward reads: every linear's weights, once (however many copies the
     candidate kernels keep); embeddings are gathered a row at a time and not counted."""
+    from specviz.models.fused import fused_bytes
+
     linears = [m.inner for m in model.modules() if isinstance(m, TunedLinear)] + [m for _, _, m in sites(model)]
-    return sum(module_bytes(m) for m in linears)
+    return sum(module_bytes(m) for m in linears) + fused_bytes(model)

@@ -152,11 +152,13 @@ def wide_model(loaded: nn.Module, eager: nn.Module) -> nn.Module | None:
 
 def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Callable[[str], None] = log.info,
                measure: Measure = measure_step, folder: Path | None = None,
-               check: InUseMeasure = in_use, roles: tuple[str, ...] = ROLES) -> ModelPair:
+               check: InUseMeasure = in_use, roles: tuple[str, ...] = ROLES, sizes: tuple[int, ...] | None = None
+               ) -> ModelPair:
     """`eager` (the pair on its eager speed-ups) with each model's step as `spec.step` asks: compiled from the
     `loaded` model, or left as it is; for `auto`, compiled only where `measured_steps` found it faster by the
     margin and it held when timed as a run uses it (`in_use_problem`): otherwise eager, said in one sentence. The
-    pair keeps `eager` (`ModelPair.eager_steps`), for a check in use to fall back on."""
+    pair keeps `eager` (`ModelPair.eager_steps`), for a check in use to fall back on. `sizes`: the static caches'
+    sizes, if not all of `SIZES` (a measurement that knows its runs' length compiles only the one they use)."""
     if spec.step == "eager":
         return eager
     chosen = {}
@@ -170,7 +172,7 @@ def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Call
         plain = getattr(eager, role)
         target = role == "target"  # (a target verifies: its verify may run compiled too)
         compiled = with_compiled_step(model, wide=wide_model(model, plain) if target else None,
-                                      widths=VERIFY_WIDTHS if target else ())
+                                      widths=VERIFY_WIDTHS if target else (), **({"sizes": sizes} if sizes else {}))
         if spec.step == "auto":
             times = measured_steps(plain, compiled, loaded.device, measure, folder,
                                    lambda line: status(f"The {role}: {line}"))
