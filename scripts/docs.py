@@ -454,7 +454,8 @@ def pytest_counts(path: Path, used: list[Path]) -> str:
     """A pytest log's last summary line (\"202 passed, 5 skipped in 250.24s\"), as pytest printed it."""
     if path not in used:
         used.append(path)
-    lines = [m.group(1) for m in re.finditer(r"^=+ (.*(?:passed|failed).*) =+$", path.read_text(), re.M)]
+    # (between rows of '=' in a verbose run's log, bare in a quiet one's)
+    lines = [m.group(1) for m in re.finditer(r"^=* ?(\d+ (?:passed|failed)[^=\n]*?) ?=*$", path.read_text(), re.M)]
     if not lines:
         raise ValueError(f"{path}: no pytest summary line")
     return re.sub(r", \d+ warnings", "", lines[-1].split(" (")[0])
