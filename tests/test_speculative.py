@@ -24,7 +24,7 @@ from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJ
 from specviz.models.pair import ModelPair
 from specviz.models.tiny import EOS_ID, tiny_pair, tiny_tokenizer
 
-from helpers import check_rounds, same_greedy, spec_tokens
+from helpers import TEST_DEVICE, check_rounds, same_greedy, spec_tokens
 
 PROMPTS = ["the a of", "she said that", "one", "it was the", "we"]  # "one" ends with an EOS from the target
 KS = [1, 2, 4, 8]
@@ -507,3 +507,26 @@ def test_a_drafter_whose_q_gives_its_token_no_mass_is_refused(tiny):
     config = DecodeConfig(k=1, max_new_tokens=4, sampling=SAMPLED)
     with pytest.raises(DrafterError, match="no probability"):
         list(speculative_generate(tiny, encode(tiny, PROMPTS[0]), config, drafter=Lying()))
+
+
+def test_a_rounds_phases_add_up_to_its_wall_time_and_each_is_the_time_between_its_marks():
+    """`Phases` (CUDA events on a GPU, the host clock here): the round's draft, verify and overhead times."""
+    import time
+
+    from specviz.engine.plumbing import Phases
+
+    phases = Phases(TEST_DEVICE)  # (on an idle GPU an event is reached as soon as it is recorded)
+    t0 = time.perf_counter()
+    phases.mark()
+    for pause in (0.02, 0.0, 0.03):
+        time.sleep(pause)
+        phases.mark()
+    wall = time.perf_counter() - t0
+    spans = phases.seconds()
+    assert len(spans) == 3 and spans[1] < 0.01
+    assert spans[0] >= 0.02 and spans[2] >= 0.03 and sum(spans) <= wall
+
+
+def test_every_round_reports_its_phases(tiny):
+    rounds = list(speculative_generate(tiny, [5, 6, 7], DecodeConfig(k=3, max_new_tokens=12, adaptive="fixed")))
+    assert all(r.draft_time > 0 and r.verify_time > 0 and r.overhead_time > 0 for r in rounds)
