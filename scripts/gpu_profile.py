@@ -257,6 +257,24 @@ def variant(role: str, loaded_model, wide, prompt, patch: dict, bandwidth: float
     return result
 
 
+def variants(loaded, eager, prompt: list[int], bandwidth: float, deadline: float):
+    """Each inductor option's step (`variant`), as it is measured; those not started by `deadline` skipped."""
+    from specviz.models.steps import wide_model
+
+    big = wide_model(loaded.target, eager.target)
+    runs = [("draft", loaded.draft, None, {}), ("draft", loaded.draft, None, {"freezing": True}),
+            ("draft", loaded.draft, None, {"coordinate_descent_tuning": True}),
+            ("target", loaded.target, big, {}), ("target", loaded.target, big, {"freezing": True})]
+    for role, model, wide, patch in runs:
+        if time.perf_counter() > deadline:
+            yield {"role": role, "patch": patch, "skipped": "out of time"}
+            continue
+        try:
+            yield {"role": role, **variant(role, model, wide, prompt, patch, bandwidth)}
+        except Exception as e:  # noqa: BLE001 - a variant that fails is recorded; the next still runs
+            yield {"role": role, "patch": patch, "error": f"{type(e).__name__}: {e}"[:400]}
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", required=True)
@@ -274,7 +292,7 @@ def main() -> int:
     from specviz.bench.command import machine
     from specviz.models import PairSpec
     from specviz.models.loading import load_pair, with_speedups
-    from specviz.models.steps import wide_model, with_steps
+    from specviz.models.steps import with_steps
     from specviz.models.synthetic import prompt_ids
     from specviz.runs.settings import validate
 
@@ -306,18 +324,8 @@ def main() -> int:
                 save()
     if "variants" in parts:
         report["variants"] = []
-        runs = [("draft", loaded.draft, None, {}), ("draft", loaded.draft, None, {"freezing": True}),
-                ("draft", loaded.draft, None, {"coordinate_descent_tuning": True}),
-                ("target", loaded.target, wide_model(loaded.target, eager.target), {}),
-                ("target", loaded.target, wide_model(loaded.target, eager.target), {"freezing": True})]
-        for role, model, wide, patch in runs:
-            if time.perf_counter() - start > args.budget_s:
-                report["variants"].append({"role": role, "patch": patch, "skipped": "out of time"})
-                continue
-            try:
-                report["variants"].append({"role": role, **variant(role, model, wide, prompt, patch, bandwidth)})
-            except Exception as e:  # noqa: BLE001 - a variant that fails is recorded; the next still runs
-                report["variants"].append({"role": role, "patch": patch, "error": f"{type(e).__name__}: {e}"[:400]})
+        for result in variants(loaded, eager, prompt, bandwidth, deadline=start + args.budget_s):
+            report["variants"].append(result)
             save()
     report["seconds"] = round(time.perf_counter() - start, 1)
     save()
