@@ -23,9 +23,9 @@ from torch import nn
 class Given(nn.Module):
     """Stands where a projection was: returns the part of its layer's fused product the layer handed it."""
 
-    def __init__(self, source: nn.Linear):
+    def __init__(self):
         super().__init__()
-        self.out_features, self.value = source.out_features, None
+        self.value: torch.Tensor | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.value
@@ -51,7 +51,7 @@ def fused_weight(linears: list[nn.Linear]) -> tuple[nn.Parameter, nn.Parameter |
     bias = nn.Parameter(one_tensor([b.detach() for b in biases]), requires_grad=False) if all(
         b is not None for b in biases) else None
     start = 0
-    for i, m in enumerate(linears):  # the loaded model (the prompt's eager path) reads the same memory
+    for m in linears:  # the loaded model (the prompt's eager path) reads the same memory
         rows = m.out_features
         m.weight.data = weight.data[start:start + rows]
         if bias is not None:
@@ -66,7 +66,7 @@ def fuse_attention(attn: nn.Module) -> bool:
     if not all(isinstance(m, nn.Linear) for m in linears) or len({m.bias is None for m in linears}) > 1:
         return False
     attn.qkv_weight, attn.qkv_bias = fused_weight(linears)
-    givens = [Given(m) for m in linears]
+    givens = [Given() for _ in linears]
     for name, given in zip(names, givens):
         setattr(attn, name, given)
     sizes = [m.out_features for m in linears]
