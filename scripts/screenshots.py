@@ -5,6 +5,8 @@
     flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py --other-family   # other_family.png only
     flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py --tree 16   # tree.png, tree_round.png only
     .venv/bin/python scripts/screenshots.py --atlas atlas.html   # atlas.png, atlas_disagreements.png: a report's page
+    .venv/bin/python scripts/screenshots.py --engines SPEC_URL PLAIN_URL   # engines.png: two running engines raced
+    flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py --follow   # follow.png: a room's visitor
 
 Writes live.png (the first screen at 1366x768), live_long_prompt.png, presenter.png, race.png, main_running.png,
 main_finished.png, drilldown.png, step.png, distribution.png, formulas.png and replay.png into --out (default
@@ -101,6 +103,50 @@ def caption(speed: str, path: Path) -> None:
     print("wrote", path, flush=True)
 
 
+def engines_shot(page, urls: list[str], out: Path, long: int) -> None:
+    """engines.png: the Engines tab racing two running engines (e.g. `specviz engines llamacpp`: the target alone
+    on one port, with its draft on the next) on the Code example; engines.json: its caption's record (the
+    machine, the date, the URLs and the summary as the tab printed it: one race)."""
+    page.set_viewport_size({"width": 1366, "height": 1100})
+    page.fill("#sv-prompt textarea", CODE)
+    page.get_by_role("tab", name="Engines").click()
+    page.click("#sv-engines-run")
+    page.wait_for_function("document.querySelector('#sv-engines-summary')?.innerText.includes('Measured')",
+                           timeout=long)
+    time.sleep(1.5)
+    shot(page, out, "engines.png", "#sv-engines-spec", "#sv-engines-positions")
+    summary = page.inner_text("#sv-engines-summary")
+    meta = run_meta() | {"command": " ".join(["python scripts/screenshots.py", *sys.argv[1:]])}
+    (out / "engines.json").write_text(json.dumps({"meta": meta, "example": "Code (high acceptance)",
+                                                  "with_speculation": urls[0], "target_alone": urls[1],
+                                                  "summary": summary}, indent=1))
+    print("wrote", out / "engines.png", "and", out / "engines.json", flush=True)
+
+
+FOLLOW_KEY = "screenshot-room"  # a room of this script's own, on a loopback port
+
+
+def follow_shot(browser, url: str, out: Path, long: int) -> None:
+    """follow.png: a visitor's Live view following the presenter's run of the Code example, from the link the
+    presenter's page shows (two browser contexts: two people)."""
+    presenter, visitor = (browser.new_context(viewport={"width": 1366, "height": 768}).new_page() for _ in range(2))
+    presenter.goto(url)
+    presenter.wait_for_selector("#sv-run", timeout=long)
+    presenter.get_by_text("Present to the room").click()
+    presenter.fill("#sv-present-key input", FOLLOW_KEY)
+    presenter.click("#sv-present")
+    presenter.wait_for_selector("#sv-follow-link a", timeout=long)
+    visitor.goto(presenter.get_attribute("#sv-follow-link a", "href"))
+    visitor.wait_for_function("document.querySelector('#sv-live-speed')?.innerText.includes('Following')",
+                              polling=250, timeout=long)
+    presenter.fill("#sv-prompt textarea", CODE)
+    presenter.click("#sv-run")
+    visitor.wait_for_function(LIVE_DONE, polling=250, timeout=long)
+    time.sleep(1.5)
+    visitor.screenshot(path=str(out / "follow.png"))
+    print("wrote", out / "follow.png", flush=True)
+
+
 def atlas_shots(report: Path, out: Path) -> None:
     """An Atlas report as a reader opens it (offline: the page carries its scripts): the summary with the worst
     prompts, and the disagreements with what to change."""
@@ -127,6 +173,9 @@ def main() -> None:
                     help="only other_family.png: the Live view with SmolLM2 drafting for the embedded target")
     ap.add_argument("--tree", type=int, default=0, metavar="BUDGET",
                     help="only tree.png and tree_round.png: the Live view with the tree drafter at this node budget")
+    ap.add_argument("--engines", nargs=2, metavar=("SPEC_URL", "PLAIN_URL"),
+                    help="only engines.png: the Engines tab racing these two running engines")
+    ap.add_argument("--follow", action="store_true", help="only follow.png: a room's visitor following a run")
     ap.add_argument("--atlas", metavar="REPORT",
                     help="only atlas.png and atlas_disagreements.png: the page `specviz atlas --html` wrote")
     args = ap.parse_args()
@@ -140,7 +189,9 @@ def main() -> None:
     session = Session(spec=PairSpec(draft, target, dtype=args.dtype, device="cpu", draft_quant=args.draft_quant))
     session.load(draft, target, args.dtype, status=print)
     defaults = DecodeConfig(drafter="tree", tree_budget=args.tree) if args.tree else DecodeConfig()
-    demo = build_server(session, Limits(), Options(Pace(stage_delay=0.0)), defaults)  # the served pace
+    engines = tuple(args.engines or ())
+    demo = build_server(session, Limits(), Options(Pace(stage_delay=0.0), engines=engines), defaults,  # served pace
+                        presenter_key=FOLLOW_KEY if args.follow else None)
     _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
     long = 600_000
     with sync_playwright() as p:
@@ -155,6 +206,16 @@ def main() -> None:
             page.screenshot(path=str(out / "tree.png"))
             page.locator("#sv-live-spec .sv-tree").first.screenshot(path=str(out / "tree_round.png"))
             print("wrote", out / "tree.png", "and", out / "tree_round.png", flush=True)
+            browser.close()
+            demo.close()
+            return
+        if args.follow:
+            follow_shot(browser, url, out, long)
+            browser.close()
+            demo.close()
+            return
+        if engines:
+            engines_shot(page, list(engines), out, long)
             browser.close()
             demo.close()
             return

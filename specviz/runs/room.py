@@ -4,6 +4,7 @@ from it), the room's tighter limits, the presenter's key, and the warm-up that r
 
 from __future__ import annotations
 
+import atexit
 import hmac
 import threading
 import time
@@ -93,13 +94,15 @@ def record_examples(session: Session, limits: Limits, prompts: Sequence[str], se
     stops at its next event when a visitor waits (cut, not recorded, and raced again later). Then (`calibrate`)
     one same-distribution test of the smallest size, so that the queue's first estimates know its cost too
     (a room's first jobs would otherwise wait behind one priced as a median job, several times too cheap)."""
+    stop = threading.Event()
+
     def work() -> None:
         start, recorded = time.monotonic(), 0
         todo = [(prompt, 0) for prompt in prompts]
-        while todo:
+        while todo and not stop.is_set():
             prompt, tries = todo.pop(0)
             try:
-                outcome = warm_up_race(session, limits, prompt, settings)
+                outcome = warm_up_race(session, limits, prompt, settings, stop)
             except USER_ERRORS as e:  # an example too long for these limits: the others still run
                 log(f"an example was not recorded: {e}")
                 continue
@@ -107,30 +110,41 @@ def record_examples(session: Session, limits: Limits, prompts: Sequence[str], se
                 todo.append((prompt, tries + 1))
             recorded += outcome == "recorded"
         log(f"recorded {recorded} of {len(prompts)} examples in {time.monotonic() - start:.0f} s")
-        if calibrate and prompts:
+        if calibrate and prompts and not stop.is_set():
             try:
                 for _ in sample_distribution(session, limits, prompts[0], settings,
                                              {"samples": MIN_SAMPLES, "temperature": 1.0}, owner=WARM_UP):
-                    pass
+                    if stop.is_set():
+                        break
             except USER_ERRORS as e:
                 log(f"the same-distribution test was not timed: {e}")
 
+    def finish() -> None:
+        """Stop at the next event and wait for it: a thread killed inside a forward as the interpreter exits aborts
+        the process ("terminate called without an active exception", exit 134) instead of ending it."""
+        stop.set()
+        thread.join(timeout=30)
+        atexit.unregister(finish)
+
     thread = threading.Thread(target=work, name="specviz-record-examples", daemon=True)
+    thread.finish = finish  # (the app's exit calls it; so may a caller that is done with the app)
+    atexit.register(finish)
     thread.start()
     return thread
 
 
-def warm_up_race(session: Session, limits: Limits, prompt: str, settings: dict) -> str:
-    """One warm-up race: "cut" at its next event because a visitor waits for the model, else "recorded" (or
-    already recorded) or "not recorded" (the race's conditions for keeping it: both lanes ended by themselves, a
-    speed that measures)."""
+def warm_up_race(session: Session, limits: Limits, prompt: str, settings: dict,
+                 stop: threading.Event | None = None) -> str:
+    """One warm-up race: "cut" at its next event because a visitor waits for the model (or `stop` was set), else
+    "recorded" (or already recorded) or "not recorded" (the race's conditions for keeping it: both lanes ended by
+    themselves, a speed that measures)."""
     last = None
     with closing(race(session, limits, prompt, settings, owner=WARM_UP)) as states:
         for state in states:
             if isinstance(state, Waiting):
                 continue
             last = state
-            if not state.done and session.turns.visitor_waiting():
+            if not state.done and (session.turns.visitor_waiting() or (stop is not None and stop.is_set())):
                 return "cut"
     kept = last is not None and (last.recorded_at is not None or (
         last.timing_note is None and {last.ar.finished, last.spec.finished} <= set(COMPLETE)))

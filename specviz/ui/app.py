@@ -70,8 +70,9 @@ def prompt_area(following: bool = False) -> tuple[gr.Textbox, Buttons, gr.Button
                                container=False, elem_id="sv-examples", scale=2, min_width=270, label="Examples")
         presenter = gr.Button("Presenter", elem_id="sv-presenter-btn", scale=1, min_width=90)
         # only where someone can present (the operator set a presenter key)
-        box = gr.Checkbox(False, label="Follow the presenter", elem_id="sv-follow", container=False, scale=1,
-                          min_width=120) if following else None
+        # (its label on one line, the width it needs: at 1366 px a share of the row cut it to "Follow the present")
+        box = gr.Checkbox(False, label="Follow the presenter", elem_id="sv-follow", container=False, scale=0,
+                          min_width=0) if following else None
     examples.input(lambda name: dict(EXAMPLES).get(name, gr.skip()), [examples], [prompt], api_visibility="private")
     return prompt, buttons, presenter, box
 

@@ -32,6 +32,8 @@ WRONG_KEY = "that is not this server's presenter key."
 CSS = """
 .sv-live-following { flex-basis: 100%; font-size: 13px; font-weight: 600; color: #2563eb; }
 #sv-follow-link { font-size: 15px; padding: 0 4px; }
+#sv-follow { flex: 0 0 auto !important; min-width: 0 !important; }
+#sv-follow label span { white-space: nowrap; }
 """
 
 
