@@ -161,6 +161,90 @@ def atlas_shots(report: Path, out: Path) -> None:
         browser.close()
 
 
+def tree_shots(page, out: Path, long: int) -> None:
+    """tree.png and tree_round.png: the latest tree round below the text (branches, the accepted path, struck
+    siblings)."""
+    page.set_viewport_size({"width": 1366, "height": 1200})
+    live_run(page, STORY, long)
+    page.screenshot(path=str(out / "tree.png"))
+    page.locator("#sv-live-spec .sv-tree").first.screenshot(path=str(out / "tree_round.png"))
+    print("wrote", out / "tree.png", "and", out / "tree_round.png", flush=True)
+
+
+def other_family_shot(page, out: Path, long: int) -> None:
+    """other_family.png: corrections the draft could not have proposed are dotted."""
+    live_run(page, CODE, long)
+    page.screenshot(path=str(out / "other_family.png"))
+    print("wrote", out / "other_family.png", flush=True)
+
+
+def all_shots(page, out: Path, long: int, samples: int) -> None:
+    """The README's and the docs' screenshots of the Live, Race, Decode, Same distribution, How it works and Replay
+    views (see the module's doc)."""
+    live_run(page, STORY, long)  # the Live view: a story, then the code prompt on screen
+    live_run(page, CODE, long)
+    page.screenshot(path=str(out / "live.png"))
+    print("wrote", out / "live.png", flush=True)
+    caption(page.inner_text("#sv-live-speed"), out / "live.json")
+    page.click("#sv-presenter-btn")
+    time.sleep(1.0)
+    page.screenshot(path=str(out / "presenter.png"))
+    print("wrote", out / "presenter.png", flush=True)
+    page.click("#sv-presenter-btn")
+    page.set_viewport_size({"width": 1440, "height": 1000})
+    page.get_by_role("tab", name="Race").click()  # the finished race's detail
+    time.sleep(1.5)
+    shot(page, out, "race.png", "#sv-race-note", "#sv-race-plot")
+
+    page.get_by_role("tab", name="Live").click()
+    live_run(page, LONG, long)  # prefill apart: the end-to-end gain shrinks, decoding alone holds
+    shot(page, out, "live_long_prompt.png", "#sv-live-speed", "#sv-live-speed")
+
+    page.fill("#sv-prompt textarea", CODE)
+    page.click("#sv-rounds-run")  # the speculative lane alone, in Decode: mid-run and finished
+    page.wait_for_function("document.querySelectorAll('#sv-tokens .sv-round').length >= 4", timeout=long)
+    shot(page, out, "main_running.png", "#sv-prompt", "#sv-pq")
+    page.wait_for_function(FINISHED, timeout=long)
+    time.sleep(2.0)
+    shot(page, out, "main_finished.png", "#sv-prompt", "#sv-pq")
+    page.evaluate("window.scrollTo(0, 0)")
+    rejected = page.locator("#sv-tokens .sv-round:has(.sv-rejected)")
+    if rejected.count():  # browse to a round with a rejection: the drill-down shows where the fix came from
+        n = int(rejected.first.get_attribute("data-round"))
+        set_slider(page, "sv-round", n)
+        time.sleep(1.5)
+    shot(page, out, "drilldown.png", "#sv-caption", "#sv-stats")
+
+    for n in (1, 2, 3):  # step mode: three rounds, one click each; the view then holds exactly n rounds
+        page.click("#sv-step")
+        page.wait_for_function(f"document.querySelectorAll('#sv-tokens .sv-round').length === {n} && "
+                               "document.querySelector('#sv-caption')?.innerText.includes('Net:')", timeout=long)
+        time.sleep(0.5)
+    shot(page, out, "step.png", "#sv-run", "#sv-pq")
+
+    page.get_by_role("tab", name="Same distribution").click()
+    page.fill("#sv-prompt textarea", FRUIT)
+    set_slider(page, "sv-dist-samples", samples)
+    page.click("#sv-dist-run")
+    page.wait_for_function("!document.querySelector('#sv-dist-summary')?.innerText.includes('sampling')"
+                           " && document.querySelector('#sv-dist-summary')?.innerText.includes('samples')",
+                           timeout=long)
+    time.sleep(1.5)
+    shot(page, out, "distribution.png", "#sv-dist-run", "#sv-dist-summary")
+
+    page.get_by_role("tab", name="How it works").click()
+    time.sleep(1.0)
+    shot(page, out, "formulas.png", "#sv-formulas", "#sv-formulas")
+
+    page.get_by_role("tab", name="Replay").click()
+    set_slider(page, "sv-speed", 0)
+    page.click("#sv-replay-race")
+    page.wait_for_selector("#sv-lane-spec .sv-done", timeout=long)
+    page.wait_for_selector("#sv-lane-ar .sv-done", timeout=long)
+    time.sleep(1.5)
+    shot(page, out, "replay.png", "#sv-race-ar", "#sv-race-result")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pair", default="embedded", choices=["embedded", "tiny"])
@@ -200,95 +284,12 @@ def main() -> None:
         page.goto(url)
         page.wait_for_selector("#sv-run")
         set_slider(page, "sv-set-max_new_tokens", args.max_new_tokens)
-        if args.tree:  # the latest tree round below the text: branches, the accepted path, struck siblings
-            page.set_viewport_size({"width": 1366, "height": 1200})
-            live_run(page, STORY, long)
-            page.screenshot(path=str(out / "tree.png"))
-            page.locator("#sv-live-spec .sv-tree").first.screenshot(path=str(out / "tree_round.png"))
-            print("wrote", out / "tree.png", "and", out / "tree_round.png", flush=True)
-            browser.close()
-            demo.close()
-            return
-        if args.follow:
-            follow_shot(browser, url, out, long)
-            browser.close()
-            demo.close()
-            return
-        if engines:
-            engines_shot(page, list(engines), out, long)
-            browser.close()
-            demo.close()
-            return
-        if args.other_family:  # corrections the draft could not have proposed are dotted
-            live_run(page, CODE, long)
-            page.screenshot(path=str(out / "other_family.png"))
-            print("wrote", out / "other_family.png", flush=True)
-            browser.close()
-            demo.close()
-            return
-
-        live_run(page, STORY, long)  # the Live view: a story, then the code prompt on screen
-        live_run(page, CODE, long)
-        page.screenshot(path=str(out / "live.png"))
-        print("wrote", out / "live.png", flush=True)
-        caption(page.inner_text("#sv-live-speed"), out / "live.json")
-        page.click("#sv-presenter-btn")
-        time.sleep(1.0)
-        page.screenshot(path=str(out / "presenter.png"))
-        print("wrote", out / "presenter.png", flush=True)
-        page.click("#sv-presenter-btn")
-        page.set_viewport_size({"width": 1440, "height": 1000})
-        page.get_by_role("tab", name="Race").click()  # the finished race's detail
-        time.sleep(1.5)
-        shot(page, out, "race.png", "#sv-race-note", "#sv-race-plot")
-
-        page.get_by_role("tab", name="Live").click()
-        live_run(page, LONG, long)  # prefill apart: the end-to-end gain shrinks, decoding alone holds
-        shot(page, out, "live_long_prompt.png", "#sv-live-speed", "#sv-live-speed")
-
-        page.fill("#sv-prompt textarea", CODE)
-        page.click("#sv-rounds-run")  # the speculative lane alone, in Decode: mid-run and finished
-        page.wait_for_function("document.querySelectorAll('#sv-tokens .sv-round').length >= 4", timeout=long)
-        shot(page, out, "main_running.png", "#sv-prompt", "#sv-pq")
-        page.wait_for_function(FINISHED, timeout=long)
-        time.sleep(2.0)
-        shot(page, out, "main_finished.png", "#sv-prompt", "#sv-pq")
-        page.evaluate("window.scrollTo(0, 0)")
-        rejected = page.locator("#sv-tokens .sv-round:has(.sv-rejected)")
-        if rejected.count():  # browse to a round with a rejection: the drill-down shows where the fix came from
-            n = int(rejected.first.get_attribute("data-round"))
-            set_slider(page, "sv-round", n)
-            time.sleep(1.5)
-        shot(page, out, "drilldown.png", "#sv-caption", "#sv-stats")
-
-        for n in (1, 2, 3):  # step mode: three rounds, one click each; the view then holds exactly n rounds
-            page.click("#sv-step")
-            page.wait_for_function(f"document.querySelectorAll('#sv-tokens .sv-round').length === {n} && "
-                                   "document.querySelector('#sv-caption')?.innerText.includes('Net:')", timeout=long)
-            time.sleep(0.5)
-        shot(page, out, "step.png", "#sv-run", "#sv-pq")
-
-        page.get_by_role("tab", name="Same distribution").click()
-        page.fill("#sv-prompt textarea", FRUIT)
-        set_slider(page, "sv-dist-samples", args.samples)
-        page.click("#sv-dist-run")
-        page.wait_for_function("!document.querySelector('#sv-dist-summary')?.innerText.includes('sampling')"
-                               " && document.querySelector('#sv-dist-summary')?.innerText.includes('samples')",
-                               timeout=long)
-        time.sleep(1.5)
-        shot(page, out, "distribution.png", "#sv-dist-run", "#sv-dist-summary")
-
-        page.get_by_role("tab", name="How it works").click()
-        time.sleep(1.0)
-        shot(page, out, "formulas.png", "#sv-formulas", "#sv-formulas")
-
-        page.get_by_role("tab", name="Replay").click()
-        set_slider(page, "sv-speed", 0)
-        page.click("#sv-replay-race")
-        page.wait_for_selector("#sv-lane-spec .sv-done", timeout=long)
-        page.wait_for_selector("#sv-lane-ar .sv-done", timeout=long)
-        time.sleep(1.5)
-        shot(page, out, "replay.png", "#sv-race-ar", "#sv-race-result")
+        shots = (lambda: follow_shot(browser, url, out, long)) if args.follow else \
+            (lambda: engines_shot(page, list(engines), out, long)) if engines else \
+            (lambda: tree_shots(page, out, long)) if args.tree else \
+            (lambda: other_family_shot(page, out, long)) if args.other_family else \
+            (lambda: all_shots(page, out, long, args.samples))
+        shots()
         browser.close()
     demo.close()
 

@@ -615,10 +615,8 @@ def test_cli_chooses_the_steps_on_the_tuned_pair_and_times_the_eager_target_besi
         tiny, tmp_path, monkeypatch):
     """Where the target's compiled step won its probe and held in use (faked here), the bench runs it, with its
     verify on the tuned kernels, and times the AR lane on the eager step beside it as a baseline candidate."""
-    from functools import partial
-
     from specviz import cli
-    from specviz.models import compiled, steps
+    from specviz.models import steps
     from specviz.models.step_timing import StepTimes
 
     probed = []
@@ -630,7 +628,7 @@ def test_cli_chooses_the_steps_on_the_tuned_pair_and_times_the_eager_target_besi
     monkeypatch.setattr(steps, "measured_steps", faster)
     monkeypatch.setattr(steps, "consecutive_step", lambda *a, **k: 0.001)
     monkeypatch.setattr(steps, "wide_forward", lambda *a, **k: 0.0015)
-    monkeypatch.setattr(steps, "with_compiled_step", partial(compiled.with_compiled_step, sizes=(96,)))
+    monkeypatch.setattr(steps, "SIZES", (96,))
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "a", "prompt": "the a of", "kind": "code"}\n{"id": "b", "prompt": "of the", "kind": "x"}\n')
     out = tmp_path / "r.json"

@@ -45,6 +45,7 @@ from torch.nn import functional as F
 from specviz.models import streamed
 from specviz.models.draft.quantized import DENSE_ABOVE, Int4Linear, Int8Linear, QuantLinear
 from specviz.models.kernel_table import Costs, KernelKey, kept_or_measured, table_costs, table_path
+from specviz.models.fused import fused_bytes
 from specviz.models.plans import MAX_PAD_ROWS, Choice, form_of, lean_plans, lookup, sizes
 
 log = logging.getLogger(__name__)
@@ -323,7 +324,5 @@ def module_bytes(module: nn.Module) -> int:
 def step_bytes(model: nn.Module) -> int:
     """Bytes of weights one token's forward reads: every linear's weights, once (however many copies the
     candidate kernels keep); embeddings are gathered a row at a time and not counted."""
-    from specviz.models.fused import fused_bytes
-
     linears = [m.inner for m in model.modules() if isinstance(m, TunedLinear)] + [m for _, _, m in sites(model)]
     return sum(module_bytes(m) for m in linears) + fused_bytes(model)

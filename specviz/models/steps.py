@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from specviz.models.compiled import VERIFY_WIDTHS, with_compiled_step
+from specviz.models.compiled import SIZES, VERIFY_WIDTHS, with_compiled_step
 from specviz.models.step_timing import (FLAT_FLOOR, STEP_MARGIN, StepTimes, consecutive_step, measure_step, time_step,
                                         wide_forward)
 from specviz.models.kernel_table import KernelKey, kept_or_measured, table_path
@@ -158,7 +158,7 @@ def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Call
     `loaded` model, or left as it is; for `auto`, compiled only where `measured_steps` found it faster by the
     margin and it held when timed as a run uses it (`in_use_problem`): otherwise eager, said in one sentence. The
     pair keeps `eager` (`ModelPair.eager_steps`), for a check in use to fall back on. `sizes`: the static caches'
-    sizes, if not all of `SIZES` (a measurement that knows its runs' length compiles only the one they use)."""
+    sizes (default `SIZES`; a measurement that knows its runs' length compiles only the one they use)."""
     if spec.step == "eager":
         return eager
     chosen = {}
@@ -171,8 +171,8 @@ def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Call
             continue
         plain = getattr(eager, role)
         target = role == "target"  # (a target verifies: its verify may run compiled too)
-        compiled = with_compiled_step(model, wide=wide_model(model, plain) if target else None,
-                                      widths=VERIFY_WIDTHS if target else (), **({"sizes": sizes} if sizes else {}))
+        compiled = with_compiled_step(model, sizes or SIZES, wide=wide_model(model, plain) if target else None,
+                                      widths=VERIFY_WIDTHS if target else ())
         if spec.step == "auto":
             times = measured_steps(plain, compiled, loaded.device, measure, folder,
                                    lambda line: status(f"The {role}: {line}"))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from specviz.models.draft.lean import lean_draft
-from specviz.models.draft.quantized import DraftQuant, quantize_draft
+from specviz.models.draft.quantized import DraftQuant, quantize_draft, supports
 from specviz.models.draft.vocab import quantize_head
 
 
@@ -19,10 +19,9 @@ def cheaper_draft(pair, quant: DraftQuant, lean: bool = True, vocab_ids=None):
     model = lean_draft(pair.draft, quant, vocab_ids) if lean else None
     if model is not None:
         return model
-    model = quantize_draft(pair.draft, quant)
-    if vocab_ids is not None and model is not pair.draft:  # (a copy: the draft as loaded keeps its head)
-        model.set_output_embeddings(quantize_head(pair.draft.get_output_embeddings(), quant, vocab_ids))
-    return model
+    head = None if vocab_ids is None or not supports(next(pair.draft.parameters()).device, quant.bits) else \
+        quantize_head(pair.draft.get_output_embeddings(), quant, vocab_ids)  # (the loaded draft keeps its own)
+    return quantize_draft(pair.draft, quant, head)
 
 
 def with_cheaper_draft(pair, quant: DraftQuant, lean: bool = True, vocab_ids=None):

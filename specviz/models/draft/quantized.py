@@ -115,9 +115,10 @@ def quantize_linear(linear: nn.Linear, bits: int, group_size: int = 32, keep_den
 
 
 @torch.no_grad()
-def quantize_draft(model: nn.Module, spec: DraftQuant) -> nn.Module:
+def quantize_draft(model: nn.Module, spec: DraftQuant, head: nn.Module | None = None) -> nn.Module:
     """A quantized copy of a causal LM, or `model` itself where the kernels do not apply.
-    The original is untouched and its weights are shared, not copied."""
+    The original is untouched and its weights are shared, not copied. `head`: the copy's output layer, made by
+    the caller (a cut head), instead of the whole head quantized."""
     if not supports(next(model.parameters()).device, spec.bits):
         return model
     # copy the module tree only: every tensor stays shared with the original
@@ -127,5 +128,5 @@ def quantize_draft(model: nn.Module, spec: DraftQuant) -> nn.Module:
             for name, child in list(parent.named_children()):
                 if isinstance(child, nn.Linear):
                     setattr(parent, name, quantize_linear(child, spec.bits, spec.group_size))
-    fast.set_output_embeddings(quantize_linear(model.get_output_embeddings(), spec.bits, spec.group_size))
+    fast.set_output_embeddings(head or quantize_linear(model.get_output_embeddings(), spec.bits, spec.group_size))
     return fast.eval()
