@@ -55,13 +55,18 @@ def test_a_race_on_cuda_runs_both_lanes_to_the_end_and_greedy_agrees(pair):
 
 
 def test_the_memory_of_a_run_stays_near_the_weights(pair):
-    """A race adds KV caches and activations: small beside the weights at these lengths."""
+    """A race adds KV caches and activations: small beside the weights at these lengths. Counted from what the
+    process held before the run (the pair, and whatever earlier tests in this worker keep), not from zero."""
     from specviz.engine import speculative_generate
 
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
     torch.cuda.reset_peak_memory_stats()
     list(speculative_generate(pair, list(range(1, 200)), DecodeConfig(k=8, max_new_tokens=64, adaptive="fixed")))
     need, _ = weights_bytes(PairSpec(*PAIR, device="cuda", dtype=DTYPE, kernels="plain"))
-    assert torch.cuda.max_memory_allocated() < need * 1.1
+    added = torch.cuda.max_memory_allocated() - before
+    print(f"weights {need / 2**20:.0f} MiB, held before {before / 2**20:.0f} MiB, the run's peak added {added / 2**20:.0f} MiB")
+    assert added < need * 0.1
 
 
 def test_compiled_steps_on_cuda_replay_graphs_and_agree(pair):
