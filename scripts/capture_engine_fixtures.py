@@ -21,9 +21,9 @@ from types import SimpleNamespace
 import httpx
 
 from specviz.engine.config import DecodeConfig
-from specviz.engines.command import load_prompts
-from specviz.engines import llama_server, llamacpp, vllm, vllm_server
-from specviz.engines.stream import chat_body
+from specviz.remote.command import load_prompts
+from specviz.remote import llama_server, llamacpp, vllm, vllm_server
+from specviz.remote.stream import chat_body
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "engines"
 ENGINES = {  # engine: (version, its info pages, its request extras, its servers)

@@ -165,7 +165,7 @@ def served_endpoints() -> list[Endpoint]:
     import gradio as gr
 
     from specviz.api import endpoints
-    from specviz.runs.limits import Limits
+    from specviz.settings.limits import Limits
 
     with gr.Blocks() as demo:
         endpoints.register(types.SimpleNamespace(allow_switch=True), Limits(), page=lambda trace: "")
@@ -463,8 +463,8 @@ def pytest_counts(path: Path, used: list[Path]) -> str:
 
 def limit_options() -> list[tuple[str, object, str]]:
     """(flag, default, help) of every limit `specviz serve` takes, from the `Limits` spec."""
-    from specviz.runs.limits import Limits
-    from specviz.runs.options import options_of
+    from specviz.settings.limits import Limits
+    from specviz.settings.options import options_of
 
     return [(flag, s.default, s.help) for s, flag, _ in options_of(Limits)]
 

@@ -294,7 +294,7 @@ def main() -> int:
     from specviz.models.loading import load_pair, with_speedups
     from specviz.models.steps import with_steps
     from specviz.models.synthetic import prompt_ids
-    from specviz.runs.settings import validate
+    from specviz.settings.spec import validate
 
     spec = validate(PairSpec, {"draft": args.draft, "target": args.target, "device": args.device,
                                "dtype": "bfloat16", "step": "eager"})

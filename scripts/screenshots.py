@@ -27,10 +27,10 @@ from playwright.sync_api import sync_playwright
 
 from specviz.engine import DecodeConfig
 from specviz.models import PairSpec
-from specviz.runs.limits import Limits
-from specviz.runs.machine import run_meta
-from specviz.runs.pacing import Pace
-from specviz.runs.session import Session
+from specviz.settings.limits import Limits
+from specviz.remote.machine import run_meta
+from specviz.serving.pacing import Pace
+from specviz.serving.session import Session
 from specviz.server import build_server, launch
 from specviz.ui.examples import EXAMPLES
 from specviz.ui.handlers import Options

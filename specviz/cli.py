@@ -20,12 +20,12 @@ from pathlib import Path
 from specviz.engine import DecodeConfig
 from specviz.models import ModelLoadError, PairSpec, load_spec
 from specviz.models.pair import OUT_OF_MEMORY
-from specviz.runs.errors import INTERRUPTED, MACHINE_FAULT, InputError, os_fault, sigterm_as_interrupt
-from specviz.runs.hosts import is_loopback
-from specviz.runs.limits import CLI_LIMITS, Limits
-from specviz.runs.options import add_options, values_of
+from specviz.settings.errors import INTERRUPTED, MACHINE_FAULT, InputError, os_fault, sigterm_as_interrupt
+from specviz.serving.hosts import is_loopback
+from specviz.settings.limits import CLI_LIMITS, Limits
+from specviz.settings.options import add_options, values_of
 from specviz.runs.outputs import output_problem, write_atomic
-from specviz.runs.settings import validate
+from specviz.settings.spec import validate
 
 
 def cmd_trace(args) -> int:
@@ -66,8 +66,8 @@ def cmd_atlas(args) -> int:
     from specviz.runs import atlas as atlases
     from specviz.runs import atlas_json
     from specviz.runs.atlas_input import read_file
-    from specviz.runs.machine import run_meta
-    from specviz.runs.session import Session
+    from specviz.remote.machine import run_meta
+    from specviz.serving.session import Session
     from specviz.ui.atlas_report import atlas_html
 
     try:
@@ -176,12 +176,12 @@ def allow_any_model(args: argparse.Namespace) -> bool:
 
 
 def cmd_serve(args: argparse.Namespace) -> int:
-    from specviz.runs.recorded import Recordings
+    from specviz.serving.recorded import Recordings
     from specviz.runs.room import Room, record_examples, room_defaults, room_limits, room_of
-    from specviz.runs.session import Session
-    from specviz.runs.settings import flat_values
+    from specviz.serving.session import Session
+    from specviz.settings.spec import flat_values
     from specviz.server import build_server, launch  # gradio: only when serving
-    from specviz.engines.policy import EngineError, EnginePolicy
+    from specviz.remote.policy import EngineError, EnginePolicy
     from specviz.ui.handlers import Options
     from specviz.ui.examples import EXAMPLES
     from specviz.models.memory import resident
@@ -232,7 +232,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
 
 def add_serve(sub) -> None:
-    from specviz.runs.options import options_of
+    from specviz.settings.options import options_of
     from specviz.runs.room import Room
 
     p = sub.add_parser("serve", help="serve the app (http://127.0.0.1:7860 by default)")
@@ -264,7 +264,7 @@ def add_serve(sub) -> None:
 
 def build_parser() -> argparse.ArgumentParser:
     from specviz.bench import command as bench, load_command, prove, shape_costs, whatif
-    from specviz.engines import command as engines
+    from specviz.remote import command as engines
 
     parser = argparse.ArgumentParser(prog="specviz", description="See speculative decoding work.")
     parser.add_argument("-v", "--verbose", action="store_true")

@@ -12,8 +12,8 @@ import gradio as gr
 
 from specviz.api import endpoints
 from specviz.engine import DecodeConfig
-from specviz.runs.limits import Limits
-from specviz.runs.session import Session
+from specviz.settings.limits import Limits
+from specviz.serving.session import Session
 from specviz.ui.app import APP_CSS, build_app
 from specviz.ui.examples import EXAMPLES
 from specviz.ui.handlers import Options

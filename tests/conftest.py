@@ -102,7 +102,7 @@ def open_client():
 def serve(open_client):
     """Launch apps in-process on loopback (Gradio picks a free port): `demo, client = serve(session, limits)`.
     Every app started is closed when the module's tests are done."""
-    from specviz.runs.pacing import Pace
+    from specviz.serving.pacing import Pace
     from specviz.server import build_server, launch
     from specviz.ui.handlers import Options
 
@@ -123,7 +123,7 @@ def serve(open_client):
 def server_session():
     """The session `server` serves: the tiny pair. A module overrides this fixture to serve another."""
     from specviz.models import PairSpec
-    from specviz.runs.session import Session
+    from specviz.serving.session import Session
 
     # the pair as it is served, switching allowed (`specviz serve --allow-pair-switch`): the tests load pairs
     return Session(tiny_pair(), PairSpec("tiny", "tiny", draft_quant="none"), allow_switch=True)
@@ -132,7 +132,7 @@ def server_session():
 @pytest.fixture(scope="module")
 def server_limits():
     """The limits `server` enforces. A module overrides this fixture to enforce others."""
-    from specviz.runs.limits import Limits
+    from specviz.settings.limits import Limits
 
     return Limits()
 

@@ -28,11 +28,15 @@ def test_the_import_contracts_hold():
 
 
 @pytest.mark.parametrize("module, line, contract", [
-    ("engine/sneaky.py", "from specviz.runs import settings\n", "Layers"),
+    ("engine/sneaky.py", "from specviz.settings import spec as settings\n", "Layers"),
     ("runs/sneaky.py", "import gradio\n", "No Gradio below the adapters"),
     ("models/sneaky.py", "from specviz.engine import speculative\n", "Models load weights"),
     ("runs/sneaky.py", "from specviz.engine import speculative\n", None),  # allowed: runs sit above the engine
     ("analysis/sneaky.py", "from specviz.models import pair\n", "Layers"),  # independent siblings
+    ("serving/sneaky.py", "from specviz.runs import race\n", "Serving"),  # a session runs no run path
+    ("settings/sneaky.py", "from specviz.serving import session\n", "Layers"),  # the spec knows no session
+    ("remote/sneaky.py", "from specviz.bench import runner\n", "Remote engines"),
+    ("serving/sneaky.py", "from specviz.settings import errors\n", None),  # allowed: serving validates
 ])
 def test_a_change_that_breaks_a_layer_fails_the_contracts(tmp_path, module, line, contract):
     """The negative control: the same contracts on a copy of the package with one upward import added."""

@@ -25,9 +25,9 @@ from specviz.models import PairSpec, encode_prompt
 from specviz.runs import atlas as atlases
 from specviz.runs.atlas_input import read_prompts
 from specviz.runs.atlas_json import report_dict
-from specviz.runs.errors import InputError
-from specviz.runs.limits import Limits
-from specviz.runs.session import Session
+from specviz.settings.errors import InputError
+from specviz.settings.limits import Limits
+from specviz.serving.session import Session
 
 # ---------------------------------------------------------------- hand-made rounds with known answers
 

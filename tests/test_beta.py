@@ -130,8 +130,8 @@ def test_the_lesson_s_measured_acceptance_follows_one_minus_tv(temperature):
 
 def test_the_lesson_is_in_the_how_it_works_tab_and_moves_with_its_slider(tiny):
     from specviz.models import PairSpec
-    from specviz.runs.limits import Limits
-    from specviz.runs.session import Session
+    from specviz.settings.limits import Limits
+    from specviz.serving.session import Session
     from specviz.server import build_server
     from specviz.ui.lesson import lesson_view
 

@@ -22,7 +22,7 @@ from specviz.models.static_cache import static_mask
 from specviz.models.step_timing import StepTimes
 from specviz.models.loading import load_spec
 from specviz.models.steps import InUse, checked_in_use, with_steps
-from specviz.runs.session import Session
+from specviz.serving.session import Session
 from specviz.models.synthetic import prompt_ids, synthetic_pair
 from specviz.models.tiny import tiny_pair
 

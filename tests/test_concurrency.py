@@ -23,8 +23,8 @@ from specviz.engine import DecodeConfig, speculative_generate
 from specviz.engine.sampling import SamplingParams
 from specviz.models import PairSpec, encode_prompt, load_pair
 from specviz.models.tiny import WORDS, tiny_pair
-from specviz.runs.limits import Limits
-from specviz.runs.session import Session
+from specviz.settings.limits import Limits
+from specviz.serving.session import Session
 from specviz.ui.wiring import MODEL
 
 PROMPT = "the man said that it was good and"
@@ -213,7 +213,7 @@ def test_one_address_cannot_fill_the_queue_by_naming_new_sessions(serve, monkeyp
     """Over real HTTP: while a run holds the model, clients from one address (each with a session id of its own,
     as a script inventing ids would send) may keep `max_waiting_per_client` requests waiting; the next is answered
     with one sentence at once, and the waiting one and the running one are served."""
-    from specviz.runs.turns import Owner
+    from specviz.serving.turns import Owner
 
     # every client here is on loopback, which is not counted (the operator's own): seen as one LAN visitor instead
     monkeypatch.setattr(Owner, "of", staticmethod(lambda request: Owner("192.168.1.20", request.session_hash)))

@@ -25,17 +25,17 @@ import pytest
 from specviz.analysis.predict import CostModel, predicted_speedup
 from specviz.engine.config import DecodeConfig
 from specviz.engine.sampling import SamplingParams
-from specviz.engines import llama_server, llamacpp, sglang, vllm, vllm_server
-from specviz.engines.command import add_engines_parser, run
-from specviz.engines.engine import complete, connect
-from specviz.engines.policy import EngineError, EnginePolicy, base_url
-from specviz.engines.prometheus import difference, read_counters
-from specviz.engines.race import DRAFT, PLAIN, SPEC, Prompt, Run, race_order
-from specviz.engines.report import build_report, format_table, write_html
-from specviz.engines.results import RequestResult, SpecStats, combine
-from specviz.engines.stream import chat_body, measure
-from specviz.engines.summary import summarise
-from specviz.engines.transport import get_text, make_client, sse_data, stream_events
+from specviz.remote import llama_server, llamacpp, sglang, vllm, vllm_server
+from specviz.remote.command import add_engines_parser, run
+from specviz.remote.engine import complete, connect
+from specviz.remote.policy import EngineError, EnginePolicy, base_url
+from specviz.remote.prometheus import difference, read_counters
+from specviz.remote.race import DRAFT, PLAIN, SPEC, Prompt, Run, race_order
+from specviz.remote.report import build_report, format_table, write_html
+from specviz.remote.results import RequestResult, SpecStats, combine
+from specviz.remote.stream import chat_body, measure
+from specviz.remote.summary import summarise
+from specviz.remote.transport import get_text, make_client, sse_data, stream_events
 
 DATA = Path(__file__).parent / "data" / "engines"
 LLAMA = DATA / "llamacpp-0.3.36"  # recorded from the real server: see the README there

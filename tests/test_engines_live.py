@@ -18,8 +18,8 @@ import httpx
 import pytest
 from test_engines import counters
 
-from specviz.engines import vllm_server
-from specviz.engines.policy import EngineError
+from specviz.remote import vllm_server
+from specviz.remote.policy import EngineError
 
 pytestmark = pytest.mark.live_engines
 

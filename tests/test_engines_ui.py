@@ -9,12 +9,12 @@ import gradio as gr
 import pytest
 from test_engines import VLLM_REAL, pair_for_this_machine, replay_pair
 
-from specviz.engines.policy import EnginePolicy
+from specviz.remote.policy import EnginePolicy
 from specviz.models import PairSpec
 from specviz.models.tiny import tiny_pair
-from specviz.runs.limits import Limits
-from specviz.runs.pacing import Pace
-from specviz.runs.session import Session
+from specviz.settings.limits import Limits
+from specviz.serving.pacing import Pace
+from specviz.serving.session import Session
 from specviz.server import build_server, launch
 from specviz.ui.engines import NO_ENGINE, race_engines
 from specviz.ui.handlers import Options

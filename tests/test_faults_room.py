@@ -13,8 +13,8 @@ import pytest
 from specviz.engine import DecodeConfig, speculative_generate
 from specviz.models import ModelLoadError, PairSpec
 from specviz.models.tiny import tiny_pair
-from specviz.runs.session import Session
-from specviz.runs.turns import Waiting, quietly
+from specviz.serving.session import Session
+from specviz.serving.turns import Waiting, quietly
 
 CONFIG = DecodeConfig(k=3, max_new_tokens=40, adaptive="fixed")
 IDS = [3, 1, 4, 1, 5]

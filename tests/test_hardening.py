@@ -26,11 +26,11 @@ from specviz.engine import DecodeConfig, speculative_generate
 from specviz.engine.sampling import SamplingParams
 from specviz.models import ModelLoadError, PairSpec, embedded, encode_prompt, loading
 from specviz.models.tiny import WORDS, tiny_model, tiny_pair, tiny_tokenizer
-from specviz.runs import pacing
+from specviz.serving import pacing
 from specviz.runs import trace as tracefile
-from specviz.runs.limits import InputError, Limits, clean_prompt
-from specviz.runs.pacing import Pace
-from specviz.runs.session import Session
+from specviz.settings.limits import InputError, Limits, clean_prompt
+from specviz.serving.pacing import Pace
+from specviz.serving.session import Session
 from specviz.ui import handlers as h
 
 ROOT = Path(__file__).resolve().parents[1]

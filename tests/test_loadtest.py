@@ -182,11 +182,11 @@ def workshop_server():
     from specviz.engine import DecodeConfig
     from specviz.models import PairSpec
     from specviz.models.tiny import tiny_pair
-    from specviz.runs.limits import Limits
-    from specviz.runs.recorded import Recordings
+    from specviz.settings.limits import Limits
+    from specviz.serving.recorded import Recordings
     from specviz.runs.room import ROOM_DEFAULTS, ROOM_LIMITS, record_examples
-    from specviz.runs.session import Session
-    from specviz.runs.settings import flat_values
+    from specviz.serving.session import Session
+    from specviz.settings.spec import flat_values
     from specviz.server import build_server, launch
     from specviz.ui.examples import EXAMPLES
 

@@ -14,11 +14,11 @@ from specviz.engine import DecodeConfig
 from specviz.models import PairSpec
 from specviz.models.compiled import CompileCounts, is_compiled, with_compiled_step
 from specviz.models.tiny import tiny_pair
-from specviz.runs.limits import Limits
-from specviz.runs.model_thread import ModelThread
+from specviz.settings.limits import Limits
+from specviz.serving.model_thread import ModelThread
 from specviz.runs.race import RaceState, race
-from specviz.runs.recorded import Recordings
-from specviz.runs.session import Session
+from specviz.serving.recorded import Recordings
+from specviz.serving.session import Session
 
 CONFIG = DecodeConfig(k=3, max_new_tokens=12, adaptive="fixed")
 

@@ -20,12 +20,12 @@ from specviz.models.tiny import tiny_pair
 from specviz.runs import decode as decoding
 from specviz.runs import race as racing
 from specviz.runs.broadcast import Broadcast
-from specviz.runs.errors import InputError
-from specviz.runs.limits import Limits
-from specviz.runs.recorded import Recording, RecordingKey, Recordings, recording
+from specviz.settings.errors import InputError
+from specviz.settings.limits import Limits
+from specviz.serving.recorded import Recording, RecordingKey, Recordings, recording
 from specviz.runs.room import ROOM_LIMITS, WARM_UP, is_presenter, record_examples
-from specviz.runs.session import Session
-from specviz.runs.turns import Owner, Replaced, Turns, Waiting
+from specviz.serving.session import Session
+from specviz.serving.turns import Owner, Replaced, Turns, Waiting
 from specviz.ui.teach import queue_line
 from specviz.server import build_server
 from specviz.ui import follow

@@ -190,8 +190,8 @@ def test_drafter_problems_say_what_to_do(target_only):
 
 
 def test_the_exit_layer_setting_is_validated_like_any_other():
-    from specviz.runs.errors import InputError
-    from specviz.runs.settings import validate
+    from specviz.settings.errors import InputError
+    from specviz.settings.spec import validate
 
     assert validate(DecodeConfig, {"drafter": "self", "exit_layer": "3"}).exit_layer == 3
     with pytest.raises(InputError, match="exit layer must be a whole number of at least 1, below the target.s layer "

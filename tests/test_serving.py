@@ -24,10 +24,10 @@ from specviz.runs import decode as decoding
 from specviz.runs import race as racing
 from specviz.runs import replay as replays
 from specviz.runs.distribution import FULL_SAMPLES_UP_TO, sample_distribution, samples_for
-from specviz.runs.errors import InputError
-from specviz.runs.limits import Limits, budget
-from specviz.runs.pacing import Pace
-from specviz.runs.session import Session
+from specviz.settings.errors import InputError
+from specviz.settings.limits import Limits, budget
+from specviz.serving.pacing import Pace
+from specviz.serving.session import Session
 from specviz.server import build_server
 from specviz.ui import handlers as h
 from specviz.ui import render

@@ -19,10 +19,10 @@ from specviz.cli import build_parser
 from specviz.engine import DecodeConfig
 from specviz.models import PairSpec
 from specviz.runs.distribution import DistributionSettings
-from specviz.runs.errors import InputError
-from specviz.runs.limits import CLI_LIMITS, Limits
-from specviz.runs.options import add_options, options_of, values_of
-from specviz.runs.settings import fields_of, number_text, validate
+from specviz.settings.errors import InputError
+from specviz.settings.limits import CLI_LIMITS, Limits
+from specviz.settings.options import add_options, options_of, values_of
+from specviz.settings.spec import fields_of, number_text, validate
 from specviz.ui.controls import controls
 
 LIMITS = Limits(max_k=12, max_new_tokens=300, max_samples=500)  # not the defaults: the surfaces must follow them

@@ -12,10 +12,10 @@ from specviz import cli
 from specviz.analysis.stats import spec_stats
 from specviz.engine import DecodeConfig, SamplingParams
 from specviz.runs import trace
-from specviz.runs.errors import TraceError
-from specviz.runs.limits import CLI_LIMITS
-from specviz.runs.options import values_of
-from specviz.runs.settings import validate
+from specviz.settings.errors import TraceError
+from specviz.settings.limits import CLI_LIMITS
+from specviz.settings.options import values_of
+from specviz.settings.spec import validate
 
 
 @pytest.fixture(scope="module")

@@ -7,9 +7,9 @@ import json
 import pytest
 
 from specviz.models import PairSpec
-from specviz.runs.limits import Limits
-from specviz.runs.pacing import Pace
-from specviz.runs.session import Session
+from specviz.settings.limits import Limits
+from specviz.serving.pacing import Pace
+from specviz.serving.session import Session
 from specviz.server import build_server, launch
 from specviz.ui.handlers import Options
 

@@ -13,9 +13,9 @@ import pytest
 
 from specviz.models import PairSpec
 from specviz.models.tiny import tiny_pair
-from specviz.runs.limits import Limits
-from specviz.runs.pacing import Pace
-from specviz.runs.session import Session
+from specviz.settings.limits import Limits
+from specviz.serving.pacing import Pace
+from specviz.serving.session import Session
 from specviz.server import build_server, launch
 from specviz.ui.handlers import Options
 
@@ -364,9 +364,9 @@ def test_the_first_click_streams_while_the_app_records_its_examples(browser_page
     first example, clicked as soon as the page is there, shows a coloured round within 5 s: the warm-up yields.
     (Before: this test timed out at 5 s; on a 2-core Zen 4 the first round came 20.4 s after the click.)"""
     from specviz.engine import DecodeConfig
-    from specviz.runs.recorded import Recordings
+    from specviz.serving.recorded import Recordings
     from specviz.runs.room import record_examples
-    from specviz.runs.settings import flat_values
+    from specviz.settings.spec import flat_values
     from specviz.ui.examples import EXAMPLES
 
     session = Session(tiny_pair(), PairSpec("tiny", "tiny"), recordings=Recordings(2**24))

@@ -17,10 +17,10 @@ from specviz.engine import DecodeConfig, speculative_generate
 from specviz.models import ModelLoadError, PairSpec, encode_prompt
 from specviz.models.tiny import tiny_pair
 from specviz.runs import trace as tracefile
-from specviz.runs.limits import Limits
-from specviz.runs.pacing import Pace
+from specviz.settings.limits import Limits
+from specviz.serving.pacing import Pace
 from specviz.runs.replay import shipped_dir, shipped_traces
-from specviz.runs.session import Session
+from specviz.serving.session import Session
 from specviz.runs.trace import Trace
 from specviz.ui import figures, handlers as h
 from specviz.ui.views import main_view

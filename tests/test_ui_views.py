@@ -384,7 +384,7 @@ def test_a_target_alone_lane_that_ended_early_gives_valid_json_and_a_dash_for_it
 
 
 def test_a_race_state_is_finished_once_both_lanes_are_and_the_pacer_shows_it():
-    from specviz.runs.pacing import paced
+    from specviz.serving.pacing import paced
 
     states = [(s.finished, s.done) for s in replay_race(fake_rounds(2, 0.3), fake_steps(6, 0.1), greedy=True)]
     assert [f is not None for f, _ in states] == [done for _, done in states] == [False] * 7 + [True]

@@ -15,9 +15,9 @@ from specviz.engine import DecodeConfig
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED
 from specviz.models import PairSpec
 from specviz.runs import trace as tracefile
-from specviz.runs.limits import Limits
-from specviz.runs.pacing import Pace
-from specviz.runs.session import Session
+from specviz.settings.limits import Limits
+from specviz.serving.pacing import Pace
+from specviz.serving.session import Session
 from specviz.ui import handlers as h
 from specviz.ui.whatif import fill, prefill, whatif_view
 

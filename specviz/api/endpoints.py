@@ -24,16 +24,16 @@ from specviz.models import PairSpec
 from specviz.models.presets import PRESETS
 from specviz.runs import decode as decoding
 from specviz.runs.distribution import DistributionSettings, sample_distribution
-from specviz.runs.errors import translating
-from specviz.runs.limits import Limits
-from specviz.runs.pacing import Pace, paced
-from specviz.runs.turns import Owner
+from specviz.settings.errors import translating
+from specviz.settings.limits import Limits
+from specviz.serving.pacing import Pace, paced
+from specviz.serving.turns import Owner
 from specviz.runs.race import race, replay_race
 from specviz.runs.replay import shipped_traces, trace_data, trace_from_text
-from specviz.runs.session import Session
-from specviz.runs.settings import Setting, fields_of, flat_values
+from specviz.serving.session import Session
+from specviz.settings.spec import Setting, fields_of, flat_values
 from specviz.runs.trace import Trace
-from specviz.runs.turns import Waiting
+from specviz.serving.turns import Waiting
 
 MODEL = "model"  # the concurrency group of everything that runs the pair (the same as the UI's)
 REPLAY = "replay"  # no model, one at a time beside the model's queue (the same as the UI's replays)

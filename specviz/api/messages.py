@@ -8,9 +8,9 @@ from specviz.analysis.stats import run_stats
 from specviz.engine import Round
 from specviz.runs.distribution import DistributionResult
 from specviz.runs.race import Lane, RaceState
-from specviz.runs.recorded import iso_time
+from specviz.serving.recorded import iso_time
 from specviz.runs.trace import Trace
-from specviz.runs.turns import Waiting
+from specviz.serving.turns import Waiting
 
 
 def queued(w: Waiting) -> dict:

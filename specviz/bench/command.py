@@ -22,12 +22,12 @@ from specviz.engine.config import CUT_MODES, Adaptive
 from specviz.engine.drafters import drafter_problem
 from specviz.engine.early_exit import EarlyExit
 from specviz.models import PairSpec
-from specviz.runs.errors import INTERRUPTED
-from specviz.runs.limits import CLI_LIMITS
-from specviz.runs.machine import machine as base_machine
-from specviz.runs.options import add_options, several_values, values_of
+from specviz.settings.errors import INTERRUPTED
+from specviz.settings.limits import CLI_LIMITS
+from specviz.remote.machine import machine as base_machine
+from specviz.settings.options import add_options, several_values, values_of
 from specviz.runs.outputs import write_atomic
-from specviz.runs.settings import validate
+from specviz.settings.spec import validate
 
 log = logging.getLogger(__name__)
 GRID = ("k", "confidence", "exit_layer")  # the settings a bench may list several of: their product is tuned

@@ -34,8 +34,8 @@ from collections.abc import Callable
 from pathlib import Path
 
 from specviz.bench.noise import stall_between, stall_seconds
-from specviz.engines.llama_server import flag_names, has_flag
-from specviz.engines.policy import EngineError
+from specviz.remote.llama_server import flag_names, has_flag
+from specviz.remote.policy import EngineError
 
 PREFIX = "specviz bench: --compare-llamacpp:"
 BINARIES = ("llama-bench", "llama-speculative-simple")  # (llama-server is built too, but not run here)

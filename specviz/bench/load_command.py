@@ -8,7 +8,7 @@ from dataclasses import asdict
 from specviz.bench.command import machine
 from specviz.bench.loadtest import run_load
 from specviz.bench.workshop import BAD, workshop_requests
-from specviz.runs.machine import run_meta
+from specviz.remote.machine import run_meta
 from specviz.runs.outputs import write_atomic
 
 

@@ -15,10 +15,10 @@ from dataclasses import asdict, replace
 
 from specviz.engine import DecodeConfig
 from specviz.models import PairSpec
-from specviz.runs.limits import CLI_LIMITS
-from specviz.runs.options import add_options, several_values, values_of
+from specviz.settings.limits import CLI_LIMITS
+from specviz.settings.options import add_options, several_values, values_of
 from specviz.runs.proof import ALPHA, ProofSettings
-from specviz.runs.settings import validate
+from specviz.settings.spec import validate
 from specviz.runs.outputs import write_atomic
 
 PROMPT = "Write a haiku about the sea."
@@ -56,7 +56,7 @@ def cmd_prove(args) -> int:
     from specviz.models import encode_prompt, load_spec
     from specviz.models.draft import DraftQuant, with_cheaper_draft
     from specviz.models.cut_head import draft_vocab_ids
-    from specviz.runs.errors import InputError
+    from specviz.settings.errors import InputError
     from specviz.runs.proof import identity, matrix, prove, samplers
 
     configs, settings = configs_of(args)  # a bad flag fails here, before any model loads

@@ -17,8 +17,8 @@ from dataclasses import asdict, replace
 from datetime import datetime, timezone
 
 from specviz.models import PairSpec
-from specviz.runs.options import add_options, several_values, values_of
-from specviz.runs.settings import validate
+from specviz.settings.options import add_options, several_values, values_of
+from specviz.settings.spec import validate
 from specviz.runs.outputs import write_atomic
 
 ALPHAS = (0.6, 0.7, 0.8)

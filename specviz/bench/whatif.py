@@ -10,7 +10,7 @@ import json
 from dataclasses import asdict
 
 from specviz.analysis.whatif import WhatIf, table, teaching_lines, what_if
-from specviz.runs.errors import InputError
+from specviz.settings.errors import InputError
 
 
 def register(sub) -> None:

@@ -2,8 +2,8 @@
 
 This is also the settings *spec*: each field declares its type, default, range or choices, label
 (title) and help (description). The CLI options, validation messages, Gradio controls and API
-parameters are generated from it (`specviz.runs.settings`), so adding a setting means adding one
-field here. "limit" names the server limit (`specviz.runs.limits.Limits`) that caps a field.
+parameters are generated from it (`specviz.settings.spec`), so adding a setting means adding one
+field here. "limit" names the server limit (`specviz.settings.limits.Limits`) that caps a field.
 Defaults: the settings `specviz bench` measured fastest on the embedded pair (README, Benchmarks).
 """
 

@@ -23,14 +23,14 @@ from specviz.analysis.rejections import PromptRun
 from specviz.analysis.stats import estimated_costs
 from specviz.engine import DecodeConfig, speculative_generate
 from specviz.runs.atlas_input import AtlasPrompt, PromptSet
-from specviz.runs.errors import InputError
+from specviz.settings.errors import InputError
 from specviz.runs.job import Job, prepare
-from specviz.runs.limits import Limits, budget
+from specviz.settings.limits import Limits, budget
 from specviz.runs.race import RaceState, race_decoders
-from specviz.runs.session import Session
-from specviz.runs.settings import validate
+from specviz.serving.session import Session
+from specviz.settings.spec import validate
 from specviz.runs.trace import Trace
-from specviz.runs.turns import quietly
+from specviz.serving.turns import quietly
 
 SOURCE = "Atlas"
 

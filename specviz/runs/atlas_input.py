@@ -19,8 +19,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from specviz.runs.errors import InputError
-from specviz.runs.limits import Limits, clean_prompt
+from specviz.settings.errors import InputError
+from specviz.settings.limits import Limits, clean_prompt
 
 FORMATS = (".jsonl", ".txt", ".csv")
 MAX_FILE_BYTES = 20_000_000  # as much as the app's upload limit

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from specviz.analysis.rejections import record, rejections
 from specviz.runs.atlas import AtlasReport
-from specviz.runs.settings import flat_values
+from specviz.settings.spec import flat_values
 from specviz.runs.outputs import write_atomic
 
 FORMAT, VERSION = "specviz-atlas", 1

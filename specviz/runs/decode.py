@@ -18,13 +18,13 @@ from dataclasses import dataclass
 from specviz.engine import Round, speculative_generate
 from specviz.engine.events import round_from_dict
 from specviz.runs.job import prepare
-from specviz.runs.limits import Limits, budget
-from specviz.runs.model_thread import ModelThread
-from specviz.runs.pacing import pacer
-from specviz.runs.recorded import COMPLETE, Recording, clock_time, key_of, Meanwhile, recording
-from specviz.runs.session import Session
+from specviz.settings.limits import Limits, budget
+from specviz.serving.model_thread import ModelThread
+from specviz.serving.pacing import pacer
+from specviz.serving.recorded import COMPLETE, Recording, clock_time, key_of, Meanwhile, recording
+from specviz.serving.session import Session
 from specviz.runs.trace import RunMeta, Trace
-from specviz.runs.turns import Waiting
+from specviz.serving.turns import Waiting
 
 
 def decode(session: Session, limits: Limits, prompt, settings, source: str = "Run", owner: str | None = None

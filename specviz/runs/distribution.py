@@ -18,13 +18,13 @@ from pydantic.dataclasses import dataclass as spec
 
 from specviz.analysis.proof import PooledPosition, PositionResult, Verdict
 from specviz.engine import SamplingParams
-from specviz.runs.errors import InputError
+from specviz.settings.errors import InputError
 from specviz.runs.job import prepare
-from specviz.runs.limits import Limits, budget
+from specviz.settings.limits import Limits, budget
 from specviz.runs.proof import ProofSettings, prove
-from specviz.runs.session import Session
-from specviz.runs.settings import validate
-from specviz.runs.turns import Waiting
+from specviz.serving.session import Session
+from specviz.settings.spec import validate
+from specviz.serving.turns import Waiting
 
 POSITIONS = 3
 FULL_SAMPLES_UP_TO = 256  # prompt tokens: longer prompts get proportionally fewer samples (see `samples_for`)

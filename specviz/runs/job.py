@@ -11,10 +11,10 @@ from dataclasses import dataclass
 from specviz.engine import DecodeConfig
 from specviz.engine.drafters import drafter_problem
 from specviz.models import ModelPair, encode_prompt
-from specviz.runs.errors import InputError
-from specviz.runs.limits import Limits, check_prompt_tokens, clean_prompt
-from specviz.runs.session import Session
-from specviz.runs.settings import validate
+from specviz.settings.errors import InputError
+from specviz.settings.limits import Limits, check_prompt_tokens, clean_prompt
+from specviz.serving.session import Session
+from specviz.settings.spec import validate
 from specviz.runs.trace import RunMeta
 
 

@@ -25,12 +25,12 @@ from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, s
 from specviz.engine.events import Finish, round_from_dict, step_from_dict
 from specviz.models.compiled import CompileCounts
 from specviz.runs.job import prepare
-from specviz.runs.limits import Limits, budget
-from specviz.runs.pacing import pacer
-from specviz.runs.recorded import COMPLETE, Recording, key_of, Meanwhile, recording
-from specviz.runs.session import Session
+from specviz.settings.limits import Limits, budget
+from specviz.serving.pacing import pacer
+from specviz.serving.recorded import COMPLETE, Recording, key_of, Meanwhile, recording
+from specviz.serving.session import Session
 from specviz.runs.trace import RunMeta, Trace
-from specviz.runs.turns import Waiting
+from specviz.serving.turns import Waiting
 
 Timed = Callable[[Iterator], tuple[object | None, float]]
 

@@ -14,8 +14,8 @@ from importlib import resources
 from pathlib import Path
 
 from specviz.runs import trace as tracefile
-from specviz.runs.errors import USER_ERRORS, InputError, TraceError
-from specviz.runs.pacing import pacer
+from specviz.settings.errors import USER_ERRORS, InputError, TraceError
+from specviz.serving.pacing import pacer
 from specviz.runs.race import RaceState, replay_race
 from specviz.runs.trace import Trace
 

@@ -17,13 +17,13 @@ from pydantic.dataclasses import dataclass
 
 from specviz.engine import DecodeConfig
 from specviz.runs.distribution import DistributionSettings, sample_distribution
-from specviz.runs.errors import USER_ERRORS, InputError
-from specviz.runs.limits import Limits
+from specviz.settings.errors import USER_ERRORS, InputError
+from specviz.settings.limits import Limits
 from specviz.runs.race import race
-from specviz.runs.recorded import COMPLETE
-from specviz.runs.session import Session
-from specviz.runs.turns import BACKGROUND, Waiting
-from specviz.runs.settings import checked_values, fields_of
+from specviz.serving.recorded import COMPLETE
+from specviz.serving.session import Session
+from specviz.serving.turns import BACKGROUND, Waiting
+from specviz.settings.spec import checked_values, fields_of
 
 # A workshop on a 2-core CPU (README, Running it for a room): what one request may ask at most, and what the app
 # opens at. The default sets what most clicks cost: a race of 24 tokens holds the model about half as long as one

@@ -18,7 +18,7 @@ from pathlib import Path
 from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
 from specviz.engine.events import round_from_dict, step_from_dict
 from specviz.models import ModelPair, encode_prompt
-from specviz.runs.errors import TraceError
+from specviz.settings.errors import TraceError
 from specviz.runs.outputs import write_atomic
 
 FORMAT, VERSION = "specviz-trace", 1

@@ -18,10 +18,10 @@ from specviz.models import PairSpec
 from specviz.models.memory import pair_bytes
 from specviz.models.presets import PRESETS
 from specviz.runs.distribution import DistributionSettings
-from specviz.runs.limits import Limits
+from specviz.settings.limits import Limits
 from specviz.runs.replay import shipped_traces
-from specviz.runs.session import Session
-from specviz.runs.settings import flat_values
+from specviz.serving.session import Session
+from specviz.settings.spec import flat_values
 from specviz.ui import handlers as h
 from specviz.runs.broadcast import Broadcast
 from specviz.runs.room import is_presenter

@@ -21,10 +21,10 @@ import gradio as gr
 from specviz.runs import atlas as atlases
 from specviz.runs import atlas_json
 from specviz.runs.atlas_input import PromptSet, read_file, read_prompts
-from specviz.runs.errors import InputError
-from specviz.runs.limits import Limits
-from specviz.runs.pacing import paced
-from specviz.runs.session import Session
+from specviz.settings.errors import InputError
+from specviz.settings.limits import Limits
+from specviz.serving.pacing import paced
+from specviz.serving.session import Session
 from specviz.runs.trace import Trace
 from specviz.ui.atlas_report import (
     ATLAS_CSS, PROMPT_COLUMNS, advice_html, atlas_html, disagreements_html, prompt_values, summary_html,

@@ -14,7 +14,7 @@ from html import escape
 from specviz.analysis.atlas import ClassRow, Count, Disagreement, PromptRow
 from specviz.analysis.atlas_advice import Advice, Setting
 from specviz.runs.atlas import AtlasReport
-from specviz.runs.settings import flat_values
+from specviz.settings.spec import flat_values
 from specviz.ui import render
 from specviz.ui.atlas_figures import classes_figure, confidence_figure, entropy_figure, position_figure
 from specviz.ui.share import PAGE_CSS, number

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import gradio as gr
 
-from specviz.runs.settings import Setting, fields_of
+from specviz.settings.spec import Setting, fields_of
 
 SLIDER_STEPS = {int: 1, float: 0.01}
 

@@ -17,14 +17,14 @@ import gradio as gr
 import plotly.graph_objects as go
 
 from specviz.engine import DecodeConfig
-from specviz.engines.engine import Partial, completing, connect
-from specviz.engines.policy import EngineError, EnginePolicy, display
-from specviz.engines.race import PLAIN, SPEC, Prompt, Run
-from specviz.engines.results import RequestResult
-from specviz.engines.summary import RaceSummary, summarise
-from specviz.engines.transport import make_client
-from specviz.runs.limits import Limits
-from specviz.runs.settings import validate
+from specviz.remote.engine import Partial, completing, connect
+from specviz.remote.policy import EngineError, EnginePolicy, display
+from specviz.remote.race import PLAIN, SPEC, Prompt, Run
+from specviz.remote.results import RequestResult
+from specviz.remote.summary import RaceSummary, summarise
+from specviz.remote.transport import make_client
+from specviz.settings.limits import Limits
+from specviz.settings.spec import validate
 from specviz.ui.figures import empty_figure
 
 CSS = """

@@ -24,15 +24,15 @@ from specviz.runs import decode as decoding
 from specviz.runs.broadcast import Broadcast
 from specviz.runs import trace as tracefile
 from specviz.runs.distribution import sample_distribution
-from specviz.runs.errors import translating
-from specviz.runs.limits import Limits
-from specviz.runs.pacing import Pace, paced
+from specviz.settings.errors import translating
+from specviz.settings.limits import Limits
+from specviz.serving.pacing import Pace, paced
 from specviz.runs import race as racing
 from specviz.runs import replay as replays
 from specviz.runs.replay import trace_data
-from specviz.runs.session import Session
+from specviz.serving.session import Session
 from specviz.runs.trace import Trace
-from specviz.runs.turns import Replaced, Waiting
+from specviz.serving.turns import Replaced, Waiting
 from specviz.ui import figures, render, teach
 from specviz.ui.live import LiveView, live_view, waiting_view
 from specviz.ui.share import share_html

@@ -6,7 +6,7 @@ from html import escape
 
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED, REJECTED, Round
 from specviz.analysis.stats import RunStats
-from specviz.runs.recorded import clock_time
+from specviz.serving.recorded import clock_time
 
 FORMULAS = r"""
 ### One round of speculative decoding

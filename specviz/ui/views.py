@@ -15,7 +15,7 @@ from specviz.analysis.stats import run_stats
 from specviz.engine.events import CORRECTION, REJECTED, EmittedToken, Round
 from specviz.runs.distribution import DistributionResult
 from specviz.runs.race import RaceState
-from specviz.runs.recorded import clock_time
+from specviz.serving.recorded import clock_time
 from specviz.runs.trace import Trace
 from specviz.ui import figures, render, teach
 from specviz.ui.tree_view import tree_html

@@ -17,9 +17,9 @@ import gradio as gr
 from specviz.models.memory import pair_bytes
 from specviz.models.presets import PRESETS
 from specviz.runs.broadcast import Broadcast
-from specviz.runs.limits import Limits
-from specviz.runs.turns import Owner
-from specviz.runs.session import Session
+from specviz.settings.limits import Limits
+from specviz.serving.turns import Owner
+from specviz.serving.session import Session
 from specviz.ui import atlas
 from specviz.ui import handlers as h
 from specviz.ui.follow import WAITING, Followers, FollowViews, follow

@@ -29,8 +29,8 @@ from collections.abc import Callable, Iterator
 from contextlib import closing, contextmanager
 from dataclasses import dataclass, field
 
-from specviz.runs.errors import InputError
-from specviz.runs.hosts import is_loopback
+from specviz.settings.errors import InputError
+from specviz.serving.hosts import is_loopback
 
 log = logging.getLogger(__name__)
 

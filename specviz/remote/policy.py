@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from urllib.parse import urlsplit
 
-from specviz.runs.hosts import is_loopback
+from specviz.serving.hosts import is_loopback
 
 
 class EngineError(ValueError):

@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
-from specviz.engines.policy import EngineError, EnginePolicy, display
+from specviz.remote.policy import EngineError, EnginePolicy, display
 
 ABSENT = (404, 405, 501)  # an endpoint this engine (or this version, or its flags) does not offer
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import replace
 
-from specviz.runs.settings import Setting, fields_of, number_text
+from specviz.settings.spec import Setting, fields_of, number_text
 
 
 def options_of(spec: type, limits=None) -> list[tuple[Setting, str, str]]:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from specviz.analysis.intervals import ci95, ratio_of_ratios, ratio_of_sums
 from specviz.analysis.predict import CostModel, expected_tokens, predicted_speedup
 from specviz.analysis.whatif import what_if
-from specviz.engines.race import DRAFT, PLAIN, SPEC, Run
+from specviz.remote.race import DRAFT, PLAIN, SPEC, Run
 
 
 @dataclass(frozen=True)

@@ -27,11 +27,11 @@ from specviz.models.pair import OUT_OF_MEMORY, release_memory
 from specviz.models.presets import PRESETS
 from specviz.models.compiled import warm_sizes
 from specviz.models.steps import checked_in_use
-from specviz.runs.errors import InputError
-from specviz.runs.model_thread import ModelThread
-from specviz.runs.recorded import Recordings
-from specviz.runs.settings import checked_values
-from specviz.runs.turns import Turns, Waiting
+from specviz.settings.errors import InputError
+from specviz.serving.model_thread import ModelThread
+from specviz.serving.recorded import Recordings
+from specviz.settings.spec import checked_values
+from specviz.serving.turns import Turns, Waiting
 
 Loader = Callable[..., ModelPair]
 

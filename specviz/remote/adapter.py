@@ -10,9 +10,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from specviz.engine.config import DecodeConfig
-from specviz.engines.policy import EngineError
-from specviz.engines.prometheus import read_counters
-from specviz.engines.results import EngineInfo, SpecStats
+from specviz.remote.policy import EngineError
+from specviz.remote.prometheus import read_counters
+from specviz.remote.results import EngineInfo, SpecStats
 
 Get = Callable[[str], "str | None"]
 

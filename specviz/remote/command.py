@@ -20,15 +20,15 @@ import time
 from importlib import resources
 
 from specviz.engine.config import DecodeConfig
-from specviz.engines.engine import KINDS, connect
-from specviz.engines.policy import EngineError, EnginePolicy
-from specviz.engines.race import DRAFT, PLAIN, SPEC, Prompt, iter_race
-from specviz.engines.transport import make_client
-from specviz.runs.errors import InputError
-from specviz.runs.limits import CLI_LIMITS
-from specviz.runs.machine import run_meta
-from specviz.runs.options import add_options, options_of, values_of
-from specviz.runs.settings import validate
+from specviz.remote.engine import KINDS, connect
+from specviz.remote.policy import EngineError, EnginePolicy
+from specviz.remote.race import DRAFT, PLAIN, SPEC, Prompt, iter_race
+from specviz.remote.transport import make_client
+from specviz.settings.errors import InputError
+from specviz.settings.limits import CLI_LIMITS
+from specviz.remote.machine import run_meta
+from specviz.settings.options import add_options, options_of, values_of
+from specviz.settings.spec import validate
 from specviz.runs.outputs import write_atomic
 
 DECODING = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")  # what an engine takes of DecodeConfig
@@ -108,8 +108,8 @@ def describe(i) -> str:
 
 
 def cmd_race(args) -> int:
-    from specviz.engines.report import build_report, format_table, write_html
-    from specviz.engines.summary import summarise
+    from specviz.remote.report import build_report, format_table, write_html
+    from specviz.remote.summary import summarise
 
     config = validate(DecodeConfig, {k: v for k, v in values_of(args, DecodeConfig).items() if k in DECODING},
                       CLI_LIMITS)
@@ -175,7 +175,7 @@ def serve_until_stopped(name: str, servers, k: int) -> int:
 
 
 def cmd_llamacpp(args) -> int:
-    from specviz.engines.llama_server import llama_servers
+    from specviz.remote.llama_server import llama_servers
 
     # SIGTERM (kill, a service manager) stops as Ctrl-C does: through the context manager, which stops the
     # servers; they run in their own sessions, so nothing else would
@@ -191,7 +191,7 @@ def cmd_llamacpp(args) -> int:
 
 
 def cmd_vllm(args) -> int:
-    from specviz.engines.vllm_server import vllm_servers
+    from specviz.remote.vllm_server import vllm_servers
 
     signal.signal(signal.SIGTERM, interrupted)  # as for llama.cpp
     print("specviz engines vllm: starting vLLM on the embedded pair (a few minutes each: it compiles at start)…",

@@ -19,8 +19,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specviz.engine.config import DecodeConfig
-from specviz.engines.adapter import Adapter, Get, first_model, json_of, number, positions_from_histogram
-from specviz.engines.results import EngineInfo, SpecStats
+from specviz.remote.adapter import Adapter, Get, first_model, json_of, number, positions_from_histogram
+from specviz.remote.results import EngineInfo, SpecStats
 
 ACCEPTED = ("spec_accept_token_num", "spec_accepted_drafts", "spec_num_correct_drafts")
 PROPOSED = ("spec_draft_token_num", "spec_proposed_drafts", "spec_num_proposed_drafts")

@@ -1,4 +1,4 @@
-"""The contracts of `specviz.engines`: what a probe found, and what one request measured.
+"""The contracts of `specviz.remote`: what a probe found, and what one request measured.
 
 Acceptance here is what the engines report: tokens drafted and accepted, verify rounds, and per draft
 position the rounds whose token at that position was accepted. No engine reports the rejected drafts
@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Literal
 
-from specviz.engines.prometheus import SpecCounters
+from specviz.remote.prometheus import SpecCounters
 
 Source = Literal["per-request", "metrics-diff", "per-request+metrics-diff"]
 DIFF_NOTE = "a difference of server-wide counters: concurrent traffic on this engine would pollute it"

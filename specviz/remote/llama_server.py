@@ -26,7 +26,7 @@ from pathlib import Path
 
 import httpx
 
-from specviz.engines.policy import EngineError
+from specviz.remote.policy import EngineError
 
 VERSION = os.environ.get("LLAMACPP_PY_VERSION", "0.3.36")  # the llama-cpp-python sdist build_llamacpp.sh builds
 HOST = "127.0.0.1"

@@ -19,7 +19,7 @@ from typing import Literal, Union, get_args, get_origin
 
 import annotated_types as at
 
-from specviz.runs.errors import InputError
+from specviz.settings.errors import InputError
 
 
 @dataclass(frozen=True)

@@ -23,8 +23,8 @@ from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from specviz.engines.llama_server import HOST, port_free, started, wait_healthy
-from specviz.engines.policy import EngineError
+from specviz.remote.llama_server import HOST, port_free, started, wait_healthy
+from specviz.remote.policy import EngineError
 
 VERSION = "0.32.0"
 # resident GB of each server (API process + worker), the embedded pair in bf16 at --max-model-len 2048, measured on

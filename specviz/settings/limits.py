@@ -15,8 +15,8 @@ from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from specviz.engine.events import Finish
-from specviz.runs.errors import InputError
-from specviz.runs.settings import checked_values
+from specviz.settings.errors import InputError
+from specviz.settings.spec import checked_values
 
 
 def _limit(default: int, name: str, help: str, flag: str | None = None):

@@ -16,13 +16,13 @@ from dataclasses import dataclass
 import httpx
 
 from specviz.engine.config import DecodeConfig
-from specviz.engines import llamacpp, sglang, vllm
-from specviz.engines.adapter import Adapter, Get, json_of, owner
-from specviz.engines.policy import EngineError, EnginePolicy, base_url, display
-from specviz.engines.prometheus import difference, read_counters
-from specviz.engines.results import EngineInfo, RequestResult, combine, from_counters
-from specviz.engines.stream import chat_body, content_of, measure
-from specviz.engines.transport import get_text, stream_events
+from specviz.remote import llamacpp, sglang, vllm
+from specviz.remote.adapter import Adapter, Get, json_of, owner
+from specviz.remote.policy import EngineError, EnginePolicy, base_url, display
+from specviz.remote.prometheus import difference, read_counters
+from specviz.remote.results import EngineInfo, RequestResult, combine, from_counters
+from specviz.remote.stream import chat_body, content_of, measure
+from specviz.remote.transport import get_text, stream_events
 
 ADAPTERS = (llamacpp.ADAPTER, vllm.ADAPTER, sglang.ADAPTER)
 KINDS = tuple(a.kind for a in ADAPTERS)

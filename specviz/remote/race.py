@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 import httpx
 
 from specviz.engine.config import DecodeConfig
-from specviz.engines.engine import Engine, complete
-from specviz.engines.policy import EnginePolicy
-from specviz.engines.results import RequestResult
+from specviz.remote.engine import Engine, complete
+from specviz.remote.policy import EnginePolicy
+from specviz.remote.results import RequestResult
 from specviz.runs.atlas_input import AtlasPrompt as Prompt  # a prompt file's line: id, prompt, kind
 
 SPEC, PLAIN, DRAFT = "speculative", "target alone", "draft alone"

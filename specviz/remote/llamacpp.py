@@ -20,8 +20,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from specviz.engine.config import DecodeConfig
-from specviz.engines.adapter import Adapter, Get, first_model, json_of, metrics_probe, number
-from specviz.engines.results import EngineInfo, SpecStats
+from specviz.remote.adapter import Adapter, Get, first_model, json_of, metrics_probe, number
+from specviz.remote.results import EngineInfo, SpecStats
 
 PREFIX = "llamacpp:"
 

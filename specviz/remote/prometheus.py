@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from specviz.engines.policy import EngineError
+from specviz.remote.policy import EngineError
 
 FAMILIES = {"drafts": "spec_decode_num_drafts", "draft_tokens": "spec_decode_num_draft_tokens",
             "accepted": "spec_decode_num_accepted_tokens", "per_position": "spec_decode_num_accepted_tokens_per_pos"}

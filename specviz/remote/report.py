@@ -9,9 +9,9 @@ import math
 from dataclasses import asdict
 from pathlib import Path
 
-from specviz.engines.race import Run
-from specviz.engines.results import EngineInfo
-from specviz.engines.summary import Estimate, RaceSummary
+from specviz.remote.race import Run
+from specviz.remote.results import EngineInfo
+from specviz.remote.summary import Estimate, RaceSummary
 from specviz.runs.outputs import write_atomic
 
 

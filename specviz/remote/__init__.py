@@ -1,4 +1,4 @@
-"""The engines people deploy (llama.cpp's llama-server, vLLM, SGLang) behind one small interface: connect to an
+"""Remote engines: the engines people deploy (llama.cpp's llama-server, vLLM, SGLang) behind one small interface: connect to an
 allowed OpenAI-compatible base URL, probe what its version offers, stream completions timed on the client, and
 read its speculative statistics per request (or as a difference of its Prometheus counters); race an endpoint
 that speculates against one that does not (`race.py`, `summary.py`), from the CLI (`command.py`).
