@@ -7,15 +7,21 @@ and the endpoints, and every number on a benchmark page is a value of a JSON rep
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import re
+import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))  # the generator's parts, as scripts/docs.py imports them when run
+from docsgen import about, api_reference, architecture, cli_reference, generated, render  # noqa: E402
+from docsgen.paths import TEMPLATES  # noqa: E402
+from docsgen.reports import REPORTS  # noqa: E402
+
 # the templates whose every number must come from a report (other templates mix in constants of the method, such as
 # a test's sample counts; their measured numbers come from reports all the same)
 PAGES = ("benchmarks.md", "lessons.md", "history.md")  # the benchmark pages: many numbers each
@@ -25,27 +31,14 @@ FRONT = ("_headline.md", "_first_run.md", "_shot.md", *GUIDES)  # what the READM
 MACROS = ("_costs_table.md",)  # tables other templates fill: no number typed in them either
 
 
-def load_generator():
-    spec = importlib.util.spec_from_file_location("specviz_docs_script", ROOT / "scripts" / "docs.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # (its dataclasses look their module up)
-    spec.loader.exec_module(module)
-    return module
+@pytest.fixture(scope="module")
+def parser():
+    return cli_reference.build_parser()
 
 
 @pytest.fixture(scope="module")
-def gen():
-    return load_generator()
-
-
-@pytest.fixture(scope="module")
-def parser(gen):
-    return gen.build_parser()
-
-
-@pytest.fixture(scope="module")
-def endpoints(gen):
-    return gen.served_endpoints()
+def endpoints():
+    return api_reference.served_endpoints()
 
 
 # ---- numbers on a page, and where they may come from --------------------------------------------------------------
@@ -129,22 +122,23 @@ def found(number: str, unit: str, values: list[float], texts: set[str]) -> bool:
 
 # ---- the tests ----------------------------------------------------------------------------------------------------
 
-def test_committed_pages_are_what_the_generator_makes(gen, parser, endpoints):
-    stale = gen.stale(gen.pages(parser, endpoints))
+def test_committed_pages_are_what_the_generator_makes(parser, endpoints):
+    stale = generated.stale(generated.pages(parser, endpoints))
     assert not stale, (f"{', '.join(str(p.relative_to(ROOT)) for p in stale)}: not what scripts/docs.py makes; "
                        "run `make docs` (or .venv/bin/python scripts/docs.py) and commit the pages")
 
 
-def test_the_cli_and_api_references_follow_a_spec_field(gen, parser, endpoints, monkeypatch):
+def test_the_cli_and_api_references_follow_a_spec_field(parser, endpoints, monkeypatch):
     """Change a settings spec's field (its help and its default) in place: both reference pages change with it."""
     from specviz.engine import DecodeConfig
 
-    before_cli, before_api = gen.cli_page(parser), gen.api_page(endpoints)
+    before_cli, before_api = cli_reference.cli_page(parser), api_reference.api_page(endpoints)
     assert "| `--k` | `K` | `8` | tokens drafted per round" in before_cli
     field = DecodeConfig.__pydantic_fields__["top_n"]
     monkeypatch.setattr(field, "description", "candidates a test asked for")
     monkeypatch.setattr(field, "default", 7)
-    after_cli, after_api = gen.cli_page(gen.build_parser()), gen.api_page(gen.served_endpoints())
+    after_cli = cli_reference.cli_page(cli_reference.build_parser())
+    after_api = api_reference.api_page(api_reference.served_endpoints())
     assert after_cli != before_cli and after_api != before_api
     assert re.search(r"\| `--top-n` \| `TOP_N` \| `7` \| candidates a test asked for \(1\.\.50; default: 7\) \|",
                      after_cli)
@@ -154,25 +148,25 @@ def test_the_cli_and_api_references_follow_a_spec_field(gen, parser, endpoints, 
     assert changed and all("--top-n" in line for line in changed)  # every command that takes it, and nothing else
 
 
-def test_every_command_and_flag_is_on_the_cli_page(gen, parser):
-    page = gen.cli_page(parser)
+def test_every_command_and_flag_is_on_the_cli_page(parser):
+    page = cli_reference.cli_page(parser)
 
     def walk(path, p):
         for action in p._actions:
             for option in action.option_strings:
                 if option not in ("-h", "--help"):
                     assert f"`{option}`" in page, f"{' '.join(path)} {option} is missing from the CLI reference"
-        for name, _, sub in gen.subcommands(p):
+        for name, _, sub in cli_reference.subcommands(p):
             assert f"## `{' '.join([*path, name])}`" in page or f"### `{' '.join([*path, name])}`" in page
             walk([*path, name], sub)
 
     walk([parser.prog], parser)
 
 
-def test_every_endpoint_and_parameter_is_on_the_api_page(gen, endpoints):
+def test_every_endpoint_and_parameter_is_on_the_api_page(endpoints):
     import inspect
 
-    page = gen.api_page(endpoints)
+    page = api_reference.api_page(endpoints)
     assert {e.name for e in endpoints} >= {"generate", "race", "same_distribution", "load_pair", "replay", "info",
                                            "whatif", "share_html"}
     for e in endpoints:
@@ -183,20 +177,20 @@ def test_every_endpoint_and_parameter_is_on_the_api_page(gen, endpoints):
 
 
 @pytest.mark.parametrize("template", STRICT + MACROS)
-def test_no_number_is_typed_into_a_benchmark_template(gen, template):
+def test_no_number_is_typed_into_a_benchmark_template(template):
     """In a benchmark template, every number is printed by an expression that reads a report: outside {{ }},
     {% %} and {# #} there is none (words with digits, such as bf16 or T1, are words)."""
-    source = (gen.TEMPLATES / template).read_text(encoding="utf-8")
+    source = (TEMPLATES / template).read_text(encoding="utf-8")
     literal = re.sub(r"\{\{.*?\}\}|\{%.*?%\}|\{#.*?#\}", " ", source, flags=re.S)
     typed = [n for n, _ in (prose_numbers if template in GUIDES else numbers)(literal)]
     assert not typed, f"{template}: numbers typed by hand: {typed}"
 
 
 @pytest.mark.parametrize("template", STRICT)
-def test_every_number_on_a_benchmark_page_is_a_report_value(gen, template):
+def test_every_number_on_a_benchmark_page_is_a_report_value(template):
     """Each number the page shows is a value of one of the reports it read, at the precision shown (or that value
     in % / ms / GB), or is written in one of their strings (a command, a setting's name, a date)."""
-    rendered = gen.render(template, docs="")
+    rendered = render.render(template, docs="")
     assert rendered.reports, f"{template} read no report"
     values, texts = report_values(rendered.reports)
     shown = (prose_numbers if template in GUIDES else numbers)(rendered.text)
@@ -205,36 +199,36 @@ def test_every_number_on_a_benchmark_page_is_a_report_value(gen, template):
     assert not missing, f"{template}: numbers in no report it read: {missing}"
 
 
-def test_the_number_check_catches_a_number_no_report_holds(gen):
-    rendered = gen.render("_headline.md", docs="")
+def test_the_number_check_catches_a_number_no_report_holds():
+    rendered = render.render("_headline.md", docs="")
     values, texts = report_values(rendered.reports)
-    fp32 = json.loads((gen.REPORTS["bench"] / "cpu2_zen5_fp32_lean.json").read_text())["summary"]["speedup"]
+    fp32 = json.loads((REPORTS["bench"] / "cpu2_zen5_fp32_lean.json").read_text())["summary"]["speedup"]
     assert found(f"{fp32:.2f}", "", values, texts) and found("68", "%", [0.6835], set())
     assert not found("1977.5", "", values, texts)
     assert numbers("bf16 at T1 on top-2, K = 8, 1,153 tokens, 68% of 3.09 GB") == [
         ("8", ""), ("1153", ""), ("68", "%"), ("3.09", "GB")]
 
 
-def test_every_run_is_named_by_its_own_metadata(gen):
+def test_every_run_is_named_by_its_own_metadata():
     """The paragraph under a benchmark table takes the machine, the date, the command and the settings from the
     report itself."""
     for template in STRICT:
-        for path in gen.render(template, docs="").reports:
-            if path.parent == gen.REPORTS["data"]:
+        for path in render.render(template, docs="").reports:
+            if path.parent == REPORTS["data"]:
                 continue  # the package's fitted predictor, read for its coefficients: not a run
             report = json.loads(path.read_text(encoding="utf-8"))
             meta = report["meta"]
             assert meta.get("date") and meta.get("machine", {}).get("cpu"), f"{path.name}: no date or machine"
-            text = gen.about(report, path.name)
+            text = about.about(report, path.name)
             assert meta["date"] in text and meta["machine"]["cpu"] in text
             if meta.get("command"):
                 assert meta["command"] in text
 
 
-def test_the_front_door_and_the_guides_read_only_reports_that_name_their_own_run(gen):
+def test_the_front_door_and_the_guides_read_only_reports_that_name_their_own_run():
     """No report behind the README or a guide has its date, machine or command typed in afterwards."""
     for template in FRONT:
-        for path in gen.render(template, docs="").reports:
+        for path in render.render(template, docs="").reports:
             text = path.read_text(encoding="utf-8")
             report = json.loads(text) if path.suffix == ".json" else {}
             meta = report.get("meta", {})
@@ -242,39 +236,50 @@ def test_the_front_door_and_the_guides_read_only_reports_that_name_their_own_run
             assert meta.get("date") and (meta.get("command") or meta.get("args")), f"{path.name}: no command of its own"
 
 
-def test_the_readme_is_a_front_door_with_no_number_typed_outside_its_generated_regions(gen):
-    readme = (gen.ROOT / "README.md").read_text(encoding="utf-8")
+def test_the_readme_is_a_front_door_with_no_number_typed_outside_its_generated_regions():
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
     assert len(readme.splitlines()) <= 120
-    typed = [n for n, _ in prose_numbers(gen.REGION.sub("", readme))]
+    typed = [n for n, _ in prose_numbers(render.REGION.sub("", readme))]
     assert not typed, f"numbers typed into the README: {typed}"
-    nav = (gen.ROOT / "mkdocs.yml").read_text(encoding="utf-8")
+    nav = (ROOT / "mkdocs.yml").read_text(encoding="utf-8")
     for guide in ("teach.md", "demo.md", "your-prompts.md"):
         assert f": {guide}" in nav and f"(docs/{guide})" in readme, guide
 
 
-def test_the_architecture_page_lists_every_module_as_its_docstring_describes_it(gen):
-    page = gen.render("_modules.md", docs="").text
-    for path in (gen.ROOT / "specviz").rglob("*.py"):
+def test_the_architecture_page_lists_every_module_as_its_docstring_describes_it():
+    page = render.render("_modules.md", docs="").text
+    for path in (ROOT / "specviz").rglob("*.py"):
         doc = ast.get_docstring(ast.parse(path.read_text(encoding="utf-8")))
         assert doc, f"{path}: no docstring to describe it"
-        assert f"| `{path.name}` | {gen.summary_line(doc)}" in page, path
-    for layer in ("ui | api | bench", "engines", "runs", "engine"):
-        assert f"\n{layer}\n" in page
+        assert f"| `{path.name}` | {architecture.summary_line(doc)}" in page, path
+    # every layer of the contract, on a line of its own (read here, not from the generator: a hand list went stale)
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]["contracts"]
+    stack = next(c["layers"] for c in contracts if c["type"] == "layers")
+    assert len(stack) >= 3  # the contract was found
+    for layer in stack:
+        assert f"\n{layer.replace('specviz.', '')}\n" in page, layer
 
 
-def test_a_new_bench_report_names_its_command_from_the_flags_it_ran_with(gen):
+def test_a_new_bench_report_names_its_command_from_the_flags_it_ran_with():
     meta = {"args": {"k": "6,8", "confidence": "0.3,0.4", "compare_hf": True, "reps": 1, "json": "out.json"}}
-    assert gen.command_of(meta) == "specviz bench --compare-hf --json out.json --k 6,8 --confidence 0.3,0.4"
+    assert about.command_of(meta) == "specviz bench --compare-hf --json out.json --k 6,8 --confidence 0.3,0.4"
 
 
-def test_the_readme_headline_is_a_generated_region(gen):
+def test_the_readme_headline_is_a_generated_region():
     """The README's small table (once the README has the markers) is the headline partial, rendered afresh: a stale
     copy between the markers is replaced."""
     text = "intro\n<!-- docs.py: _headline.md -->\n| stale | 9.99× |\n<!-- /docs.py -->\nafter\n"
-    out = gen.with_regions(text, docs="docs/")
+    out = render.with_regions(text, docs="docs/")
     assert "9.99" not in out and out.startswith("intro\n<!-- docs.py: _headline.md -->\n")
     assert out.endswith("<!-- /docs.py -->\nafter\n")
-    summary = json.loads((gen.REPORTS["bench"] / "cpu2_zen5_fp32_lean.json").read_text())["summary"]
+    summary = json.loads((REPORTS["bench"] / "cpu2_zen5_fp32_lean.json").read_text())["summary"]
     low, high = summary["speedup_ci95"]
     assert "(docs/benchmarks.md)" in out and f"**{summary['speedup']:.2f}×** [{low:.2f}, {high:.2f}]" in out
-    assert gen.with_regions(out, docs="docs/") == out
+    assert render.with_regions(out, docs="docs/") == out
+
+
+def test_docs_py_runs_as_a_script():
+    """`make docs` and `make test` run the file itself: docsgen/ beside it imports as a package."""
+    out = subprocess.run([sys.executable, str(ROOT / "scripts" / "docs.py"), "--help"],
+                         capture_output=True, text=True, check=True).stdout
+    assert "--check" in out
