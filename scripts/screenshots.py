@@ -178,9 +178,8 @@ def other_family_shot(page, out: Path, long: int) -> None:
     print("wrote", out / "other_family.png", flush=True)
 
 
-def all_shots(page, out: Path, long: int, samples: int) -> None:
-    """The README's and the docs' screenshots of the Live, Race, Decode, Same distribution, How it works and Replay
-    views (see the module's doc)."""
+def live_and_race_shots(page, out: Path, long: int) -> None:
+    """live.png (and its caption), presenter.png, race.png, then live_long_prompt.png back on the Live tab."""
     live_run(page, STORY, long)  # the Live view: a story, then the code prompt on screen
     live_run(page, CODE, long)
     page.screenshot(path=str(out / "live.png"))
@@ -200,6 +199,9 @@ def all_shots(page, out: Path, long: int, samples: int) -> None:
     live_run(page, LONG, long)  # prefill apart: the end-to-end gain shrinks, decoding alone holds
     shot(page, out, "live_long_prompt.png", "#sv-live-speed", "#sv-live-speed")
 
+
+def decode_shots(page, out: Path, long: int) -> None:
+    """The speculative lane alone in Decode: main_running.png, main_finished.png, drilldown.png, step.png."""
     page.fill("#sv-prompt textarea", CODE)
     page.click("#sv-rounds-run")  # the speculative lane alone, in Decode: mid-run and finished
     page.wait_for_function("document.querySelectorAll('#sv-tokens .sv-round').length >= 4", timeout=long)
@@ -222,6 +224,9 @@ def all_shots(page, out: Path, long: int, samples: int) -> None:
         time.sleep(0.5)
     shot(page, out, "step.png", "#sv-run", "#sv-pq")
 
+
+def distribution_shot(page, out: Path, long: int, samples: int) -> None:
+    """distribution.png: the Same distribution tab after a run of `samples` samples."""
     page.get_by_role("tab", name="Same distribution").click()
     page.fill("#sv-prompt textarea", FRUIT)
     set_slider(page, "sv-dist-samples", samples)
@@ -232,6 +237,9 @@ def all_shots(page, out: Path, long: int, samples: int) -> None:
     time.sleep(1.5)
     shot(page, out, "distribution.png", "#sv-dist-run", "#sv-dist-summary")
 
+
+def formulas_and_replay_shots(page, out: Path, long: int) -> None:
+    """formulas.png (How it works), then replay.png (the recorded race, replayed)."""
     page.get_by_role("tab", name="How it works").click()
     time.sleep(1.0)
     shot(page, out, "formulas.png", "#sv-formulas", "#sv-formulas")
@@ -243,6 +251,15 @@ def all_shots(page, out: Path, long: int, samples: int) -> None:
     page.wait_for_selector("#sv-lane-ar .sv-done", timeout=long)
     time.sleep(1.5)
     shot(page, out, "replay.png", "#sv-race-ar", "#sv-race-result")
+
+
+def all_shots(page, out: Path, long: int, samples: int) -> None:
+    """The README's and the docs' screenshots of the Live, Race, Decode, Same distribution, How it works and Replay
+    views (see the module's doc), one tab after another in one page (each starts where the last left the app)."""
+    live_and_race_shots(page, out, long)
+    decode_shots(page, out, long)
+    distribution_shot(page, out, long, samples)
+    formulas_and_replay_shots(page, out, long)
 
 
 def main() -> None:
