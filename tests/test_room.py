@@ -29,9 +29,9 @@ from specviz.serving.turns import Owner, Replaced, Turns, Waiting
 from specviz.ui.teach import queue_line
 from specviz.server import build_server
 from specviz.ui import follow
-from specviz.ui import handlers as h
-from specviz.ui.live import live_view
-from specviz.ui.views import race_view
+from specviz.ui.decode import waiting_main
+from specviz.ui.live import live_updates, live_view
+from specviz.ui.race import race_view
 
 PROMPT = "the man said that it was good and"
 SETTINGS = {"k": 4, "max_new_tokens": 24, "adaptive": "fixed"}
@@ -307,10 +307,10 @@ def test_while_the_model_is_busy_a_recorded_answer_streams_at_once_and_a_new_req
 
 def test_the_live_view_and_the_decode_tab_show_the_place_in_the_queue():
     w = Waiting(position=2, ahead=3, estimate_s=41.0)
-    update = next(h.live_updates(iter([(w, True)])))
+    update = next(live_updates(iter([(w, True)])))
     assert "number 2 in line, 3 ahead of you" in update.live.speed and "about 41 s" in update.live.speed
     assert update.race is None  # the lanes stay as they were
-    assert "no estimate yet" in h.waiting_main(replace(w, estimate_s=None)).caption
+    assert "no estimate yet" in waiting_main(replace(w, estimate_s=None)).caption
 
 
 # ------------------------------------------------------------------ the presenter

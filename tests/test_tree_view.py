@@ -10,7 +10,7 @@ from specviz.engine import DecodeConfig, SamplingParams, speculative_generate
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED, REJECTED
 from specviz.runs.trace import RunMeta, Trace
 from specviz.ui import render, teach
-from specviz.ui.views import main_view
+from specviz.ui.decode import main_view
 from specviz.ui.tree_view import latest_tree_html, tree_html
 
 

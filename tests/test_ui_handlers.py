@@ -22,11 +22,12 @@ from specviz.serving.pacing import Pace
 from specviz.runs.replay import shipped_dir, shipped_traces
 from specviz.serving.session import Session
 from specviz.runs.trace import Trace
-from specviz.ui import figures, handlers as h
-from specviz.ui.views import main_view
+from specviz.ui import decode, distribution, exports, figures, live, pair, replay
+from specviz.ui.decode import main_view
+from specviz.ui.handlers import Options
 
 PROMPT = "the man said that it was good and"
-FAST = h.Options(Pace(0.0, 0.0))
+FAST = Options(Pace(0.0, 0.0))
 SHIPPED = "trace_embedded_code.json"
 CONFIG = DecodeConfig(k=4, max_new_tokens=24, adaptive="fixed")  # what `settings()` asks for
 
@@ -41,7 +42,7 @@ def settings(**kw) -> dict:
 
 
 def test_run_streams_one_view_per_round_and_matches_the_engine(session, tiny):
-    views = list(h.run(session, Limits(), PROMPT, settings(), options=FAST))
+    views = list(decode.run(session, Limits(), PROMPT, settings(), options=FAST))
     record = views[-1].record
     expected = list(speculative_generate(tiny, encode_prompt(tiny.tokenizer, PROMPT),
                                          CONFIG))
@@ -57,30 +58,30 @@ def test_run_streams_one_view_per_round_and_matches_the_engine(session, tiny):
 
 
 def test_stop_mid_run_releases_the_pair_and_the_next_run_is_correct(session, tiny):
-    views = h.run(session, Limits(), PROMPT, settings(max_new_tokens=40), options=FAST)
+    views = decode.run(session, Limits(), PROMPT, settings(max_new_tokens=40), options=FAST)
     for _ in range(3):
         next(views)
     assert session.lock.locked()  # the run holds the pair
     views.close()  # what Gradio does when Stop cancels the event
     assert not session.lock.locked()
-    again = list(h.run(session, Limits(), PROMPT, settings(), options=FAST))[-1].record
+    again = list(decode.run(session, Limits(), PROMPT, settings(), options=FAST))[-1].record
     expected = list(speculative_generate(tiny, encode_prompt(tiny.tokenizer, PROMPT),
                                          CONFIG))
     assert [r.new_token_ids for r in again.rounds] == [r.new_token_ids for r in expected]
 
 
 def test_browsing_a_round_and_a_position(session):
-    record = list(h.run(session, Limits(), PROMPT, settings(), options=FAST))[-1].record
-    view = h.browse(record, 1)
+    record = list(decode.run(session, Limits(), PROMPT, settings(), options=FAST))[-1].record
+    view = decode.browse(record, 1)
     assert view.rounds["value"] == 1 and "Round 1" in view.caption
-    fig = h.pick_position(record, 1, 0)
+    fig = decode.pick_position(record, 1, 0)
     assert len(fig.data) == 3  # q, p and residual of the first drafted token
 
 
 def test_step_mode_advances_one_round_per_call_in_three_stages(session, tiny):
     stepper = None
     for n in (1, 2, 3):
-        stages = list(h.step(session, Limits(), stepper, PROMPT, settings(), options=FAST))
+        stages = list(decode.step(session, Limits(), stepper, PROMPT, settings(), options=FAST))
         assert len(stages) == 3
         (first, _), (_, _), (done, stepper) = stages
         assert len(stepper.trace.rounds) == n
@@ -89,12 +90,12 @@ def test_step_mode_advances_one_round_per_call_in_three_stages(session, tiny):
     expected = list(speculative_generate(tiny, encode_prompt(tiny.tokenizer, PROMPT),
                                          CONFIG))[:3]
     assert [r.new_token_ids for r in stepper.trace.rounds] == [r.new_token_ids for r in expected]
-    restarted = list(h.step(session, Limits(), stepper, PROMPT + " then", settings(), options=FAST))[-1][1]
+    restarted = list(decode.step(session, Limits(), stepper, PROMPT + " then", settings(), options=FAST))[-1][1]
     assert restarted is not stepper and len(restarted.trace.rounds) == 1
 
 
 def test_live_yields_both_lanes_with_growing_clocks_and_a_final_speedup(session):
-    updates = list(h.live(session, Limits(), PROMPT, settings(), options=FAST))
+    updates = list(live.live(session, Limits(), PROMPT, settings(), options=FAST))
     assert all(u.race is None for u in updates[:-1])  # the detail tabs are filled once, at the end
     final = updates[-1].race
     assert "× faster" in updates[-1].live.speed or "× slower" in updates[-1].live.speed
@@ -147,8 +148,10 @@ def compared(session):
     with pytest.MonkeyPatch.context() as mp:
         mp.setattr(proof, "speculative_path", spy("spec", proof.speculative_path))
         mp.setattr(proof, "target_path", spy("ar", proof.target_path))
-        mp.setattr(h, "distribution_view", lambda r, view=h.distribution_view: results.append(r) or view(r))
-        views = list(h.same_distribution(session, Limits(), PROMPT, settings(), {"samples": 40, "temperature": 1.0}))
+        mp.setattr(distribution, "distribution_view",
+                   lambda r, view=distribution.distribution_view: results.append(r) or view(r))
+        views = list(distribution.same_distribution(session, Limits(), PROMPT, settings(),
+                                                    {"samples": 40, "temperature": 1.0}))
     return views, results, drawn
 
 
@@ -208,9 +211,9 @@ def test_same_distribution_compares_both_samplers_with_the_exact_distribution(se
         assert list(tvs.y) == pytest.approx([tv_ar, tv_spec], abs=1e-6)
         assert f"\n| {t + 1} | {tv_ar:.3f} · {tv_spec:.3f} |" in last.summary
     with pytest.raises(gr.Error, match="temperature above 0"):
-        list(h.same_distribution(session, Limits(), PROMPT, settings(), {"samples": 40, "temperature": 0.0}))
+        list(distribution.same_distribution(session, Limits(), PROMPT, settings(), {"samples": 40, "temperature": 0.0}))
     with pytest.raises(gr.Error, match="samples"):
-        list(h.same_distribution(session, Limits(max_samples=10), PROMPT, settings(),
+        list(distribution.same_distribution(session, Limits(max_samples=10), PROMPT, settings(),
                                  {"samples": 40, "temperature": 1.0}))
 
 
@@ -223,10 +226,10 @@ def test_same_distribution_shows_the_likeliest_tokens_pooled_over_both_samplers(
 
 
 def test_export_then_replay_gives_back_the_same_rounds(session, tmp_path):
-    record = list(h.run(session, Limits(), PROMPT, settings(), options=FAST))[-1].record
-    path = h.export(record, replace(FAST, trace_dir=tmp_path))
+    record = list(decode.run(session, Limits(), PROMPT, settings(), options=FAST))[-1].record
+    path = exports.export(record, replace(FAST, trace_dir=tmp_path))
     assert Path(path).parent == tmp_path
-    replayed = list(h.replay_rounds(path, None, 0, options=FAST))
+    replayed = list(replay.replay_rounds(path, None, 0, options=FAST))
     assert [r.new_token_ids for r in replayed[-1].record.rounds] == [r.new_token_ids for r in record.rounds]
     assert replayed[-1].tokens == main_view(record).tokens
 
@@ -234,14 +237,14 @@ def test_export_then_replay_gives_back_the_same_rounds(session, tmp_path):
 def test_replay_of_the_shipped_trace_needs_no_models():
     assert SHIPPED in shipped_traces()
     t = tracefile.load(shipped_dir() / SHIPPED)
-    views = list(h.replay_rounds(None, SHIPPED, 0, options=FAST))
+    views = list(replay.replay_rounds(None, SHIPPED, 0, options=FAST))
     assert len(views) == len(t.rounds) + 1
     assert views[-1].record.rounds[-1].text == t.rounds[-1].text
     assert [v.tokens for v in views] == [main_view(replace(t, rounds=t.rounds[:n])).tokens for n in range(len(views))]
     # paced like a live run: an instant replay shows its start and its end, not every round in between
-    paced = list(h.replay_rounds(None, SHIPPED, 0))
+    paced = list(replay.replay_rounds(None, SHIPPED, 0))
     assert len(paced) == 2 and paced[-1].tokens == views[-1].tokens
-    race = list(h.replay_race(None, SHIPPED, 0))[-1]
+    race = list(replay.replay_race(None, SHIPPED, 0))[-1]
     assert "finished" in race.ar and "finished" in race.spec and "×" in race.result
     messages = list(api.replay(SHIPPED))
     assert messages[-1]["event"] == "done" and messages[-1]["race"]["speedup"] > 0
@@ -250,19 +253,19 @@ def test_replay_of_the_shipped_trace_needs_no_models():
 
 def test_replay_reads_only_uploads_and_shipped_traces(tmp_path):
     with pytest.raises(gr.Error, match="not one of the shipped traces"):
-        list(h.replay_rounds(None, "../pyproject.toml", 0))
+        list(replay.replay_rounds(None, "../pyproject.toml", 0))
     with pytest.raises(gr.Error, match="not one of the shipped traces"):
         list(api.replay("/etc/passwd"))
     bogus = tmp_path / "not_a_trace.json"
     bogus.write_text(json.dumps({"hello": 1}))
     with pytest.raises(gr.Error, match="not a specviz trace"):
-        list(h.replay_rounds(str(bogus), None, 0))
+        list(replay.replay_rounds(str(bogus), None, 0))
     garbage = tmp_path / "garbage.json"
     garbage.write_bytes(b"\xff\x00not json")
     with pytest.raises(gr.Error, match="could not read a trace"):
-        list(h.replay_rounds(str(garbage), None, 0))
+        list(replay.replay_rounds(str(garbage), None, 0))
     with pytest.raises(gr.Error, match="choose a shipped trace"):
-        list(h.replay_rounds(None, None, 0))
+        list(replay.replay_rounds(None, None, 0))
 
 
 @pytest.mark.parametrize("prompt, kw, message", [
@@ -281,7 +284,7 @@ def test_replay_reads_only_uploads_and_shipped_traces(tmp_path):
     (PROMPT, {"adaptive": "sometimes"}, "adaptive"),
 ])
 def test_bad_input_is_one_clear_gr_error(session, prompt, kw, message):
-    for handler in (h.run, h.live):
+    for handler in (decode.run, live.live):
         with pytest.raises(gr.Error, match=message):
             list(handler(session, Limits(), prompt, settings(**kw), options=FAST))
     with pytest.raises(gr.Error, match=message):
@@ -290,12 +293,12 @@ def test_bad_input_is_one_clear_gr_error(session, prompt, kw, message):
 
 def test_prompt_over_the_token_limit(session):
     with pytest.raises(gr.Error, match="tokens long"):
-        list(h.run(session, Limits(max_prompt_tokens=3), PROMPT, settings(), options=FAST))
+        list(decode.run(session, Limits(max_prompt_tokens=3), PROMPT, settings(), options=FAST))
 
 
 def test_a_session_without_a_pair_says_so():
     with pytest.raises(gr.Error, match="no model pair is loaded"):
-        list(h.run(Session(), Limits(), PROMPT, settings(), options=FAST))
+        list(decode.run(Session(), Limits(), PROMPT, settings(), options=FAST))
 
 
 def test_loading_streams_status_and_a_failed_load_keeps_the_served_pair():
@@ -310,23 +313,23 @@ def test_loading_streams_status_and_a_failed_load_keeps_the_served_pair():
 
     s = Session(tiny_pair(), PairSpec("tiny", "tiny", draft_quant="none"), loader=loader, allow_switch=True)
     before = s.generation
-    lines = list(h.load_models(s, "tiny", "tiny-2", "float32"))
+    lines = list(pair.load_models(s, "tiny", "tiny-2", "float32"))
     assert "Loading tiny-2…" in lines[0] and "Loaded" in lines[-1]
     assert s.spec.target == "tiny-2" and s.spec.dtype == "float32" and s.generation == before + 1
     with pytest.raises(gr.Error, match="model hub.*now serving: tiny-draft"):
-        list(h.load_models(s, "tiny", "missing/model", "auto"))
+        list(pair.load_models(s, "tiny", "missing/model", "auto"))
     assert calls[-1] == ("tiny", "missing/model") and s.spec.target == "tiny-2"  # the served pair stayed: no reload
     with pytest.raises(gr.Error, match="target model is empty"):
-        list(h.load_models(s, "tiny", "  ", "auto"))
+        list(pair.load_models(s, "tiny", "  ", "auto"))
     with pytest.raises(gr.Error, match="dtype"):
-        list(h.load_models(s, "tiny", "tiny", "float8"))
+        list(pair.load_models(s, "tiny", "tiny", "float8"))
 
 
 def test_a_locked_down_session_serves_only_presets():
     s = Session(tiny_pair(), PairSpec("tiny", "tiny"), loader=lambda *a, **k: tiny_pair(), allow_any_model=False,
                 allow_switch=True)
     with pytest.raises(gr.Error, match="only serves its preset"):
-        list(h.load_models(s, "some/draft", "some/target", "auto"))
+        list(pair.load_models(s, "some/draft", "some/target", "auto"))
     assert s.allowed("tiny", "tiny") and s.allowed("embedded", "embedded")
 
 
@@ -334,8 +337,8 @@ def test_the_lookup_drafter_is_required_without_a_draft_model(tiny):
     target_only = replace(tiny, draft=None)
     s = Session(target_only, PairSpec(None, "tiny"))
     with pytest.raises(gr.Error, match="no draft model"):
-        list(h.run(s, Limits(), PROMPT, settings(drafter="model"), options=FAST))
-    views = list(h.run(s, Limits(), PROMPT + " the man said", settings(drafter="lookup"), options=FAST))
+        list(decode.run(s, Limits(), PROMPT, settings(drafter="model"), options=FAST))
+    views = list(decode.run(s, Limits(), PROMPT + " the man said", settings(drafter="lookup"), options=FAST))
     assert views[-1].record.rounds[-1].drafter == "lookup"
 
 
@@ -348,17 +351,17 @@ def test_a_served_int4_draft_is_named_kept_across_loads_and_decodes_what_the_tar
     # eager steps: a compiled step, where measured faster, would run the loaded draft instead of the int4 one
     s = Session(spec=PairSpec("tiny", "tiny", draft_quant="int4", step="eager"), loader=lambda *a, **k: tiny_pair(),
                 allow_switch=True)
-    lines = list(h.load_models(s, "tiny", "tiny", "float32"))
+    lines = list(pair.load_models(s, "tiny", "tiny", "float32"))
     assert isinstance(s.pair.draft, LeanDraft) and "[int4 draft step]" in s.name and "int4" in lines[-1]
-    views = list(h.run(s, Limits(), PROMPT, settings(), options=FAST))
+    views = list(decode.run(s, Limits(), PROMPT, settings(), options=FAST))
     prompt = encode_prompt(s.pair.tokenizer, PROMPT)
     ar = [step.token.id for step in autoregressive_generate(s.pair, prompt, CONFIG)]
     assert [t for r in views[-1].record.rounds for t in r.new_token_ids] == ar  # greedy: the target's tokens
-    list(h.load_models(s, "tiny", "tiny-2", "float32"))  # a pair picked in the UI keeps the server's setting
+    list(pair.load_models(s, "tiny", "tiny-2", "float32"))  # a pair picked in the UI keeps the server's setting
     assert isinstance(s.pair.draft, LeanDraft)
     plain = Session(spec=PairSpec("tiny", "tiny", draft_quant="none"), loader=lambda *a, **k: tiny_pair(),
                     allow_switch=True)
-    list(h.load_models(plain, "tiny", "tiny", "float32"))
+    list(pair.load_models(plain, "tiny", "tiny", "float32"))
     assert not isinstance(plain.pair.draft, LeanDraft) and "int4" not in plain.name
 
 
@@ -368,52 +371,52 @@ def test_a_teacher_switches_the_targets_precision_and_both_lanes_run_that_target
 
     s = Session(spec=PairSpec("tiny", "tiny", draft_quant="none"), loader=lambda *a, **k: tiny_pair(),
                 allow_switch=True)
-    lines = list(h.load_models(s, "tiny", "tiny", "float32", "int4"))
+    lines = list(pair.load_models(s, "tiny", "tiny", "float32", "int4"))
     assert "[int4 weights]" in s.name and "int4" in lines[-1] and s.spec.target_quant == "int4"
-    views = list(h.run(s, Limits(), PROMPT, settings(), options=FAST))
+    views = list(decode.run(s, Limits(), PROMPT, settings(), options=FAST))
     ar = [step.token.id for step in autoregressive_generate(s.pair, encode_prompt(s.pair.tokenizer, PROMPT), CONFIG)]
     assert [t for r in views[-1].record.rounds for t in r.new_token_ids] == ar
-    list(h.load_models(s, "tiny", "tiny", "float32", "none"))
+    list(pair.load_models(s, "tiny", "tiny", "float32", "none"))
     assert "weights]" not in s.name
     with pytest.raises(gr.Error, match="target precision"):
-        list(h.load_models(s, "tiny", "tiny", "float32", "int3"))
+        list(pair.load_models(s, "tiny", "tiny", "float32", "int3"))
 
 
 def test_a_race_replaces_the_decode_record_only_when_it_is_done(session):
-    updates = list(h.live(session, Limits(), PROMPT, settings(), options=FAST))
+    updates = list(live.live(session, Limits(), PROMPT, settings(), options=FAST))
     assert [u.race is not None and isinstance(u.race.record, Trace) for u in updates] == \
         [False] * (len(updates) - 1) + [True]
-    stopped = h.live(session, Limits(), PROMPT, settings(max_new_tokens=40), options=FAST)
+    stopped = live.live(session, Limits(), PROMPT, settings(max_new_tokens=40), options=FAST)
     early = [next(stopped) for _ in range(3)]
     stopped.close()  # Stop: the Decode tab keeps its last run's record
     assert not any(u.race is not None for u in early)
 
 
 def test_share_writes_the_last_run_as_one_html_page(session, tmp_path):
-    record = list(h.live(session, Limits(), PROMPT, settings(), options=FAST))[-1].race.record
-    path = Path(h.export(record, replace(FAST, trace_dir=tmp_path), html=True))
+    record = list(live.live(session, Limits(), PROMPT, settings(), options=FAST))[-1].race.record
+    path = Path(exports.export(record, replace(FAST, trace_dir=tmp_path), html=True))
     assert path.suffix == ".html" and path.parent == tmp_path
     assert path.read_text().count('class="sv-round') == len(record.rounds)
 
 
 def test_two_exports_in_the_same_second_get_their_own_files(session, tmp_path, monkeypatch):
-    record = list(h.run(session, Limits(), PROMPT, settings(max_new_tokens=8), options=FAST))[-1].record
-    monkeypatch.setattr(h.time, "strftime", lambda *a: "20250101-000000")
-    first, second = (h.export(record, replace(FAST, trace_dir=tmp_path)) for _ in range(2))
+    record = list(decode.run(session, Limits(), PROMPT, settings(max_new_tokens=8), options=FAST))[-1].record
+    monkeypatch.setattr(exports.time, "strftime", lambda *a: "20250101-000000")
+    first, second = (exports.export(record, replace(FAST, trace_dir=tmp_path)) for _ in range(2))
     assert first != second and Path(first).exists() and Path(second).exists()
 
 
 def test_exports_older_than_an_hour_are_swept_from_the_shared_folder(session, tmp_path):
     import os
 
-    record = list(h.run(session, Limits(), PROMPT, settings(max_new_tokens=8), options=FAST))[-1].record
+    record = list(decode.run(session, Limits(), PROMPT, settings(max_new_tokens=8), options=FAST))[-1].record
     old, recent, other = tmp_path / "specviz-run-old.json", tmp_path / "specviz-run-recent.html", tmp_path / "notes.txt"
     for f in (old, recent, other):
         f.write_text("x")
-    two_hours_ago = time.time() - 2 * h.EXPORT_MAX_AGE
+    two_hours_ago = time.time() - 2 * exports.EXPORT_MAX_AGE
     os.utime(old, (two_hours_ago, two_hours_ago))
     os.utime(other, (two_hours_ago, two_hours_ago))
-    path = h.export(record, replace(FAST, trace_dir=tmp_path), html=True)
+    path = exports.export(record, replace(FAST, trace_dir=tmp_path), html=True)
     assert not old.exists() and recent.exists() and Path(path).exists()
     assert other.exists()  # only specviz's own exports are touched
 
@@ -429,4 +432,4 @@ def test_the_app_is_offline_and_every_decode_resets_step_mode(monkeypatch):
     run_btn = next(b for b in demo.blocks.values() if getattr(b, "elem_id", None) == "sv-run")
     for trigger in ((run_btn._id, "click"), (prompt._id, "submit")):
         fns = [f.fn for f in demo.fns.values() if trigger in f.targets]
-        assert h.reset_step in fns, trigger
+        assert decode.reset_step in fns, trigger

@@ -240,7 +240,7 @@ def test_the_same_distribution_view_draws_the_tv_chance_reaches_at_each_samplers
 
     from specviz.analysis.proof import PositionTally, Verdict, position_result
     from specviz.runs.distribution import DistributionResult, PositionComparison
-    from specviz.ui.views import distribution_view
+    from specviz.ui.distribution import distribution_view
 
     rng = np.random.default_rng(1)
     p = rng.dirichlet(np.full(20, 0.5))
@@ -363,7 +363,7 @@ def test_recorded_times_are_the_events_own():
 
 
 def test_a_slower_race_says_how_many_times_slower():
-    from specviz.ui.views import race_result
+    from specviz.ui.race import race_result
 
     final = list(replay_race(fake_rounds(3, 0.6), fake_steps(9, 0.1), greedy=True))[-1]  # 9 tokens: 1.8 s vs 0.9 s
     assert final.speedup == pytest.approx(0.5)
@@ -374,7 +374,7 @@ def test_a_target_alone_lane_that_ended_early_gives_valid_json_and_a_dash_for_it
     import json
 
     from specviz.api import messages as api
-    from specviz.ui.views import race_result
+    from specviz.ui.race import race_result
 
     final = list(replay_race(fake_rounds(3, 0.3), fake_steps(5, 0.1), greedy=True))[-1]
     assert final.divergence.position == 5 and final.divergence.target_top2_gap is None
@@ -394,7 +394,7 @@ def test_a_race_state_is_finished_once_both_lanes_are_and_the_pacer_shows_it():
 
 def test_race_views_keep_the_decode_record_and_compute_stats_only_when_done(monkeypatch):
     from specviz.runs.race import RaceState
-    from specviz.ui.views import race_view
+    from specviz.ui.race import race_view
 
     calls = []
     stats = RaceState.stats

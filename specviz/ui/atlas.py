@@ -1,9 +1,10 @@
 """The Atlas tab (id atlas): upload or paste prompts, run them all, see where the draft fails on them.
 
-`atlas_tab` lays it out; `run_atlas` (a plain generator, like the handlers) streams `AtlasView`s: a progress
-line after every round, the table and the disagreement list each time a prompt finishes (at most every
-`TABLE_EVERY` seconds: they are recomputed over every run so far), and at the end the whole report with its
-files (HTML, JSON, rejections). Each run opens in the Decode tab (`open_run`), like a replayed trace.
+`atlas_tab` lays it out and `wire` connects it; `run_atlas` (a plain generator, like every tab's handlers)
+streams `AtlasView`s: a progress line after every round, the table and the disagreement list each time a prompt
+finishes (at most every `TABLE_EVERY` seconds: they are recomputed over every run so far), and at the end the
+whole report with its files (HTML, JSON, rejections). Each run opens in the Decode tab (`open_run`), like a
+replayed trace.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import time
 from collections.abc import Iterator
 from contextlib import closing
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 import gradio as gr
@@ -29,7 +31,9 @@ from specviz.runs.trace import Trace
 from specviz.ui.atlas_report import (
     ATLAS_CSS, PROMPT_COLUMNS, advice_html, atlas_html, disagreements_html, prompt_values, summary_html,
 )
-from specviz.ui.handlers import Options, sweep, user_errors
+from specviz.ui.decode import DecodeTab, main_view
+from specviz.ui.exports import folder
+from specviz.ui.handlers import Options, Page, outputs, shown, stream, user_errors
 
 CSS = ATLAS_CSS
 TABLE_EVERY = 2.0  # seconds between recomputing the table mid-run
@@ -46,7 +50,7 @@ class AtlasView:
     summary: str  # HTML
     table: object  # rows for the Dataframe, or gr.skip()
     disagreements: str | object  # HTML, or gr.skip()
-    choices: object  # gr.update of the run picker, or gr.skip()
+    pick: object  # gr.update of the run picker, or gr.skip()
     files: object  # gr.update of the downloads
     runs: dict | object  # prompt id -> Trace (the tab's State), or gr.skip()
 
@@ -92,13 +96,11 @@ def line_view(state: atlases.AtlasState) -> AtlasView:
 
 def write_files(report: atlases.AtlasReport, options: Options) -> list[str]:
     """The report as HTML and JSON, and the rejections, in the folder exports share (swept like them)."""
-    folder = options.trace_dir or Path(tempfile.gettempdir()) / "specviz-traces"
-    folder.mkdir(parents=True, exist_ok=True)
-    sweep(folder)
+    where = folder(options)
     stamp = time.strftime("%Y%m%d-%H%M%S")
     paths = []
     for suffix in (".html", ".json", "-rejections.jsonl"):
-        fd, path = tempfile.mkstemp(prefix=f"specviz-atlas-{stamp}-", suffix=suffix, dir=folder)
+        fd, path = tempfile.mkstemp(prefix=f"specviz-atlas-{stamp}-", suffix=suffix, dir=where)
         os.close(fd)
         paths.append(path)
     Path(paths[0]).write_text(atlas_html(report), encoding="utf-8")
@@ -139,32 +141,65 @@ def open_run(runs: dict | None, choice) -> Trace:
     return trace
 
 
-def atlas_tab() -> dict:
+@dataclass(frozen=True)
+class AtlasTab:
+    """The tab's inputs, its buttons, and the components named like AtlasView's fields."""
+
+    upload: gr.File
+    pasted: gr.Textbox
+    race: gr.Checkbox
+    run: gr.Button
+    progress: gr.Markdown
+    summary: gr.HTML
+    table: gr.Dataframe
+    pick: gr.Dropdown
+    open: gr.Button
+    disagreements: gr.HTML
+    files: gr.File
+    runs: gr.State  # prompt id -> Trace, to open in the Decode tab
+
+
+def atlas_tab() -> AtlasTab:
     with gr.Tab("Atlas", id="atlas", elem_id="sv-atlas"):
         gr.Markdown(NOTE, elem_classes="sv-note")
         with gr.Row():
-            parts = dict(upload=gr.File(label="Prompts file (.jsonl, .txt, .csv)", file_types=[".jsonl", ".txt", ".csv"],
-                                        type="filepath", elem_id="sv-atlas-file"))
-            parts["pasted"] = gr.Textbox(label="…or paste prompts (one JSON object per line, or separated by blank "
-                                               "lines)", lines=5, max_lines=12, elem_id="sv-atlas-paste")
+            upload = gr.File(label="Prompts file (.jsonl, .txt, .csv)", file_types=[".jsonl", ".txt", ".csv"],
+                             type="filepath", elem_id="sv-atlas-file")
+            pasted = gr.Textbox(label="…or paste prompts (one JSON object per line, or separated by blank lines)",
+                                lines=5, max_lines=12, elem_id="sv-atlas-paste")
         with gr.Row():
-            parts["race"] = gr.Checkbox(False, label="race each prompt against the target alone (measured "
-                                                     "speedups; twice the time)", elem_id="sv-atlas-race")
-            parts["run"] = gr.Button("Run the Atlas", variant="primary", elem_id="sv-atlas-run")
-        parts["progress"] = gr.Markdown(elem_id="sv-atlas-progress")
-        parts["summary"] = gr.HTML(elem_id="sv-atlas-summary")
-        parts["table"] = gr.Dataframe(headers=list(PROMPT_COLUMNS), interactive=False, wrap=True,
-                                      elem_id="sv-atlas-table", label="Per prompt, worst first (click a header to sort)")
+            race = gr.Checkbox(False, label="race each prompt against the target alone (measured speedups; twice "
+                                            "the time)", elem_id="sv-atlas-race")
+            run = gr.Button("Run the Atlas", variant="primary", elem_id="sv-atlas-run")
+        progress = gr.Markdown(elem_id="sv-atlas-progress")
+        summary = gr.HTML(elem_id="sv-atlas-summary")
+        table = gr.Dataframe(headers=list(PROMPT_COLUMNS), interactive=False, wrap=True, elem_id="sv-atlas-table",
+                             label="Per prompt, worst first (click a header to sort)")
         with gr.Row():
-            parts["pick"] = gr.Dropdown([], label="Open a prompt's run", elem_id="sv-atlas-pick", scale=3)
-            parts["open"] = gr.Button("Open in Decode", elem_id="sv-atlas-open", scale=1)
-        parts["disagreements"] = gr.HTML(elem_id="sv-atlas-disagreements")
-        parts["files"] = gr.File(label="The report (HTML, JSON) and the rejections (JSONL)", file_count="multiple",
-                                 interactive=False, visible=False, elem_id="sv-atlas-files")
-        parts["runs"] = gr.State(None)
-    return parts
+            pick = gr.Dropdown([], label="Open a prompt's run", elem_id="sv-atlas-pick", scale=3)
+            open_btn = gr.Button("Open in Decode", elem_id="sv-atlas-open", scale=1)
+        disagreements = gr.HTML(elem_id="sv-atlas-disagreements")
+        files = gr.File(label="The report (HTML, JSON) and the rejections (JSONL)", file_count="multiple",
+                        interactive=False, visible=False, elem_id="sv-atlas-files")
+        runs = gr.State(None)
+    return AtlasTab(upload, pasted, race, run, progress, summary, table, pick, open_btn, disagreements, files, runs)
 
 
-def outputs(parts: dict) -> list:
-    """AtlasView's components, in its field order."""
-    return [parts[name] for name in ("progress", "summary", "table", "disagreements", "pick", "files", "runs")]
+def wire(page: Page, tab: AtlasTab, decode: DecodeTab, exports: gr.State):
+    """Run the Atlas (the model's queue: it holds the pair for the whole request; its files join the visitor's
+    `exports`, removed when the session ends); open a row's run in the Decode tab. Returns the event Stop
+    cancels."""
+    def with_files(paths: list, view: AtlasView) -> dict:
+        files = view.files.get("value") if isinstance(view.files, dict) else None
+        return {**shown(tab, view), exports: [*paths, *files] if files else gr.skip()}
+
+    def on_atlas(upload, pasted, race, paths, *values):
+        yield from stream(run_atlas(page.session, page.limits, upload, pasted, race, page.settings_of(values),
+                                    page.options), partial(with_files, paths))
+
+    def on_open(runs, choice):
+        return {page.tabs: gr.Tabs(selected="decode"), **shown(decode, main_view(open_run(runs, choice)))}
+
+    tab.open.click(on_open, [tab.runs, tab.pick], [page.tabs, *decode.outputs], api_visibility="private")
+    return tab.run.click(on_atlas, [tab.upload, tab.pasted, tab.race, exports, *page.settings.values()],
+                         [*outputs(tab, AtlasView), exports], api_visibility="private", **page.model_queue)

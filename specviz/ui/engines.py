@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Iterator
 from dataclasses import dataclass
+from functools import partial
 from html import escape
 
 import gradio as gr
@@ -26,6 +27,7 @@ from specviz.remote.transport import make_client
 from specviz.settings.limits import Limits
 from specviz.settings.spec import validate
 from specviz.ui.figures import empty_figure
+from specviz.ui.handlers import outputs, shown, stream
 
 CSS = """
 .sv-engines .sv-lane { border: 1px solid var(--border-color-primary); border-radius: 8px; padding: 8px 12px;
@@ -131,43 +133,52 @@ def view(urls: dict, texts: dict, shown: dict, summary: RaceSummary | None = Non
                        summary_html(summary) if summary else "", positions_figure(summary))
 
 
-def engines_tab(allowed: tuple[str, ...], limits: Limits) -> dict:
-    """The tab's components by name; `run` is wired by the app."""
+@dataclass(frozen=True)
+class EnginesTab:
+    """The tab's inputs, Run, and the components named like EnginesView's fields."""
+
+    spec_url: gr.Dropdown
+    plain_url: gr.Dropdown
+    max_new_tokens: gr.Slider
+    temperature: gr.Slider
+    run: gr.Button
+    spec: gr.HTML
+    plain: gr.HTML
+    summary: gr.HTML
+    positions: gr.Plot
+
+
+def engines_tab(allowed: tuple[str, ...], limits: Limits) -> EnginesTab:
     urls = [display(u) for u in allowed]
     with gr.Tab("Engines", id="engines", elem_id="sv-engines", elem_classes="sv-engines"):
         gr.Markdown(NOTE if urls else NO_ENGINE, elem_classes="sv-note")
         with gr.Row():
-            parts = dict(spec=gr.Dropdown(urls, value=urls[0] if urls else None, label="with speculation",
-                                          elem_id="sv-engines-spec"),
-                         plain=gr.Dropdown(urls, value=urls[-1] if urls else None, label="target alone",
-                                           elem_id="sv-engines-plain"))
-            parts["max_new_tokens"] = gr.Slider(1, limits.max_new_tokens, value=min(64, limits.max_new_tokens),
-                                                step=1, label="new tokens", elem_id="sv-engines-tokens")
-            parts["temperature"] = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="temperature (0: greedy)",
-                                             elem_id="sv-engines-temperature")
-        parts["run"] = gr.Button("Race the engines on the prompt", variant="primary", elem_id="sv-engines-run",
-                                 interactive=bool(urls))
+            spec_url = gr.Dropdown(urls, value=urls[0] if urls else None, label="with speculation",
+                                   elem_id="sv-engines-spec")
+            plain_url = gr.Dropdown(urls, value=urls[-1] if urls else None, label="target alone",
+                                    elem_id="sv-engines-plain")
+            max_new_tokens = gr.Slider(1, limits.max_new_tokens, value=min(64, limits.max_new_tokens), step=1,
+                                       label="new tokens", elem_id="sv-engines-tokens")
+            temperature = gr.Slider(0.0, 2.0, value=0.0, step=0.05, label="temperature (0: greedy)",
+                                    elem_id="sv-engines-temperature")
+        run = gr.Button("Race the engines on the prompt", variant="primary", elem_id="sv-engines-run",
+                        interactive=bool(urls))
         with gr.Row():
-            parts["spec_lane"] = gr.HTML(elem_id="sv-engines-spec-lane")
-            parts["plain_lane"] = gr.HTML(elem_id="sv-engines-plain-lane")
-        parts["summary"] = gr.HTML(elem_id="sv-engines-summary")
-        parts["positions"] = gr.Plot(elem_id="sv-engines-positions")
-    return parts
+            spec = gr.HTML(elem_id="sv-engines-spec-lane")
+            plain = gr.HTML(elem_id="sv-engines-plain-lane")
+        summary = gr.HTML(elem_id="sv-engines-summary")
+        positions = gr.Plot(elem_id="sv-engines-positions")
+    return EnginesTab(spec_url, plain_url, max_new_tokens, temperature, run, spec, plain, summary, positions)
 
 
-def outputs(parts: dict) -> list:
-    """EnginesView's components, in its field order."""
-    return [parts[name] for name in ("spec_lane", "plain_lane", "summary", "positions")]
-
-
-def wire(parts: dict, prompt: gr.Textbox, allowed: tuple[str, ...], limits: Limits):
+def wire(tab: EnginesTab, prompt: gr.Textbox, allowed: tuple[str, ...], limits: Limits):
     """The Run button: its own queue (it loads no model here, so it never waits behind the model's jobs)."""
     policy = EnginePolicy(allowed=allowed)
 
     def run(text, spec, plain, max_new_tokens, temperature):
-        for v in race_engines(policy, limits, spec, plain, text, max_new_tokens, temperature):
-            yield v.spec, v.plain, v.summary, v.positions
+        yield from stream(race_engines(policy, limits, spec, plain, text, max_new_tokens, temperature),
+                          partial(shown, tab))
 
-    return parts["run"].click(run, [prompt, parts["spec"], parts["plain"], parts["max_new_tokens"],
-                                    parts["temperature"]], outputs(parts), concurrency_id="engines",
-                              concurrency_limit=1, api_visibility="private")
+    return tab.run.click(run, [prompt, tab.spec_url, tab.plain_url, tab.max_new_tokens, tab.temperature],
+                         outputs(tab, EnginesView), concurrency_id="engines", concurrency_limit=1,
+                         api_visibility="private")

@@ -4,6 +4,7 @@ The presenter is whichever browser the operator's key (`specviz serve --presente
 Live runs are published (`runs.broadcast`). A follower (the *Follow the presenter* box, or the link the
 presenter's page shows: `?follow=1`) reads the latest published state a few times a second; the views are
 built once per state for every follower. A follower's own Run, or unticking the box, leaves follow mode.
+`presenting` wires the presenter's key, `following` the Follow box; both only where a presenter key is set.
 """
 
 from __future__ import annotations
@@ -13,15 +14,18 @@ import itertools
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from html import escape
 
 import anyio
 import gradio as gr
 
 from specviz.runs.broadcast import Broadcast, Published
+from specviz.runs.room import is_presenter
 from specviz.ui import render
-from specviz.ui.handlers import LiveUpdate, live_update
+from specviz.ui.handlers import FOLLOW, Page
+from specviz.ui.live import LiveOutputs, LiveUpdate, live_update
+from specviz.ui.prompt import PromptArea
 
 POLL = 0.15  # seconds between a follower's looks at the broadcast: the pace of the live views
 FOLLOW_SECONDS = 4 * 3600  # a follow stream ends after a long workshop (ticking the box again follows again)
@@ -118,10 +122,71 @@ def follow_link(request: gr.Request | None) -> str:
             "(or ticks <i>Follow the presenter</i>).")
 
 
-def presenter_controls() -> dict:
+@dataclass(frozen=True)
+class PresenterControls:
+    key: gr.Textbox
+    button: gr.Button
+
+
+def presenter_controls() -> PresenterControls:
     """The side panel's key box: entered once, remembered by this browser."""
     with gr.Accordion("Present to the room", open=False, elem_id="sv-present-box"):
-        parts = dict(key=gr.Textbox(type="password", label="Presenter key", elem_id="sv-present-key",
-                                    info="the key the operator started the server with; this browser then presents"))
-        parts["button"] = gr.Button("Present", elem_id="sv-present")
-    return parts
+        key = gr.Textbox(type="password", label="Presenter key", elem_id="sv-present-key",
+                         info="the key the operator started the server with; this browser then presents")
+        button = gr.Button("Present", elem_id="sv-present")
+    return PresenterControls(key, button)
+
+
+def presenting(demo: gr.Blocks, key: str, controls: PresenterControls, state: gr.State, link: gr.HTML) -> None:
+    """The key, typed once in the presenter's browser, is kept there (encrypted in its storage) and checked
+    again on every page load; a wrong key is one sentence. Visitors never see it. `state`: the Live tab's
+    presenting flag, set here only."""
+    stored = gr.BrowserState(None, storage_key="specviz-presenter-key")
+
+    def on_present(given, request: gr.Request):
+        if not is_presenter(key, given):
+            gr.Warning(WRONG_KEY)
+            return gr.skip(), gr.skip(), gr.skip(), ""
+        return True, given, gr.HTML(follow_link(request), visible=True), ""
+
+    def on_restore(kept, request: gr.Request):
+        ok = is_presenter(key, kept)
+        return ok, gr.HTML(follow_link(request), visible=True) if ok else gr.skip()
+
+    # queued (at once: no limit), so that a wrong key comes back as a toast
+    controls.button.click(on_present, [controls.key], [state, stored, link, controls.key], api_visibility="private",
+                          concurrency_limit=None, concurrency_id="present")
+    demo.load(on_restore, [stored], [state, link], api_visibility="private", queue=False)
+
+
+def following(page: Page, out: LiveOutputs, area: PromptArea, broadcast: Broadcast, load) -> object:
+    """The Follow box streams the presenter's run into this visitor's Live view (and, once over, the Race and
+    Decode tabs, with the prompt it ran); a run of the visitor's own or Stop leaves follow mode; a page opened
+    with ?follow=1 (the link the presenter's page shows) follows at once (`load`: the page's load event)."""
+    box, followers, views = area.follow, Followers(), FollowViews()
+
+    async def on_follow(on, request: gr.Request):
+        if not on:
+            followers.stop(request.session_hash)
+            yield gr.skip()  # every output as it is
+            return
+        yield {page.tabs: gr.Tabs(selected="live"), out.live.speed: WAITING}
+        async for update, prompt in follow(broadcast, followers, views, request.session_hash):
+            yield {**out.updates(update), page.prompt: prompt}
+        # Gradio applies a stream's last output again when it completes: after the visitor left (its own
+        # Run), that would put the presenter's view back over the visitor's run
+        yield gr.skip()
+
+    def on_leave(request: gr.Request):
+        followers.stop(request.session_hash)
+        return False
+
+    def on_open(request: gr.Request):
+        return (getattr(request, "query_params", None) or {}).get("follow") == "1"
+
+    for trigger in area.leaving:
+        trigger(on_leave, None, [box], api_visibility="private", queue=False)
+    outs = [page.tabs, *out.outputs, page.prompt]
+    streaming = dict(api_visibility="private", show_progress="hidden", concurrency_id=FOLLOW, concurrency_limit=None)
+    load(on_open, None, [box], api_visibility="private", queue=False).then(on_follow, [box], outs, **streaming)
+    return box.input(on_follow, [box], outs, trigger_mode="multiple", **streaming)

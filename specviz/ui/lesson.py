@@ -1,5 +1,6 @@
-"""The How it works tab's live lesson: a temperature slider moves a target's and a draft's distributions apart,
-and the acceptance measured over a batch of rounds through the rule follows β = Σ min(p, q) = 1 − TV(p, q)."""
+"""The How it works tab (id formulas): the formulas, and a live lesson: a temperature slider moves a target's and a
+draft's distributions apart, and the acceptance measured over a batch of rounds through the rule follows
+β = Σ min(p, q) = 1 − TV(p, q)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from specviz.analysis.overlap_lesson import OverlapPoint, beta_curve, overlap_point
+from specviz.ui import teach
 from specviz.ui.figures import _layout
 
 TEMPERATURES = [round(0.1 * i, 1) for i in range(1, 31)]
@@ -63,3 +65,10 @@ def lesson_panel() -> None:
     summary = gr.Markdown(text, elem_id="sv-lesson-text")
     plot = gr.Plot(fig, show_label=False, elem_id="sv-lesson-plot")
     slider.change(lesson_view, slider, [summary, plot], api_visibility="private", queue=False)
+
+
+def formulas_tab() -> None:
+    with gr.Tab("How it works", id="formulas"):
+        gr.Markdown(teach.FORMULAS, elem_id="sv-formulas", latex_delimiters=[
+            {"left": "$$", "right": "$$", "display": True}, {"left": "$", "right": "$", "display": False}])
+        lesson_panel()

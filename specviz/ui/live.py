@@ -1,20 +1,35 @@
-"""The Live view: the whole demo on one screen, built from a running race (pure: state in, view out).
+"""The Live tab (id live): the whole demo on one screen, both lanes of a race as they run.
 
 Four parts, each with a stable element id: the speculative lane as coloured rounds (`sv-live-spec`),
 the target-alone lane's text (`sv-live-ar`), the latest round's p/q bars (`sv-live-pq`) and the running
 speedup with each lane's tokens/s, prefill apart, and a sentence saying why (`sv-live-speed`).
+`live_view` builds them from a running race (pure: state in, view out); `live` streams them from `runs.race`,
+and once the race is over fills the Race and Decode tabs too (a `LiveUpdate`, which `LiveOutputs` maps onto
+the three tabs); `live_tab` lays the tab out and `wire` connects Run and the prompt's Enter.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import closing
 from dataclasses import dataclass
 from html import escape
 
 import gradio as gr
 
 from specviz.analysis.explain import economics, economics_headline, explain, precisions, sentence
+from specviz.runs import race as racing
+from specviz.runs.broadcast import Broadcast
 from specviz.runs.race import Lane, RaceState
+from specviz.serving.pacing import paced
+from specviz.serving.session import Session
+from specviz.serving.turns import Owner, Waiting
+from specviz.settings.limits import Limits
 from specviz.ui import figures, render, teach
+from specviz.ui.decode import DecodeTab, MainView, main_view
+from specviz.ui.handlers import Options, Page, outputs, replaceable, shown, stream, user_errors
+from specviz.ui.prompt import PromptArea
+from specviz.ui.race import RaceTab, RaceView, race_view
 from specviz.ui.tree_view import latest_tree_html
 
 PQ_HEIGHT = 210  # px: beside the verdict, above the legend and the lanes: all of it fits a 1366x768 screen
@@ -139,3 +154,109 @@ def live_blank(starting: bool = False) -> LiveView:
            f'{render.steps_html([])}</div></div>',
         pq=figures.empty_figure("p/q bars of the latest round appear here", PQ_HEIGHT),
     )
+
+
+# ---------------------------------------------------------------- handlers: values in, views out
+
+
+@dataclass
+class LiveUpdate:
+    live: LiveView
+    race: RaceView | None = None  # the detail tabs (Race, Decode), filled once the race is over
+    main: MainView | None = None
+
+
+@user_errors
+@replaceable
+def live(session: Session, limits: Limits, prompt, settings: dict, options: Options = Options(),
+         owner: str | None = None, broadcast: Broadcast | None = None) -> Iterator[LiveUpdate]:
+    """Both lanes on one screen as they run; the finished race also fills the Race and Decode tabs. While the
+    run waits for the model, its place in the queue. With `broadcast` (the presenter's run: it goes ahead of
+    the waiting ones, the room is watching), every state is published to the followers too."""
+    states = racing.race(session, limits, prompt, settings, owner=owner, first=broadcast is not None)
+    if broadcast is not None:
+        states = broadcast.publishing(states)
+    with closing(paced(states, options.pace.min_interval)) as events:
+        yield from live_updates(events)
+
+
+def live_updates(events: Iterator[tuple]) -> Iterator[LiveUpdate]:
+    """(state or Waiting, show) pairs as the Live view's updates, each round rendered once."""
+    plotted = 0  # rounds the p/q plot has seen
+    tokens_html = render.RoundsHtml()
+    for state, show in events:
+        if isinstance(state, Waiting):
+            yield LiveUpdate(waiting_view(state))
+        elif show:
+            yield live_update(state, tokens_html, plot=len(state.spec.events) > plotted)
+            plotted = len(state.spec.events)
+
+
+def live_update(state: racing.RaceState, tokens_html, plot: bool = True) -> LiveUpdate:
+    view = live_view(state, plot=plot, tokens_html=tokens_html)
+    if not state.done:
+        return LiveUpdate(view)
+    details = race_view(state)
+    return LiveUpdate(view, details, main_view(details.record))
+
+
+# ---------------------------------------------------------------- the tab
+
+
+@dataclass(frozen=True)
+class LiveTab:
+    """The tab's components, named like LiveView's fields."""
+
+    speed: gr.HTML
+    spec: gr.HTML
+    ar: gr.HTML
+    pq: gr.Plot
+    presenting: gr.State  # True in the browser the presenter key was entered in: its runs are broadcast
+
+
+@dataclass(frozen=True)
+class LiveOutputs:
+    """Where a Live run shows: the Live tab as it runs, the Race and Decode tabs once it is over."""
+
+    live: LiveTab
+    race: RaceTab
+    decode: DecodeTab
+
+    @property
+    def outputs(self) -> list:
+        return list(dict.fromkeys([*outputs(self.live, LiveView), *self.race.outputs, *self.decode.outputs]))
+
+    def updates(self, u: LiveUpdate) -> dict:
+        details = {**shown(self.race, u.race), **shown(self.decode, u.main)} if u.race else {}
+        return {**shown(self.live, u.live), **details}  # one record for both detail tabs
+
+
+def live_tab() -> LiveTab:
+    """The four parts of one picture (ids sv-live-*): the verdict on top, the lanes, the latest round's bars."""
+    blank = live_blank()
+    with gr.Tab("Live", id="live"):
+        with gr.Row(equal_height=True):
+            speed = gr.HTML(blank.speed, elem_id="sv-live-speed")
+            pq = gr.Plot(blank.pq, show_label=False, elem_id="sv-live-pq")
+        gr.HTML(render.legend_html(compact=True), elem_id="sv-live-legend")  # the lanes' colours, one line
+        with gr.Row(equal_height=True):
+            spec = gr.HTML(blank.spec, elem_id="sv-live-spec")
+            ar = gr.HTML(blank.ar, elem_id="sv-live-ar")
+        presenting = gr.State(False)  # set by the presenter key only: a visitor cannot broadcast
+    return LiveTab(speed, spec, ar, pq, presenting)
+
+
+def wire(page: Page, out: LiveOutputs, area: PromptArea, broadcast: Broadcast | None) -> list:
+    """Run and the prompt's Enter race both lanes (the model's queue); the presenter's runs are broadcast
+    (`broadcast`: None where nobody presents). Returns the events Stop cancels."""
+    def on_live(request: gr.Request, presenting, text, *values):
+        yield {page.tabs: gr.Tabs(selected="live"), **shown(out.live, live_blank(starting=True))}
+        yield from stream(live(page.session, page.limits, text, page.settings_of(values), page.options,
+                               owner=Owner.of(request), broadcast=broadcast if presenting else None), out.updates)
+
+    # no loading overlay: the four parts show progress themselves, and on a laptop that also runs the browser, an
+    # overlay's animation takes CPU from the two lanes being timed. "multiple": a second Run while the first waits
+    # is sent, and takes its place in the queue (serving.turns)
+    return [trigger(on_live, [out.live.presenting, page.prompt, *page.settings.values()], [page.tabs, *out.outputs],
+                    api_visibility="private", show_progress="hidden", trigger_mode="multiple", **page.model_queue)
+            for trigger in (area.run.click, page.prompt.submit)]
