@@ -20,17 +20,18 @@ from types import SimpleNamespace
 
 import httpx
 
+from specviz.commands.engines import load_prompts
 from specviz.engine.config import DecodeConfig
-from specviz.remote.command import load_prompts
 from specviz.remote import llama_server, llamacpp, vllm, vllm_server
 from specviz.remote.stream import chat_body
 
 DATA = Path(__file__).resolve().parent.parent / "tests" / "data" / "engines"
 ENGINES = {  # engine: (version, its info pages, its request extras, its servers)
     "llamacpp": (llama_server.VERSION, ("/props", "/slots"), llamacpp.extra_body,
-                 lambda args: llama_server.llama_servers(args.build, args.port, k=4, threads=2, ctx=2048)),
+                 lambda args: llama_server.llama_servers(
+                     llama_server.LlamaSettings(port=args.port, k=4, threads=2, ctx=2048), args.build)),
     "vllm": (vllm_server.VERSION, ("/version",), vllm.extra_body,
-             lambda args: vllm_server.vllm_servers(port=args.port, k=4, progress=print)),
+             lambda args: vllm_server.vllm_servers(vllm_server.VllmSettings(port=args.port, k=4), progress=print)),
 }
 
 

@@ -44,7 +44,7 @@ costs() {  # $1: target shape, $2: report name
   local small=${SPECVIZ_GPU_CHECK_SMALL:-}
   local draft=${small:+synthetic:mini-draft}; draft=${draft:-synthetic:qwen2.5-0.5b}
   local target=${small:+synthetic:mini-target}; target=${target:-$1}
-  timeout "${SPECVIZ_GPU_CHECK_TIMEOUT:-540}" "$python" -m specviz.bench.shape_costs costs --draft "$draft" --target "$target" --device "$device" \
+  timeout "${SPECVIZ_GPU_CHECK_TIMEOUT:-540}" "$python" -m specviz.commands.costs costs --draft "$draft" --target "$target" --device "$device" \
     --dtype bfloat16 --step "${SPECVIZ_GPU_CHECK_STEPS:-eager,compiled}" --max-verify 32 --forced-k 4,8 --forced-tokens 128 --json "$OUT/$2.json" 2>&1 \
     | tee "$OUT/$2.log"
 }

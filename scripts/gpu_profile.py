@@ -289,7 +289,7 @@ def main() -> int:
     out.mkdir(parents=True, exist_ok=True)
     torch._inductor.config.triton.unique_kernel_names = True  # names that say what each fused kernel does
 
-    from specviz.bench.command import machine
+    from specviz.bench.meta import machine
     from specviz.models import PairSpec
     from specviz.models.loading import load_pair, with_speedups
     from specviz.models.steps import with_steps

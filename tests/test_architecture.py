@@ -36,6 +36,10 @@ def test_the_import_contracts_hold():
     ("serving/sneaky.py", "from specviz.runs import race\n", "Serving"),  # a session runs no run path
     ("settings/sneaky.py", "from specviz.serving import session\n", "Layers"),  # the spec knows no session
     ("remote/sneaky.py", "from specviz.bench import runner\n", "Remote engines"),
+    ("remote/sneaky.py", "from specviz.commands import engines\n", "Remote engines"),  # the command is above
+    ("bench/sneaky.py", "from specviz.commands import bench\n", "Layers"),  # measurement knows no command
+    ("commands/sneaky.py", "from specviz.cli import main\n", "Layers"),  # cli builds on the commands, not back
+    ("commands/sneaky.py", "from specviz.server import build_server\n", None),  # allowed: serve launches the app
     ("serving/sneaky.py", "from specviz.settings import errors\n", None),  # allowed: serving validates
 ])
 def test_a_change_that_breaks_a_layer_fails_the_contracts(tmp_path, module, line, contract):

@@ -15,9 +15,9 @@ import torch
 from specviz.analysis import predict
 from specviz.analysis.divergence import first_divergence
 from specviz.analysis.stats import run_stats, spec_stats
-from specviz.bench import command
 from specviz.bench.hf import HF_DEFAULT, HFGenerate, HFSetting
 from specviz.bench.html import write_html
+from specviz.bench.pairs import cost_exit_layer
 from specviz.bench.prompts import BenchPrompt, PromptFileError, parse_prompts
 from specviz.bench.report import build_report
 from specviz.bench.table import format_table
@@ -131,8 +131,9 @@ def test_kind_is_optional():
 
 def plan_for(*flags) -> Plan:
     from specviz import cli
+    from specviz.commands.bench import plan_of
 
-    return command.plan_of(cli.build_parser().parse_args(["bench", *flags]))
+    return plan_of(cli.build_parser().parse_args(["bench", *flags]))
 
 
 def test_parse_ks_and_confidence_cuts():
@@ -157,8 +158,8 @@ def test_parse_exit_layers_for_the_self_drafter():
     plan = plan_for("--drafter", "self", "--exit-layer", "12, 4,8", "--k", "4,6", "--adaptive", "fixed")
     assert [(c.k, c.exit_layer) for c in plan.settings()] == [(4, 4), (4, 8), (4, 12), (6, 4), (6, 8), (6, 12)]
     assert [setting_name(c) for c in plan.settings()][:2] == ["k=4 L=4", "k=4 L=8"]
-    assert command.cost_exit_layer(plan) is None  # one draft cost would mispredict the other depths
-    assert command.cost_exit_layer(plan_for("--drafter", "self", "--exit-layer", "8")) == 8
+    assert cost_exit_layer(plan) is None  # one draft cost would mispredict the other depths
+    assert cost_exit_layer(plan_for("--drafter", "self", "--exit-layer", "8")) == 8
     model = plan_for("--drafter", "model", "--exit-layer", "4,8", "--adaptive", "fixed")
     assert len(model.settings()) == 1 and "L=" not in setting_name(model.settings()[0])  # depth concerns 'self'
     with pytest.raises(Exception):

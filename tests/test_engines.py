@@ -26,7 +26,8 @@ from specviz.analysis.predict import CostModel, predicted_speedup
 from specviz.engine.config import DecodeConfig
 from specviz.engine.sampling import SamplingParams
 from specviz.remote import llama_server, llamacpp, sglang, vllm, vllm_server
-from specviz.remote.command import add_engines_parser, run
+from specviz.cli import main
+from specviz.commands.engines import register, run
 from specviz.remote.engine import complete, connect
 from specviz.remote.policy import EngineError, EnginePolicy, base_url
 from specviz.remote.prometheus import difference, read_counters
@@ -481,8 +482,8 @@ def test_the_servers_commands_from_this_builds_help():
                                                        "--spec-draft-p-min", "0"]
     old = "--draft-max, --draft N  number of tokens to draft\n--draft-p-min P  minimum probability\n"
     assert llama_server.draft_flags(old, 6, 0.5) == ["--draft-max", "6", "--draft-p-min", "0.5"]
-    plain, spec, draft = llama_server.commands(Path("/b/llama-server"), Path("t.gguf"), Path("d.gguf"), 9000, 6, 0.0,
-                                               2, 2048, HELP, draft_alone=True)
+    settings = llama_server.LlamaSettings(port=9000, k=6, p_min=0.0, threads=2, ctx=2048, draft_alone=True)
+    plain, spec, draft = llama_server.commands(Path("/b/llama-server"), Path("t.gguf"), Path("d.gguf"), settings, HELP)
     assert plain[plain.index("--port") + 1] == "9000" and "-md" not in plain and "--metrics" in plain
     assert spec[spec.index("--port") + 1] == "9001" and spec[spec.index("-md") + 1] == "d.gguf"
     assert draft[draft.index("--port") + 1] == "9002" and draft[draft.index("-m") + 1] == "d.gguf"
@@ -494,8 +495,8 @@ def test_the_vllm_servers_commands_and_environment(tmp_path):
     python = tmp_path / "venv" / "bin" / "python"
     (tmp_path / "venv" / "lib").mkdir(parents=True)
     (tmp_path / "venv" / "lib" / "libiomp5.so").touch()
-    plain, spec, draft = vllm_server.commands(python, Path("/c/target-bfloat16"), Path("/c/draft-bfloat16"), 9000, 4,
-                                              2048, eager=False, draft_alone=True)
+    settings = vllm_server.VllmSettings(port=9000, k=4, max_len=2048, eager=False, draft_alone=True)
+    plain, spec, draft = vllm_server.commands(python, Path("/c/target-bfloat16"), Path("/c/draft-bfloat16"), settings)
     assert plain[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]  # (the CPU build's `vllm` script fails)
     assert plain[plain.index("--port") + 1] == "9000" and "--speculative-config" not in plain
     assert plain[plain.index("--host") + 1] == "127.0.0.1" and "--enforce-eager" not in plain
@@ -503,7 +504,8 @@ def test_the_vllm_servers_commands_and_environment(tmp_path):
     assert config == {"method": "draft_model", "model": "/c/draft-bfloat16", "num_speculative_tokens": 4}
     assert spec[spec.index("--port") + 1] == "9001" and "--per-request-spec-decode-metrics" in spec
     assert draft[draft.index("--model") + 1] == "/c/draft-bfloat16" and draft[draft.index("--port") + 1] == "9002"
-    assert "--enforce-eager" in vllm_server.commands(python, Path("t"), Path("d"), 9000, 4, 2048, eager=True)[0]
+    eager = vllm_server.VllmSettings(port=9000, k=4, max_len=2048, eager=True)
+    assert "--enforce-eager" in vllm_server.commands(python, Path("t"), Path("d"), eager)[0]
     env = vllm_server.environment(python, 2, 1.0)
     assert env["VLLM_CPU_OMP_THREADS_BIND"] == "0-1" and env["VLLM_CPU_KVCACHE_SPACE"] == "1"
     assert str(tmp_path / "venv" / "lib" / "libiomp5.so") in env["LD_PRELOAD"]
@@ -535,7 +537,7 @@ def test_missing_binary_and_busy_port_are_one_sentence(tmp_path):
 
 def cli(*argv: str) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="specviz")
-    add_engines_parser(parser.add_subparsers(dest="command", required=True))
+    register(parser.add_subparsers(dest="command", required=True))
     return parser.parse_args(["engines", *argv])
 
 
@@ -571,7 +573,8 @@ def pair_for_this_machine():
         with replay_pair() as urls:
             yield (*urls, "replay")
         return
-    with llama_server.llama_servers(port=free_port_pair(), k=4, threads=2, ctx=2048) as servers:
+    with llama_server.llama_servers(llama_server.LlamaSettings(port=free_port_pair(), k=4, threads=2, ctx=2048)) \
+            as servers:
         yield servers.spec_url, servers.plain_url, "real"
 
 
@@ -643,8 +646,10 @@ def test_race_on_the_replayed_vllm_pair(tmp_path, capsys):
 
 
 def test_the_command_fails_in_one_sentence(capsys):
-    assert run(cli("race", "--spec", "ftp://box", "--plain", "http://127.0.0.1:1")) == 1
+    """An engine refused (1) and a refused input (2), each one line naming the subcommand (`cli.fault` says both)."""
+    assert main(["engines", "race", "--spec", "ftp://box", "--plain", "http://127.0.0.1:1"]) == 1
     err = capsys.readouterr().err.strip()
     assert err == "specviz engines race: 'ftp://box' is not an http:// or https:// URL."
-    assert run(cli("race", "--spec", "http://a:1", "--plain", "http://b:1", "--repeats", "0")) == 2
-    assert capsys.readouterr().err.strip().endswith("--warmup at least 0.")
+    assert main(["engines", "race", "--spec", "http://a:1", "--plain", "http://b:1", "--repeats", "0"]) == 2
+    assert capsys.readouterr().err.strip() == ("specviz engines race: --repeats and --limit must be at least 1, "
+                                               "--warmup at least 0.")

@@ -77,12 +77,13 @@ def test_two_writers_at_once_leave_one_whole_measurement(tmp_path):
 @pytest.fixture
 def no_model(monkeypatch):
     """Any model load fails the test: an output checked before the run must stop it before the first model."""
-    from specviz import cli
+    from specviz.commands import atlas, trace
     from specviz.models import loading
 
     def load(*args, **kwargs):
         raise AssertionError("a model was loaded before the output was checked")
-    monkeypatch.setattr(cli, "load_spec", load)
+    monkeypatch.setattr(trace, "load_spec", load)
+    monkeypatch.setattr(atlas, "load_spec", load)
     monkeypatch.setattr(loading, "load_pair", load)
 
 
@@ -148,7 +149,7 @@ def test_a_switch_named_like_an_output_is_not_a_path(capsys):
 ])
 def test_every_command_maps_a_machine_fault_to_one_sentence(monkeypatch, capsys, tmp_path, fault, code, said):
     from specviz import cli
-    from specviz.bench import whatif
+    from specviz.commands import whatif
 
     monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
     said = said.format(cache=tmp_path)
@@ -169,7 +170,7 @@ def test_sigterm_ends_a_command_as_ctrl_c_does(monkeypatch, capsys):
     import signal
 
     from specviz import cli
-    from specviz.bench import whatif
+    from specviz.commands import whatif
 
     before = signal.getsignal(signal.SIGTERM)
 

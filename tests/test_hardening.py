@@ -21,7 +21,8 @@ import transformers
 from gradio_client.exceptions import AppError
 
 from specviz import server as server_module
-from specviz.cli import allow_any_model, build_parser, main
+from specviz.cli import build_parser, main
+from specviz.commands.serve import allow_any_model
 from specviz.engine import DecodeConfig, speculative_generate
 from specviz.engine.sampling import SamplingParams
 from specviz.models import ModelLoadError, PairSpec, embedded, encode_prompt, loading

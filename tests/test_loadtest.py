@@ -21,7 +21,7 @@ import pytest
 from gradio_client import Client
 
 from specviz.bench.loadtest import (
-    KINDS, LoadResult, Record, Request, call, judge, one_sentence, requests, rss_bytes, run_load,
+    KINDS, Load, LoadResult, Record, Request, call, judge, one_sentence, requests, rss_bytes, run_load,
 )
 
 USERS = 20
@@ -97,8 +97,8 @@ def one_of_each(url: str) -> list[Record]:
 def load_phase(served, seed: int):
     """20 users at once (3 requests each, one more dropping a stream), then a settle and every kind once
     more: the records of both, and how many requests reached the server."""
-    result = run_load(served.url, USERS, requests_per_user=REQUESTS_PER_USER, disconnect=1,
-                      timeout=REQUEST_SECONDS, seed=seed)
+    result = run_load(served.url, Load(USERS, requests_per_user=REQUESTS_PER_USER, disconnect=1, seed=seed),
+                      timeout=REQUEST_SECONDS)
     time.sleep(2)  # settle: the dropped stream's run ends, the queue's workers go idle
     final = one_of_each(served.url)  # the server still serves (and refuses) as before, after all that
     return result, final, len(result.records) + len(final)
@@ -213,8 +213,9 @@ def test_a_workshop_of_thirty_examples_stream_at_once_every_request_is_served_th
     from specviz.bench.workshop import BAD, workshop_requests
 
     bad = len(BAD) + 1
-    result = run_load(workshop_server, WORKSHOP_USERS, disconnect=1, timeout=REQUEST_SECONDS * 2, poll=0.2,
-                      plan=lambda info: workshop_requests(info, 2 * WORKSHOP_USERS, seed=0, bad=bad))
+    load = Load(WORKSHOP_USERS, disconnect=1, plan=lambda info: workshop_requests(info, 2 * WORKSHOP_USERS, seed=0,
+                                                                                 bad=bad))
+    result = run_load(workshop_server, load, timeout=REQUEST_SECONDS * 2, poll=0.2)
     s = result.summary()
     print({k: s[k] for k in ("wait_by_kind", "first_token_by_kind", "estimates", "requests")})
     assert s["errors"] == []

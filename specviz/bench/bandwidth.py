@@ -41,3 +41,25 @@ def step_bound(step_bytes: int, bandwidth: float, step_s: float) -> dict:
     bound = step_bytes / bandwidth
     return {"weight_bytes": step_bytes, "bound_ms": round(1e3 * bound, 4), "step_ms": round(1e3 * step_s, 4),
             "fraction_of_bound": round(bound / step_s, 3)}
+
+
+def anchors(cost, cost_pair, bandwidth: float, tuning) -> dict:
+    """The bench report's anchors: the measured bandwidth, each model's step against its bound, and where the
+    target's kernel table came from (`tuning`; None: the kernels as loaded)."""
+    from torch import nn
+
+    from specviz.models.kernels import step_bytes
+
+    steps = {}
+    if cost is not None:  # (a 'self' drafter's step is the target's first layers: no weights of its own)
+        steps = {"target": step_bound(step_bytes(cost_pair.target), bandwidth, cost.target_step_s),
+                 **({"draft": step_bound(step_bytes(cost_pair.draft), bandwidth, cost.draft_step_s)}
+                    if isinstance(cost_pair.draft, nn.Module) else {})}
+    return {"bandwidth_gb_s": round(bandwidth / 1e9, 2), **steps,
+            "kernel_table": None if tuning is None else {
+                "path": str(tuning.path), "cached": tuning.cached,
+                "one_row": {shape: [plan[1].kernel, plan[1].rows] for shape, plan in tuning.plans.items()},
+                "verify_9": {shape: [plan[9].kernel, plan[9].rows]
+                             for shape, plan in tuning.plans.items() if 9 in plan},
+                # per shape: what one copy of the weight costs at a race's widths (0: the fastest plan needs one)
+                "one_copy_cost": {shape: round(x, 4) for shape, x in tuning.one_copy_cost.items()}}}

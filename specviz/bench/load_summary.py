@@ -1,5 +1,5 @@
 """The load test's numbers: percentiles of waits, by kind of request, and the queue's estimates against the
-waits that followed them (pure functions of the records, `loadtest.Record`s)."""
+waits that followed them (pure functions of the records, `loadtest.Record`s), and the summary as printed."""
 
 from __future__ import annotations
 
@@ -33,3 +33,27 @@ def estimates(records: Sequence, at_least: float = 1.0) -> dict:
         return {"n": 0}
     return {"n": len(ratios), "within_2x": sum(0.5 <= x <= 2.0 for x in ratios) / len(ratios),
             "real_to_estimate": percentiles(ratios) | {"min": ratios[0]}}
+
+
+def numbers(values: dict) -> str:
+    return "  ".join(f"{k} {'-' if v is None else f'{v:.2f}' if isinstance(v, float) else v}"
+                     for k, v in values.items())
+
+
+def table(summary: dict) -> str:
+    """`LoadResult.summary()` as text: throughput, waits (by kind), estimates, memory, outcomes, errors."""
+    w, rss = summary["wait_s"], summary["rss_mb"]
+    lines = [f"{summary['users']} users, {summary['seconds']:.1f} s: {summary['throughput']:.2f} completed runs/s",
+             "wait s (until the first result): " + numbers(w)
+             + f"  (furthest back in the queue: {summary['max_queue_rank']})"]
+    lines += [f"  {kind:<20} wait {numbers(v)}" for kind, v in summary["wait_by_kind"].items()]
+    lines += [f"  {kind:<20} first token {numbers(v)}" for kind, v in summary["first_token_by_kind"].items()]
+    lines += [f"recorded answers: {summary['recorded_answers'] or 'none'}"]
+    e = summary["estimates"]
+    if e["n"]:
+        lines.append(f"queue estimates: {e['n']} waits of a second or more, {e['within_2x']:.0%} within a factor of "
+                     f"2 of the estimate; real ÷ estimated: {numbers(e['real_to_estimate'])}")
+    lines += [f"server RSS MB: {rss['before']} before, {rss['after']} after"] if rss["before"] is not None else []
+    lines += [f"  {kind:<20} " + "  ".join(f"{o} {n}" for o, n in outcomes.items())
+              for kind, outcomes in summary["requests"].items()]
+    return "\n".join(lines + ([f"error: {e}" for e in summary["errors"]] or ["no unexpected errors"]))

@@ -6,17 +6,19 @@
 Every user is a `gradio_client.Client` of its own (a separate session, like a browser tab), all
 started together. They mix runs, replays and inputs the server must refuse with one clear sentence;
 some users drop a streaming run mid-way. Reported: throughput, waits (by kind of request), how the
-queue's estimates compared with the waits that followed, and every surprise. The command: load_command.py.
+queue's estimates compared with the waits that followed, and every surprise. The command:
+`specviz.commands.loadtest`.
 """
 
 from __future__ import annotations
 
+import itertools
 import random
 import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
@@ -232,65 +234,111 @@ def server_info(url: str) -> dict:
         probe.close()
 
 
-def run_load(url: str, users: int, seconds: float | None = None, requests_per_user: int | None = None,
-             mix=KINDS, disconnect: int = 1, max_new_tokens: int = 8, samples: int = 16,
-             disconnect_tokens: int = 256, seed: int = 0, poll: float = 0.02, timeout: float = 120.0,
-             pid: int | None = None, plan: Callable[[dict], list[Request]] | None = None,
-             think: float = 0.0) -> LoadResult:
-    """`users` users at once, each taking requests round-robin from the seeded shuffle of `mix` until it
-    has made `requests_per_user` or `seconds` have passed (whichever first), and `disconnect` more users
-    that each drop one long stream. With `plan` (the server's /info in, requests out), user i makes requests
-    i, i + users, … of the plan instead. `think`: a pause of up to this many seconds (seeded) before each
-    request after a user's first. With `pid`, the server's RSS before and after."""
-    if seconds is None and requests_per_user is None and plan is None:
-        raise ValueError("give seconds, requests_per_user or both: otherwise the load never stops")
-    url = url.rstrip("/")
-    info = server_info(url)
-    disconnect_tokens = min(disconnect_tokens, info["limits"]["max_new_tokens"])  # a long run the server allows
-    if plan is not None:
-        order = plan(info)
-        shares = [order[i::users] for i in range(users)]
-    else:
-        order = requests(mix, next(iter(info["shipped_traces"]), None), max_new_tokens, samples)
-        random.Random(seed).shuffle(order)
-        shares = None
-    started: list[float] = []  # set by the barrier, once every user has connected
-    ended: list[float] = []  # when each user's last request finished (closing a client is no load)
-    barrier = threading.Barrier(users + disconnect, action=lambda: started.append(time.monotonic()))
-    rss_before = rss_bytes(pid) if pid else None
+@dataclass(frozen=True)
+class Load:
+    """What a load test sends: `users` users at once, each taking requests round-robin from the seeded shuffle of
+    `mix` until it has made `requests_per_user` or `seconds` have passed (whichever first), and `disconnect` more
+    users that each drop one long stream. With `plan` (the server's /info in, requests out), user i makes requests
+    i, i + users, … of the plan instead. `think`: a pause of up to this many seconds (seeded) before each request
+    after a user's first."""
 
-    def next_request(index: int, made: int) -> Request | None:
-        if shares is not None:
-            return shares[index][made] if made < len(shares[index]) else None
-        if requests_per_user is not None and made >= requests_per_user:
-            return None
-        return order[(index + made) % len(order)]  # from its own place in the mix: every kind in flight at once
+    users: int
+    seconds: float | None = None
+    requests_per_user: int | None = None
+    mix: tuple[str, ...] = KINDS
+    disconnect: int = 1
+    max_new_tokens: int = 8  # per run of the test mix
+    samples: int = 16  # per side of /same_distribution (the test mix)
+    disconnect_tokens: int = 256  # the dropped stream's length (at most what the server allows)
+    seed: int = 0
+    plan: Callable[[dict], list[Request]] | None = None
+    think: float = 0.0
 
-    def user(index: int) -> list[Record]:
-        client, pauses = None, random.Random(seed * 7919 + index)
+    def __post_init__(self):
+        if self.seconds is None and self.requests_per_user is None and self.plan is None:
+            raise ValueError("give seconds, requests_per_user or both: otherwise the load never stops")
+
+
+def request_order(load: Load, info: dict) -> list[Request]:
+    """Every request of the load in one order: the plan's, or the mix shuffled by the seed."""
+    if load.plan is not None:
+        return load.plan(info)
+    order = requests(load.mix, next(iter(info["shipped_traces"]), None), load.max_new_tokens, load.samples)
+    random.Random(load.seed).shuffle(order)
+    return order
+
+
+def user_requests(load: Load, order: list[Request], index: int) -> Iterator[Request]:
+    """User `index`'s requests in turn: its share of the plan, or the mix from its own place in it (every kind in
+    flight at once), `requests_per_user` of them or until the time is up."""
+    if load.plan is not None:
+        yield from order[index::load.users]
+        return
+    for made in itertools.count() if load.requests_per_user is None else range(load.requests_per_user):
+        yield order[(index + made) % len(order)]
+
+
+@dataclass
+class Crowd:
+    """A load's users, started together by a barrier once every one has connected; `started` holds when that was
+    (set by the barrier), `ended` when each user's last request finished (closing a client is no load)."""
+
+    url: str
+    load: Load
+    order: list[Request]
+    disconnect_tokens: int
+    poll: float
+    timeout: float
+    started: list[float] = field(default_factory=list)
+    ended: list[float] = field(default_factory=list)
+    barrier: threading.Barrier = field(init=False)
+
+    def __post_init__(self):
+        self.barrier = threading.Barrier(self.load.users + self.load.disconnect,
+                                         action=lambda: self.started.append(time.monotonic()))
+
+    def requests_of(self, client: Client, index: int) -> list[Record]:
+        """A dropped stream (the users past `load.users`), or this user's requests until they or the time run out."""
+        if index >= self.load.users:
+            return [drop_stream(self.url, client, self.disconnect_tokens, self.timeout)]
+        out, pauses = [], random.Random(self.load.seed * 7919 + index)
+        for request in user_requests(self.load, self.order, index):
+            if self.load.seconds is not None and time.monotonic() - self.started[0] > self.load.seconds:
+                break
+            if self.load.think and out:  # a visitor reads the answer before the next click
+                time.sleep(pauses.uniform(0, self.load.think))
+            out.append(call(client, request, self.poll, self.timeout))
+        return out
+
+    def user(self, index: int) -> list[Record]:
+        client = None
         try:
-            client = Client(url, verbose=False)
+            client = Client(self.url, verbose=False)
             # the session opened (Gradio builds its state at its first queued event), as a browser's is on load
             client.predict(0.5, 1, 0.0, api_name="/whatif")
-            barrier.wait(timeout)
-            out = [drop_stream(url, client, disconnect_tokens, timeout)] if index >= users else []
-            while index < users and (request := next_request(index, len(out))) is not None:
-                if seconds is not None and time.monotonic() - started[0] > seconds:
-                    break
-                if think and out:  # a visitor reads the answer before the next click
-                    time.sleep(pauses.uniform(0, think))
-                out.append(call(client, request, poll, timeout))
-            ended.append(time.monotonic())
+            self.barrier.wait(self.timeout)
+            out = self.requests_of(client, index)
+            self.ended.append(time.monotonic())
             return out
         except Exception as e:  # noqa: BLE001 - a user that fails must not leave the others at the barrier
-            barrier.abort()
+            self.barrier.abort()
             return [Record("user", True, "error", f"{type(e).__name__}: {e}")]
         finally:
             if client is not None:
                 client.close()
 
-    with ThreadPoolExecutor(users + disconnect) as pool:
-        records = [r for rs in pool.map(user, range(users + disconnect)) for r in rs]
-    elapsed = max(ended) - started[0] if started and ended else 0.0
+
+def run_load(url: str, load: Load, poll: float = 0.02, timeout: float = 120.0, pid: int | None = None) -> LoadResult:
+    """`load` against the app at `url`, each request watched every `poll` s and given up after `timeout` s. With
+    `pid`, the server's RSS before and after."""
+    url = url.rstrip("/")
+    info = server_info(url)
+    disconnect_tokens = min(load.disconnect_tokens, info["limits"]["max_new_tokens"])  # a long run the server allows
+    crowd = Crowd(url, load, request_order(load, info), disconnect_tokens, poll, timeout)
+    rss_before = rss_bytes(pid) if pid else None
+    everyone = load.users + load.disconnect
+    with ThreadPoolExecutor(everyone) as pool:
+        records = [r for rs in pool.map(crowd.user, range(everyone)) for r in rs]
+    elapsed = max(crowd.ended) - crowd.started[0] if crowd.started and crowd.ended else 0.0
     server = {k: info.get(k) for k in ("pair", "limits", "defaults", "recorded_answers")}
-    return LoadResult(users, elapsed, records, rss_before, rss_bytes(pid) if pid else None, server)
+    return LoadResult(load.users, elapsed, records, rss_before, rss_bytes(pid) if pid else None, server)

@@ -1,112 +1,90 @@
-"""`specviz prove`: rerun the exactness proof on any pair (`runs.proof`), as a table, JSON and HTML.
+"""The exactness proof on any pair (`runs.proof`) for every drafter x adaptive mode x draft quantisation asked for,
+and its report as a table and one HTML page (the command is `specviz.commands.prove`).
 
-    specviz prove [--prompt P] [--samples N] [--length L] [--drafter model,lookup,hybrid]
-                  [--adaptive fixed,confidence,acceptance] [--draft-quant int4,none] [--identity] [--json F] [--html F]
-
-Exit status 0 only when every sampler came out as expected (speculative decoding and the target alone
-pass, every negative control fails) and, in float32, greedy output equals transformers' generate().
+The proof passes only when every sampler came out as expected (speculative decoding and the target alone pass,
+every negative control fails) and, in float32, greedy output equals transformers' generate().
 """
 
 from __future__ import annotations
 
 import html
 import json
-from dataclasses import asdict, replace
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 from specviz.engine import DecodeConfig
-from specviz.models import PairSpec
-from specviz.settings.limits import CLI_LIMITS
-from specviz.settings.options import add_options, several_values, values_of
-from specviz.runs.proof import ALPHA, ProofSettings
-from specviz.settings.spec import validate
-from specviz.runs.outputs import write_atomic
+from specviz.models.cut_head import draft_vocab_ids
+from specviz.models.draft import DraftQuant, with_cheaper_draft
+from specviz.runs.proof import ProofSettings, identity, prove, samplers
 
 PROMPT = "Write a haiku about the sea."
 IDENTITY_KS = (1, 2, 4, 8)
 
 
-def register(sub) -> None:
-    p = sub.add_parser("prove", help="test that speculative decoding samples exactly the target's distribution")
-    p.add_argument("--prompt", default=PROMPT)
-    p.add_argument("--identity", action="store_true",
-                   help="also check greedy output against transformers' generate(do_sample=False) for every "
-                        f"drafter x K in {','.join(map(str, IDENTITY_KS))} x adaptive mode")
-    p.add_argument("--identity-tokens", type=int, default=32, help="tokens per greedy identity run")
-    p.add_argument("--json", default=None, metavar="OUT.json", help="write the report as JSON")
-    p.add_argument("--html", default=None, metavar="OUT.html", help="write the report as one HTML page")
-    p.add_argument("--no-progress", action="store_true")
-    add_options(p.add_argument_group("models"), PairSpec, several=("draft_quant",))
-    add_options(p.add_argument_group("the test"), ProofSettings, CLI_LIMITS)
-    add_options(p.add_argument_group("decoding"), DecodeConfig, CLI_LIMITS, several=("drafter", "adaptive"))
-    p.set_defaults(func=cmd_prove, temperature=1.0)  # a distribution test samples
+@dataclass(frozen=True)
+class ProofPlan:
+    """What the proof runs on a loaded pair: each sampler setting (drafter x adaptive mode), the test's sizes, each
+    draft quantisation, and the greedy identity matrix (empty: not asked for)."""
+
+    configs: tuple[DecodeConfig, ...]
+    settings: ProofSettings
+    quants: tuple[str, ...] = ("none",)
+    identity: tuple[DecodeConfig, ...] = ()
+    draft_vocab: int = 0  # the cheaper draft's cut head (`PairSpec.draft_vocab`)
 
 
-def configs_of(args) -> tuple[list[DecodeConfig], ProofSettings]:
-    """Every drafter x adaptive mode asked for, each validated as a single run's settings are."""
-    values = values_of(args, DecodeConfig)
-    configs = [validate(DecodeConfig, {**values, "drafter": d, "adaptive": a}, CLI_LIMITS)
-               for d in several_values(values["drafter"]) for a in several_values(values["adaptive"])]
-    return configs, validate(ProofSettings, values_of(args, ProofSettings), CLI_LIMITS)
+def paths(base, plan: ProofPlan) -> int:
+    """Sampled paths and identity runs for one quantisation: a progress bar's share of it."""
+    def per_setting(calibrate: bool) -> int:
+        controls = len(samplers(base, plan.settings, calibrate)) - 1
+        return plan.settings.samples + plan.settings.control_samples * controls
+
+    return per_setting(True) + (len(plan.configs) - 1) * per_setting(False) + len(plan.identity)
 
 
-def cmd_prove(args) -> int:
-    from tqdm.auto import tqdm
+def quantised(base, quant: str, draft_vocab: int):
+    """The pair with its draft quantised as named (and its head cut as the spec asks); as loaded for "none"."""
+    if quant == "none" or base.draft is None:
+        return base
+    return with_cheaper_draft(base, DraftQuant.named(quant), vocab_ids=draft_vocab_ids(base, draft_vocab))
 
-    from specviz.bench.command import machine
-    from specviz.models import encode_prompt, load_spec
-    from specviz.models.draft import DraftQuant, with_cheaper_draft
-    from specviz.models.cut_head import draft_vocab_ids
-    from specviz.settings.errors import InputError
-    from specviz.runs.proof import identity, matrix, prove, samplers
 
-    configs, settings = configs_of(args)  # a bad flag fails here, before any model loads
-    if configs[0].sampling.greedy:
-        raise InputError("the distribution test needs sampling: --temperature above 0 (greedy: see --identity)")
-    quants = several_values(args.draft_quant)
-    spec = validate(PairSpec, {**values_of(args, PairSpec), "draft_quant": "none"})
-    for q in quants:
-        validate(PairSpec, {**values_of(args, PairSpec), "draft_quant": q})
-    base = load_spec(replace(spec, draft_vocab=0))  # a cut head is the cheaper draft's, made below
-    ids = encode_prompt(base.tokenizer, args.prompt)
-    report = {"meta": {"machine": machine(), "draft": base.draft_name, "target": base.target_name,
-                       "dtype": str(base.dtype).removeprefix("torch."), "device": str(base.device),
-                       "prompt": args.prompt, "prompt_tokens": len(ids), "alpha": ALPHA, **asdict(settings),
-                       "sampling": asdict(configs[0].sampling), "seed": configs[0].seed},
-              "runs": [], "identity": []}
-    identity_configs = matrix(replace(configs[0], sampling=replace(configs[0].sampling, temperature=0.0),
-                                      max_new_tokens=args.identity_tokens),
-                              several_values(args.drafter), several_values(args.adaptive), IDENTITY_KS
-                              ) if args.identity else []
-    def paths(calibrate):
-        return settings.samples + settings.control_samples * (len(samplers(base, settings, calibrate)) - 1)
+def verdicts(pair, ids: list[int], config: DecodeConfig, settings: ProofSettings, calibrate: bool,
+             tick: Callable[[int], None]) -> list[dict]:
+    """One setting's samplers scored; `tick(n)` after each n more paths."""
+    last = 0
+    for progress in prove(pair, ids, config, settings, calibrate=calibrate):
+        tick(progress.done - last)
+        last = progress.done
+    return [verdict_dict(v) for v in progress.verdicts]
 
-    total = paths(True) + (len(configs) - 1) * paths(False) + len(identity_configs)
-    with tqdm(total=len(quants) * total, desc="prove", unit="path", disable=args.no_progress) as bar:
-        for q in quants:
-            pair = base if q == "none" or base.draft is None else \
-                with_cheaper_draft(base, DraftQuant.named(q), vocab_ids=draft_vocab_ids(base, spec.draft_vocab))
-            for i, config in enumerate(configs):
-                last = 0
-                # the target alone and the draft alone run once per quantisation: no drafter changes their paths
-                for progress in prove(pair, ids, config, settings, calibrate=i == 0):
-                    bar.update(progress.done - last)
-                    last = progress.done
-                report["runs"].append({"draft_quant": q, "drafter": config.drafter, "adaptive": config.adaptive,
-                                       "k": config.k, "verdicts": [verdict_dict(v) for v in progress.verdicts]})
-            for row in identity(pair, ids, identity_configs):
-                report["identity"].append({"draft_quant": q, **asdict(row)})
-                bar.update(1)
-    report["all_as_expected"] = all(v["as_expected"] for r in report["runs"] for v in r["verdicts"])
-    report["identical"] = all(r["identical"] for r in report["identity"])
-    print(format_table(report))
-    if args.json:
-        write_atomic(args.json, json.dumps(report, indent=1, ensure_ascii=False))
-        print(f"wrote {args.json}")
-    if args.html:
-        write_atomic(args.html, report_html(report))
-        print(f"wrote {args.html}")
-    exact_identity = report["identical"] or report["meta"]["dtype"] != "float32"  # bf16: reported, explained
-    return 0 if report["all_as_expected"] and exact_identity else 1
+
+def prove_all(base, ids: list[int], plan: ProofPlan, tick: Callable[[int], None]) -> tuple[list[dict], list[dict]]:
+    """(runs, identity): every quantisation x setting's verdicts, and each quantisation's greedy identity rows."""
+    runs, rows = [], []
+    for q in plan.quants:
+        pair = quantised(base, q, plan.draft_vocab)
+        for i, config in enumerate(plan.configs):
+            # the target alone and the draft alone run once per quantisation: no drafter changes their paths
+            runs.append({"draft_quant": q, "drafter": config.drafter, "adaptive": config.adaptive, "k": config.k,
+                         "verdicts": verdicts(pair, ids, config, plan.settings, i == 0, tick)})
+        for row in identity(pair, ids, list(plan.identity)):
+            rows.append({"draft_quant": q, **asdict(row)})
+            tick(1)
+    return runs, rows
+
+
+def proof_report(meta: dict, runs: list[dict], rows: list[dict]) -> dict:
+    """The report: the run's account, every setting's verdicts, the greedy identity rows, and both summed up."""
+    return {"meta": meta, "runs": runs, "identity": rows,
+            "all_as_expected": all(v["as_expected"] for r in runs for v in r["verdicts"]),
+            "identical": all(r["identical"] for r in rows)}
+
+
+def passed(report: dict) -> bool:
+    """Every sampler as expected, and greedy identical to transformers in float32 (in bf16 a difference is reported
+    and explained, not failed)."""
+    return report["all_as_expected"] and (report["identical"] or report["meta"]["dtype"] != "float32")
 
 
 def verdict_dict(v) -> dict:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import numpy as np
 
@@ -164,93 +164,137 @@ def cost_record(cost: CostModel | None, stall: float | None = None) -> dict | No
             "baseline_check": baseline_check(cost)}
 
 
-def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: str, meta: dict | None = None,
-                 cost_stall: float | None = None, untuned_cost: CostModel | None = None, anchors: dict | None = None,
-                 llamacpp: dict | None = None) -> dict:
-    results, chosen = bench.reported, bench.chosen
-    greedy = chosen.sampling.greedy
-    spec = f"spec {setting_name(chosen)}"
+@dataclass(frozen=True)
+class Beside:
+    """What a bench measured beside its runs, each reported as it is: the cost curve's CPU stall, the same curve on
+    the kernels as loaded, the bandwidth anchors (`bandwidth.anchors`) and llama.cpp on the same files."""
+
+    cost_stall: float | None = None
+    untuned_cost: CostModel | None = None
+    anchors: dict | None = None
+    llamacpp: dict | None = None
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """The reported prompts and the lanes a report compares: the chosen setting, the fastest target alone, and
+    transformers' assisted generation with specviz's draft (or prompt lookup) and with the draft as loaded."""
+
+    results: Sequence[PromptResult]
+    methods: list[str]  # every method run on them, in the order stored
+    spec: str  # the chosen setting's method
+    base: str  # the fastest target alone: the baseline every speedup is over
+    same: str | None  # the fastest of transformers' with specviz's draft (or its prompt lookup)
+    other: str | None  # the fastest of transformers' with the draft as loaded
+
+
+def lanes_of(bench: Bench) -> Lanes:
+    results = bench.reported
     methods = list(results[0].reps[0])
-    base = best_of(results, [m for m in BASELINE_NAMES if m in methods])  # the fastest target alone
-    base_tps = rate(results, base)
-    same = best_of(results, [m for m in methods if m.startswith(("hf same ", "hf lookup "))])
-    other = best_of(results, [m for m in methods if m.startswith("hf loaded ")])
-    by_method = {m: {"tokens_per_s": _round(rate(results, m)), "speedup": _round(ratio(rate(results, m), base_tps)),
-                     "speedup_ci95": speedup_ci95(results, m, base) if m != base else None,
-                     "identical_fraction": _round(sum(rep[m].tokens == rep[AR].tokens for r in results
-                                                      for rep in r.reps) / sum(len(r.reps) for r in results))
-                     if greedy else None,
-                     "acceptance_rate": _round(pooled_spec(results, m).acceptance_rate) if m.startswith("spec ")
-                     else None}
-                 for m in methods}
-    record = setting_record(results, spec, cost)
-    speedup = ratio(rate(results, spec), base_tps)
-    # where a wider forward of the AR lane's own target cost less than its one-token step, that lane was not on
-    # its fastest one-token path: the speedup over it is scaled by the cheapest T(n)/T1 (as if it had run one
-    # token padded to n rows), never reported inflated
+    return Lanes(results, methods, f"spec {setting_name(bench.chosen)}",
+                 best_of(results, [m for m in BASELINE_NAMES if m in methods]),
+                 best_of(results, [m for m in methods if m.startswith(("hf same ", "hf lookup "))]),
+                 best_of(results, [m for m in methods if m.startswith("hf loaded ")]))
+
+
+def method_record(lanes: Lanes, m: str, greedy: bool) -> dict:
+    """One method over the reported prompts: its rate, its speedup over the baseline with its interval, how often
+    it made the AR lane's very tokens (greedy), and its acceptance (a speculative method)."""
+    results, base = lanes.results, lanes.base
+    return {"tokens_per_s": _round(rate(results, m)), "speedup": _round(ratio(rate(results, m), rate(results, base))),
+            "speedup_ci95": speedup_ci95(results, m, base) if m != base else None,
+            "identical_fraction": _round(sum(rep[m].tokens == rep[AR].tokens for r in results for rep in r.reps)
+                                         / sum(len(r.reps) for r in results)) if greedy else None,
+            "acceptance_rate": _round(pooled_spec(results, m).acceptance_rate) if m.startswith("spec ") else None}
+
+
+def speedups(lanes: Lanes, ci: list[float] | None, cost: CostModel | None) -> dict:
+    """The chosen setting's speedup over the target alone with its interval `ci`, by kind, its decode alone, and
+    against transformers. Where a wider forward of the AR lane's own target cost less than its one-token step, that
+    lane was not on its fastest one-token path: the speedup over it is scaled by the cheapest T(n)/T1 (as if it had
+    run one token padded to n rows), never reported inflated."""
+    results, spec, base = lanes.results, lanes.spec, lanes.base
+    speedup = ratio(rate(results, spec), rate(results, base))
     check = baseline_check(cost) if cost else None
     deflate = check["min_ratio"] if check and not check["ok"] and base == AR else 1.0
-    alpha = record["per_position_acceptance"]
-    curve = {k: _round(predicted_speedup(alpha, cost, k)) for k in PREDICT_KS} if cost and alpha else {}
-    tuned = bench.tuning or results  # without a grid, the one setting's numbers come from the reported prompts
-    settings = {setting_name(c): setting_record(tuned, f"spec {setting_name(c)}", cost)
-                for c in bench.settings + bench.trees}
 
     def vs(hf_method):
         return (_round(ratio(rate(results, spec), rate(results, hf_method))),
                 speedup_ci95(results, spec, hf_method)) if hf_method else (None, None)
 
-    vs_hf, vs_hf_ci = vs(same)
-    vs_other, vs_other_ci = vs(other)
-    summary = {
-        "speedup": _round(speedup * deflate),
-        "speedup_ci95": [_round(x * deflate) for x in by_method[spec]["speedup_ci95"]]
-        if by_method[spec]["speedup_ci95"] else None,
+    (vs_hf, vs_hf_ci), (vs_other, vs_other_ci) = vs(lanes.same), vs(lanes.other)
+    return {
+        "speedup": _round(speedup * deflate), "speedup_ci95": [_round(x * deflate) for x in ci] if ci else None,
         "speedup_as_measured": _round(speedup), "baseline_check_ok": check["ok"] if check else None,
         "speedup_by_kind": {kind: _round(ratio(rate(rs, spec), rate(rs, base))) for kind, rs in by_kind(results).items()},
         "decode_speedup": _round(ratio(decode_rate(runs_of(results, spec)), decode_rate(runs_of(results, AR)))),
         "vs_hf": vs_hf, "vs_hf_ci95": vs_hf_ci, "vs_hf_other_draft": vs_other, "vs_hf_other_draft_ci95": vs_other_ci,
+    }
+
+
+def summary_record(bench: Bench, lanes: Lanes, by_method: dict, record: dict, cost: CostModel | None, device: str,
+                   dtype: str) -> dict:
+    """The report's summary: the chosen setting against every baseline, how it was chosen, and how calm it ran."""
+    results, chosen, spec = lanes.results, bench.chosen, lanes.spec
+    alpha, predicted = record["per_position_acceptance"], record["predicted_speedup"]
+    kept = [*bench.tuning, *results]
+    return {
+        **speedups(lanes, by_method[spec]["speedup_ci95"], cost),
         "acceptance_rate": record["acceptance_rate"], "identical_fraction": by_method[spec]["identical_fraction"],
-        "predicted_speedup": record["predicted_speedup"],
-        "efficiency": _round(ratio(speedup, record["predicted_speedup"])) if record["predicted_speedup"] else None,
+        "predicted_speedup": predicted,
+        "efficiency": _round(ratio(ratio(rate(results, spec), rate(results, lanes.base)), predicted))
+        if predicted else None,
         "event_overhead": record["event_overhead"], "device": device, "dtype": dtype,
         # extras beyond the issue's keys
         "setting": setting_name(chosen), "k": chosen.k, "adaptive": chosen.adaptive,
         "confidence": chosen.cut or None,
-        "baseline": BASELINE_NAMES[base], "ar_tokens_per_s": _round(rate(results, AR)),
-        "ar_hf_tokens_per_s": _round(rate(results, AR_HF)) if AR_HF in methods else None,
+        "baseline": BASELINE_NAMES[lanes.base], "ar_tokens_per_s": _round(rate(results, AR)),
+        "ar_hf_tokens_per_s": _round(rate(results, AR_HF)) if AR_HF in lanes.methods else None,
         "spec_tokens_per_s": _round(rate(results, spec)),
-        "hf_same_draft_setting": same, "hf_other_draft_setting": other,
-        "best_k_predicted": best_k(alpha, cost, PREDICT_KS) if curve else None,
+        "hf_same_draft_setting": lanes.same, "hf_other_draft_setting": lanes.other,
+        "best_k_predicted": best_k(alpha, cost, PREDICT_KS) if cost and alpha else None,
         "tuned_on": [r.prompt.id for r in bench.tuning], "reported_on": [r.prompt.id for r in results],
         "reps": len(results[0].reps),
         # CPU contention from other processes (see bench/noise.py): the worst call kept, and re-measurements
-        "max_cpu_stall": _round(max((r.max_stall for r in [*bench.tuning, *results]), default=0.0)),
-        "remeasured": sum(r.attempts - len(r.reps) for r in [*bench.tuning, *results]),
+        "max_cpu_stall": _round(max((r.max_stall for r in kept), default=0.0)),
+        "remeasured": sum(r.attempts - len(r.reps) for r in kept),
         # graphs torch compiled (or CUDA graphs skipped) inside the calls kept: 0, or the numbers are not a speed
-        "compiles_in_timed_runs": sum(x.compiles for r in [*bench.tuning, *results] for rep in r.reps
-                                      for x in rep.values()),
+        "compiles_in_timed_runs": sum(x.compiles for r in kept for rep in r.reps for x in rep.values()),
     }
+
+
+def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: str, meta: dict | None = None,
+                 beside: Beside = Beside()) -> dict:
+    """The whole report of a bench (`cost`: the cost model measured after the runs; None: no prediction)."""
+    lanes = lanes_of(bench)
+    results, chosen, spec = lanes.results, bench.chosen, lanes.spec
+    by_method = {m: method_record(lanes, m, chosen.sampling.greedy) for m in lanes.methods}
+    record = setting_record(results, spec, cost)
+    alpha = record["per_position_acceptance"]
+    curve = {k: _round(predicted_speedup(alpha, cost, k)) for k in PREDICT_KS} if cost and alpha else {}
+    tuned = bench.tuning or results  # without a grid, the one setting's numbers come from the reported prompts
+    settings = {setting_name(c): setting_record(tuned, f"spec {setting_name(c)}", cost)
+                for c in bench.settings + bench.trees}
+    kinds = by_kind(results)
     return {
-        "summary": summary,
-        "runs": [run_record(r, i, spec, base, greedy, cost) for r in results for i in range(len(r.reps))],
+        "summary": summary_record(bench, lanes, by_method, record, cost, device, dtype),
+        "runs": [run_record(r, i, spec, lanes.base, chosen.sampling.greedy, cost)
+                 for r in results for i in range(len(r.reps))],
         "methods": by_method,
         "settings": settings,
         "chosen": record,
-        "acceptance_by_kind": {kind: _round(pooled_spec(rs, spec).acceptance_rate)
-                               for kind, rs in by_kind(results).items()},
+        "acceptance_by_kind": {kind: _round(pooled_spec(rs, spec).acceptance_rate) for kind, rs in kinds.items()},
         # what acceptance should be: the mean β = Σ min(p, q) of the tested drafts, beside the realised rate of the
         # same drafts (accepted / tested)
-        "expected_acceptance_by_kind": {kind: expected_vs_realised(rounds_of(rs, spec))
-                                        for kind, rs in by_kind(results).items()},
-        "costs": cost_record(cost, cost_stall),
+        "expected_acceptance_by_kind": {kind: expected_vs_realised(rounds_of(rs, spec)) for kind, rs in kinds.items()},
+        "costs": cost_record(cost, beside.cost_stall),
         # fitted on the tuning prompts' rounds (or every other reported prompt, without a grid), judged on the rest
         "acceptance_model": calibration(*([rounds_of(bench.tuning, spec), rounds_of(results, spec)] if bench.tuning
                                           else [rounds_of(results[::2], spec), rounds_of(results[1::2], spec)])),
-        "tree": tree_record(bench, results, spec, base) if bench.chosen_tree else None,
-        "untuned": untuned_record(bench, results, untuned_cost) if spec + UNTUNED in methods else None,
-        "anchors": anchors,
-        "llamacpp": llamacpp,
+        "tree": tree_record(bench, results, spec, lanes.base) if bench.chosen_tree else None,
+        "untuned": untuned_record(bench, results, beside.untuned_cost) if spec + UNTUNED in lanes.methods else None,
+        "anchors": beside.anchors,
+        "llamacpp": beside.llamacpp,
         "predicted_by_k": {str(k): v for k, v in curve.items()},
         "config": {"settings": list(settings), "max_new_tokens": chosen.max_new_tokens,
                    "sampling": asdict(chosen.sampling), "seed": chosen.seed, "drafter": chosen.drafter,

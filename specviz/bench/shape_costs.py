@@ -1,7 +1,5 @@
-"""`specviz costs`: what one round costs on this device, eager and compiled, for any pair (synthetic shapes too).
-
-    specviz costs --draft synthetic:qwen2.5-0.5b --target synthetic:qwen2.5-7b --device cuda --dtype bfloat16 \\
-                  [--step eager,compiled] [--max-verify 32] [--forced-k 4,8] [--json OUT]
+"""What one round costs on this device, eager and compiled, for any pair (synthetic shapes too), as `specviz costs`
+measures and prints it (the command is `specviz.commands.costs`).
 
 Random weights make acceptance meaningless, so this reports costs, not speedups: the target's step T1 and its
 verify curve T(n)/T1, the draft's step and c = draft / T1, each step against the memory-bandwidth bound, the
@@ -11,32 +9,32 @@ cost model's speedup at acceptance 0.6, 0.7 and 0.8 with its best K, and the rea
 
 from __future__ import annotations
 
-import json
-import sys
-from dataclasses import asdict, replace
-from datetime import datetime, timezone
-
-from specviz.models import PairSpec
-from specviz.settings.options import add_options, several_values, values_of
-from specviz.settings.spec import validate
-from specviz.runs.outputs import write_atomic
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
 
 ALPHAS = (0.6, 0.7, 0.8)
 
 
-def register(sub) -> None:
-    p = sub.add_parser("costs", help="what a round costs here, eager and compiled: T1, the verify curve, the "
-                                     "draft's step and c, the predicted speedups, the loop at full acceptance")
-    p.add_argument("--max-verify", type=int, default=32, metavar="N", help="the verify curve T(n) for n = 1..N")
-    p.add_argument("--forced-k", default="4,8", metavar="KS",
-                   help="run the round loop at full acceptance at these K (comma-separated; empty: none)")
-    p.add_argument("--forced-tokens", type=int, default=128, help="new tokens per full-acceptance run")
-    p.add_argument("--prompt-tokens", type=int, default=128, help="the context every step is measured at")
-    p.add_argument("--reps", type=int, default=9, help="timed repetitions per size (the median is kept)")
-    p.add_argument("--json", default=None, metavar="OUT.json", help="write the report as JSON")
-    add_options(p.add_argument_group("models"), PairSpec, several=("step",), defaults={
-        "step": "eager,compiled", "draft": "synthetic:qwen2.5-0.5b", "target": "synthetic:qwen2.5-7b"})
-    p.set_defaults(func=cmd_costs)
+@dataclass(frozen=True)
+class CostSettings:
+    """What each step mode is measured at: the verify curve T(n) for n = 1..max_verify, the timed repetitions per
+    size (the median is kept), and the round loop at full acceptance at each K, `forced_tokens` new tokens a run,
+    all from a context of `prompt_tokens`."""
+
+    max_verify: int = 32
+    reps: int = 9
+    forced_ks: tuple[int, ...] = (4, 8)
+    forced_tokens: int = 128
+    prompt_tokens: int = 128
+
+    def cache_sizes(self) -> tuple[int, ...]:
+        """The one static cache size the runs here use (the prompt, a full-acceptance run and a round past it): each
+        size more is more graphs compiled, which a lent GPU's minutes can't spare."""
+        from specviz.models.compiled import VERIFY_WIDTHS
+        from specviz.models.static_cache import SIZES
+
+        longest = self.prompt_tokens + self.forced_tokens + 2 * (max(self.forced_ks, default=0) + 1) + VERIFY_WIDTHS[-1]
+        return (next((size for size in SIZES if size >= longest), SIZES[-1]),)
 
 
 def predictions(cost, alphas=ALPHAS) -> list[dict]:
@@ -59,7 +57,7 @@ def cost_of(step: dict):
                      tuple(t / 1e3 for t in step["verify_ms"]))
 
 
-def step_report(pair, prompt: list[int], args, bandwidth: float) -> dict:
+def step_report(pair, prompt: list[int], settings: CostSettings, bandwidth: float) -> dict:
     """One step mode's costs, predictions and full-acceptance runs."""
     from specviz.bench.bandwidth import step_bound
     from specviz.bench.costs import measure_costs_once
@@ -72,8 +70,8 @@ def step_report(pair, prompt: list[int], args, bandwidth: float) -> dict:
                  if hasattr(m, "compile_s")}
     warm_sizes(pair.target, sets=2)  # every cache size and buffer set the loops use, compiled before any timing
     warm_sizes(pair.draft)
-    cost = measure_costs_once(pair, prompt, args.max_verify, args.reps)
-    forced = [forced_run(pair, prompt, k, args.forced_tokens, cost) for k in map(int, several_values(args.forced_k))]
+    cost = measure_costs_once(pair, prompt, settings.max_verify, settings.reps)
+    forced = [forced_run(pair, prompt, k, settings.forced_tokens, cost) for k in settings.forced_ks]
     return {
         "draft": pair.draft_name, "target": pair.target_name, "compile_s": compile_s,
         # to 0.1 µs: a small model's step is a fraction of a millisecond, and c and T(n)/T1 are read back from these
@@ -103,59 +101,19 @@ def forced_summary(f) -> dict:
             "event_ms_per_round": per_round(f.event_s), "overhead_ms_per_round": round(f.overhead_ms_per_round, 3)}
 
 
-def cmd_costs(args) -> int:
-    import torch
-
-    from specviz.bench.bandwidth import triad_bandwidth
-    from specviz.bench.command import machine
-    from specviz.models.loading import load_pair, with_speedups
-    from specviz.models.memory import weights_bytes
-    from specviz.models.compiled import VERIFY_WIDTHS
-    from specviz.models.static_cache import SIZES
+def measure_mode(loaded, eager, spec, prompt: list[int], settings: CostSettings, bandwidth: float,
+                 status: Callable[[str], None]) -> dict:
+    """One step mode's report (`spec.step`: eager, or compiled from `loaded` beside the `eager` pair); a mode that
+    fails (a compile error) is its error in one line, and the next mode still runs."""
     from specviz.models.steps import failure, with_steps
-    from specviz.models.synthetic import prompt_ids
 
-    steps = several_values(args.step)
-    spec = validate(PairSpec, {**values_of(args, PairSpec), "step": "eager"})
-    for s in steps:
-        validate(PairSpec, {**values_of(args, PairSpec), "step": s})  # each mode named is a valid one
-    if spec.draft is None or args.max_verify < 2:
-        print("specviz costs: needs a draft model and --max-verify of at least 2.", file=sys.stderr)
-        return 2
-    status = lambda s: print(s, file=sys.stderr)  # noqa: E731
-    loaded = load_pair(spec.draft, spec.target, device=spec.device, dtype=spec.dtype, device_map=spec.device_map,
-                       trust_remote_code=spec.trust_remote_code, status=status)
-    eager = with_speedups(loaded, spec, status)
-    prompt = prompt_ids(args.prompt_tokens, min(len(loaded.tokenizer), loaded.vocab_size))
-    bandwidth = triad_bandwidth(device=loaded.device)
-    estimate = weights_bytes(replace(spec, kernels="plain"))  # the weights as loaded, before any speed-up
-    report = {"meta": {"machine": machine(), "device": str(loaded.device),
-                       "dtype": str(loaded.dtype).removeprefix("torch."),
-                       "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
-                       "args": {k: v for k, v in vars(args).items() if k != "func"},
-                       "weights_estimate_bytes": estimate[0] if estimate else None},
-              "bandwidth_gb_s": round(bandwidth / 1e9, 2), "steps": {}}
-    # the one static cache size the runs here use (the prompt, a full-acceptance run and a round past it): each
-    # size more is more graphs compiled, which a lent GPU's minutes can't spare
-    k = max(map(int, several_values(args.forced_k)), default=0)
-    longest = args.prompt_tokens + args.forced_tokens + 2 * (k + 1) + VERIFY_WIDTHS[-1]
-    sizes = (next((size for size in SIZES if size >= longest), SIZES[-1]),)
-    for s in steps:  # the JSON written after each mode: a call cut off at its limit keeps what was measured
-        try:
-            pair = eager if s == "eager" else with_steps(loaded, eager, replace(spec, step=s), status, sizes=sizes)
-            status(f"Measuring the {s} steps of {pair.draft_name} → {pair.target_name}…")
-            report["steps"][s] = step_report(pair, prompt, args, bandwidth)
-        except Exception as e:  # noqa: BLE001 - a failing mode is recorded, and the next one still runs
-            status(f"The {s} steps failed: {failure(e)}")
-            report["steps"][s] = {"error": failure(e)}
-        if loaded.device.type == "cuda":
-            report["meta"]["max_memory_allocated_bytes"] = torch.cuda.max_memory_allocated(loaded.device)
-        if args.json:
-            write_atomic(args.json, json.dumps(report, indent=1, ensure_ascii=False))
-    print(format_costs(report))
-    if args.json:
-        print(f"wrote {args.json}")
-    return 0 if not any("error" in r for r in report["steps"].values()) else 1
+    try:
+        pair = eager if spec.step == "eager" else with_steps(loaded, eager, spec, status, sizes=settings.cache_sizes())
+        status(f"Measuring the {spec.step} steps of {pair.draft_name} → {pair.target_name}…")
+        return step_report(pair, prompt, settings, bandwidth)
+    except Exception as e:  # noqa: BLE001 - a failing mode is recorded, and the next one still runs
+        status(f"The {spec.step} steps failed: {failure(e)}")
+        return {"error": failure(e)}
 
 
 def format_costs(report: dict) -> str:
@@ -199,12 +157,3 @@ def format_costs(report: dict) -> str:
             f"torch {meta['machine']['torch']}; bandwidth (triad) {report['bandwidth_gb_s']} GB/s")
     lines = [head] + [label.ljust(width) + "".join(v.rjust(22) for v in values) for label, values in rows]
     return "\n".join(lines + failed)
-
-
-if __name__ == "__main__":  # `python -m specviz.bench.shape_costs costs ...`: where the app's packages are missing
-    import argparse
-
-    parser = argparse.ArgumentParser(prog="specviz")
-    register(parser.add_subparsers(dest="command", required=True))
-    parsed = parser.parse_args()
-    sys.exit(parsed.func(parsed))

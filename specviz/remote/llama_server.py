@@ -83,15 +83,36 @@ def draft_flags(help_text: str, k: int, p_min: float) -> list[str]:
     return [*f["type"], f["n_max"], str(k), *([f["p_min"], f"{p_min:g}"] if f["p_min"] else [])]
 
 
-def commands(binary: Path, target: Path, draft: Path, port: int, k: int, p_min: float, threads: int, ctx: int,
-             help_text: str, draft_alone: bool = False) -> list[list[str]]:
+@dataclass(frozen=True)
+class LlamaSettings:
+    """How the servers run: the first one's port, the drafting server's K and p_min, each server's threads and
+    context, and whether the draft alone is served too."""
+
+    port: int = 8081  # the target alone; the target with its draft on port + 1, the draft alone on port + 2
+    k: int = 8  # the most tokens drafted per round
+    p_min: float = 0.0  # stop drafting below this draft probability (0: draft all K)
+    threads: int | None = None  # per server (None: all cores)
+    ctx: int = 4096  # context size per server
+    draft_alone: bool = False
+
+    @property
+    def ports(self) -> list[int]:
+        return [self.port + i for i in range(3 if self.draft_alone else 2)]
+
+
+def commands(binary: Path, target: Path, draft: Path, settings: LlamaSettings, help_text: str) -> list[list[str]]:
     """[target alone on `port`, target with its draft on `port + 1`, (the draft alone on `port + 2`)]."""
+    threads = settings.threads or os.cpu_count() or 1
+
     def server(model: Path, at: int) -> list[str]:
         return [str(binary), "-m", str(model), "--host", HOST, "--port", str(at), "--metrics", "-np", "1",
-                "-c", str(ctx), "-t", str(threads), *(["--no-webui"] if has_flag(help_text, "--no-webui") else [])]
+                "-c", str(settings.ctx), "-t", str(threads),
+                *(["--no-webui"] if has_flag(help_text, "--no-webui") else [])]
 
-    return [server(target, port), [*server(target, port + 1), "-md", str(draft), *draft_flags(help_text, k, p_min)],
-            *([server(draft, port + 2)] if draft_alone else [])]
+    port = settings.port
+    return [server(target, port),
+            [*server(target, port + 1), "-md", str(draft), *draft_flags(help_text, settings.k, settings.p_min)],
+            *([server(draft, port + 2)] if settings.draft_alone else [])]
 
 
 def port_free(port: int) -> None:
@@ -152,20 +173,20 @@ class LlamaServers:
 
 
 @contextmanager
-def llama_servers(build: str | Path | None = None, port: int = 8081, k: int = 8, p_min: float = 0.0,
-                  threads: int | None = None, ctx: int = 4096, target: Path | None = None, draft: Path | None = None,
-                  wait_s: float = 600.0, log_dir: Path | None = None,
-                  draft_alone: bool = False) -> Iterator[LlamaServers]:
-    """Start the servers, wait until each answers /health, yield their URLs; stop them all on exit."""
+def llama_servers(settings: LlamaSettings = LlamaSettings(), build: str | Path | None = None,
+                  target: Path | None = None, draft: Path | None = None, wait_s: float = 600.0,
+                  log_dir: Path | None = None) -> Iterator[LlamaServers]:
+    """Start the servers, wait until each answers /health, yield their URLs; stop them all on exit. `target` and
+    `draft` default to the embedded pair's GGUF files, `build` to the build folder in the cache."""
     binary = server_binary(build)
     if target is None or draft is None:
         target, draft = embedded_ggufs()
-    ports = [port + i for i in range(3 if draft_alone else 2)]
+    ports = settings.ports
     for p in ports:
         port_free(p)
     help_text = subprocess.run([str(binary), "--help"], capture_output=True, text=True, errors="replace",
                                timeout=60).stdout
-    cmds = commands(binary, target, draft, port, k, p_min, threads or os.cpu_count() or 1, ctx, help_text, draft_alone)
+    cmds = commands(binary, target, draft, settings, help_text)
     with ExitStack() as stack:
         folder = Path(log_dir) if log_dir else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="llama-")))
         logs = tuple(folder / f"llama-server-{p}.log" for p in ports)
@@ -174,4 +195,5 @@ def llama_servers(build: str | Path | None = None, port: int = 8081, k: int = 8,
         deadline = time.monotonic() + wait_s
         for url, proc, log in zip(urls, procs, logs):
             wait_healthy(url, proc, log, deadline)
-        yield LlamaServers(urls[0], urls[1], urls[2] if draft_alone else None, tuple(map(shlex.join, cmds)), logs)
+        yield LlamaServers(urls[0], urls[1], urls[2] if settings.draft_alone else None, tuple(map(shlex.join, cmds)),
+                           logs)

@@ -71,18 +71,36 @@ def environment(python: Path, threads: int, kv_gb: float) -> dict[str, str]:
     return env
 
 
-def commands(python: Path, target: Path, draft: Path, port: int, k: int, max_len: int, eager: bool,
-             draft_alone: bool = False) -> list[list[str]]:
+@dataclass(frozen=True)
+class VllmSettings:
+    """How the servers run: the first one's port, the drafting server's K, each server's context, compile mode,
+    threads and KV cache, and whether the draft alone is served too."""
+
+    port: int = 8091  # the target alone; the target with its draft on port + 1, the draft alone on port + 2
+    k: int = 4  # tokens drafted per round
+    max_len: int = 2048  # context size per server
+    eager: bool = False  # --enforce-eager: no torch.compile at start (starts sooner, decodes slower)
+    threads: int | None = None  # OpenMP threads per server (None: all cores)
+    kv_gb: float = 1.0  # the KV cache per server
+    draft_alone: bool = False
+
+    @property
+    def ports(self) -> list[int]:
+        return [self.port + i for i in range(3 if self.draft_alone else 2)]
+
+
+def commands(python: Path, target: Path, draft: Path, settings: VllmSettings) -> list[list[str]]:
     """[target alone on `port`, target with its draft on `port + 1`, (the draft alone on `port + 2`)]."""
     def server(model: Path, at: int) -> list[str]:
         return [str(python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(model), "--host", HOST,
-                "--port", str(at), "--dtype", "bfloat16", "--max-model-len", str(max_len), "--max-num-seqs", "1",
-                *(["--enforce-eager"] if eager else [])]
+                "--port", str(at), "--dtype", "bfloat16", "--max-model-len", str(settings.max_len),
+                "--max-num-seqs", "1", *(["--enforce-eager"] if settings.eager else [])]
 
-    spec = json.dumps({"method": "draft_model", "model": str(draft), "num_speculative_tokens": k})
+    port = settings.port
+    spec = json.dumps({"method": "draft_model", "model": str(draft), "num_speculative_tokens": settings.k})
     return [server(target, port), [*server(target, port + 1), "--speculative-config", spec,
                                    "--per-request-spec-decode-metrics", "summary"],
-            *([server(draft, port + 2)] if draft_alone else [])]
+            *([server(draft, port + 2)] if settings.draft_alone else [])]
 
 
 def check_memory(servers: int, available: float | None = None) -> None:
@@ -108,20 +126,18 @@ class VllmServers:
 
 
 @contextmanager
-def vllm_servers(python: str | Path | None = None, port: int = 8091, k: int = 4, max_len: int = 2048,
-                 eager: bool = False, threads: int | None = None, kv_gb: float = 1.0, wait_s: float = 900.0,
-                 log_dir: Path | None = None, draft_alone: bool = False,
-                 progress=lambda line: None) -> Iterator[VllmServers]:
+def vllm_servers(settings: VllmSettings = VllmSettings(), python: str | Path | None = None, wait_s: float = 900.0,
+                 log_dir: Path | None = None, progress=lambda line: None) -> Iterator[VllmServers]:
     """Start the servers one after another (two compiling at once on 2 cores would double both waits), wait until
-    each answers /health, yield their URLs; stop them all on exit."""
+    each answers /health, yield their URLs; stop them all on exit. `python` defaults to the venv in the cache."""
     binary = vllm_python(python)
-    ports = [port + i for i in range(3 if draft_alone else 2)]
+    ports = settings.ports
     for p in ports:
         port_free(p)
     check_memory(len(ports))
     target, draft = embedded_folders()
-    cmds = commands(binary, target, draft, port, k, max_len, eager, draft_alone)
-    env = environment(binary, threads or os.cpu_count() or 1, kv_gb)
+    cmds = commands(binary, target, draft, settings)
+    env = environment(binary, settings.threads or os.cpu_count() or 1, settings.kv_gb)
     with ExitStack() as stack:
         folder = Path(log_dir) if log_dir else Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="vllm-")))
         logs = tuple(folder / f"vllm-{p}.log" for p in ports)
@@ -134,5 +150,5 @@ def vllm_servers(python: str | Path | None = None, port: int = 8091, k: int = 4,
             wait_healthy(url, proc, log, t0 + wait_s, name="vLLM")
             ready.append(time.monotonic() - t0)
             progress(f"{url} ready in {ready[-1]:.0f} s")
-        yield VllmServers(urls[0], urls[1], urls[2] if draft_alone else None, tuple(map(shlex.join, cmds)), logs,
-                          tuple(ready))
+        yield VllmServers(urls[0], urls[1], urls[2] if settings.draft_alone else None, tuple(map(shlex.join, cmds)),
+                          logs, tuple(ready))

@@ -21,20 +21,20 @@ from importlib import resources
 
 from specviz.engine.config import DecodeConfig
 from specviz.remote.engine import KINDS, connect
-from specviz.remote.policy import EngineError, EnginePolicy
+from specviz.remote.machine import run_meta
+from specviz.remote.policy import EnginePolicy
 from specviz.remote.race import DRAFT, PLAIN, SPEC, Prompt, iter_race
 from specviz.remote.transport import make_client
+from specviz.runs.outputs import write_atomic
 from specviz.settings.errors import InputError
 from specviz.settings.limits import CLI_LIMITS
-from specviz.remote.machine import run_meta
 from specviz.settings.options import add_options, options_of, values_of
 from specviz.settings.spec import validate
-from specviz.runs.outputs import write_atomic
 
 DECODING = ("max_new_tokens", "temperature", "top_k", "top_p", "seed")  # what an engine takes of DecodeConfig
 
 
-def add_engines_parser(subparsers) -> None:
+def register(subparsers) -> None:
     p = subparsers.add_parser("engines", help="race llama.cpp, vLLM or SGLang with and without speculation")
     sub = p.add_subparsers(dest="engines_command", required=True)
 
@@ -60,6 +60,7 @@ def add_engines_parser(subparsers) -> None:
     r.add_argument("--html", metavar="FILE", help="the report as one self-contained page (plotly inline)")
     add_options(r.add_argument_group("decoding (sent to every engine)"), DecodeConfig, CLI_LIMITS,
                 skip=tuple(s.name for s, _, _ in options_of(DecodeConfig) if s.name not in DECODING))
+    r.set_defaults(speaks_as="specviz engines race")  # its errors name it: `cli.fault`
 
     s = sub.add_parser("llamacpp", help="start llama-server twice on the embedded pair: the target alone on "
                                         "--port, the target with its draft on --port + 1")
@@ -74,6 +75,7 @@ def add_engines_parser(subparsers) -> None:
     s.add_argument("--ctx", type=int, default=4096, help="context size per server")
     s.add_argument("--with-draft-alone", action="store_true",
                    help="also serve the draft alone on --port + 2: a race lane that measures the draft's cost c")
+    s.set_defaults(speaks_as="specviz engines llamacpp")
     v = sub.add_parser("vllm", help="start vLLM (its CPU build) twice on the embedded pair: the target alone on "
                                     "--port, the target with its draft on --port + 1")
     v.add_argument("--port", type=int, default=8091)
@@ -87,7 +89,9 @@ def add_engines_parser(subparsers) -> None:
     v.add_argument("--with-draft-alone", action="store_true",
                    help="also serve the draft alone on --port + 2: a race lane that measures the draft's cost c")
     v.add_argument("--log-dir", metavar="DIR", help="keep the servers' logs here (default: a temporary folder)")
-    p.set_defaults(func=run)
+    v.set_defaults(speaks_as="specviz engines vllm")
+    p.set_defaults(func=run)  # one function for the three: a command's func is its parser's, not its subparsers'
+
 
 
 def shipped_prompts() -> tuple[bytes, str]:
@@ -175,15 +179,16 @@ def serve_until_stopped(name: str, servers, k: int) -> int:
 
 
 def cmd_llamacpp(args) -> int:
-    from specviz.remote.llama_server import llama_servers
+    from specviz.remote.llama_server import LlamaSettings, llama_servers
 
     # SIGTERM (kill, a service manager) stops as Ctrl-C does: through the context manager, which stops the
     # servers; they run in their own sessions, so nothing else would
     signal.signal(signal.SIGTERM, interrupted)
     print("specviz engines llamacpp: starting llama-server twice on the embedded pair…", file=sys.stderr)
     try:
-        with llama_servers(args.build, args.port, args.k, args.p_min, args.threads, args.ctx,
-                           draft_alone=args.with_draft_alone) as servers:
+        settings = LlamaSettings(port=args.port, k=args.k, p_min=args.p_min, threads=args.threads, ctx=args.ctx,
+                                 draft_alone=args.with_draft_alone)
+        with llama_servers(settings, args.build) as servers:
             return serve_until_stopped("llamacpp", servers, args.k)
     except KeyboardInterrupt:  # (while they started)
         print("specviz engines llamacpp: stopped.", file=sys.stderr)
@@ -191,15 +196,16 @@ def cmd_llamacpp(args) -> int:
 
 
 def cmd_vllm(args) -> int:
-    from specviz.remote.vllm_server import vllm_servers
+    from specviz.remote.vllm_server import VllmSettings, vllm_servers
 
     signal.signal(signal.SIGTERM, interrupted)  # as for llama.cpp
     print("specviz engines vllm: starting vLLM on the embedded pair (a few minutes each: it compiles at start)…",
           file=sys.stderr)
     say = lambda line: print(f"specviz engines vllm: {line}", file=sys.stderr, flush=True)  # noqa: E731
     try:
-        with vllm_servers(args.python, args.port, args.k, args.max_model_len, args.eager, args.threads,
-                          log_dir=args.log_dir, draft_alone=args.with_draft_alone, progress=say) as servers:
+        settings = VllmSettings(port=args.port, k=args.k, max_len=args.max_model_len, eager=args.eager,
+                                threads=args.threads, draft_alone=args.with_draft_alone)
+        with vllm_servers(settings, args.python, log_dir=args.log_dir, progress=say) as servers:
             return serve_until_stopped("vllm", servers, args.k)
     except KeyboardInterrupt:
         print("specviz engines vllm: stopped.", file=sys.stderr)
@@ -207,12 +213,5 @@ def cmd_vllm(args) -> int:
 
 
 def run(args) -> int:
-    name = f"specviz engines {args.engines_command}"
-    try:
-        return {"race": cmd_race, "llamacpp": cmd_llamacpp, "vllm": cmd_vllm}[args.engines_command](args)
-    except InputError as e:
-        print(f"{name}: {e}", file=sys.stderr)
-        return 2
-    except EngineError as e:
-        print(f"{name}: {e}", file=sys.stderr)
-        return 1
+    """The subcommand asked for; its refused input (2) and an engine's failure (1) are `cli.fault`'s to say."""
+    return {"race": cmd_race, "llamacpp": cmd_llamacpp, "vllm": cmd_vllm}[args.engines_command](args)
