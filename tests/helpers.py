@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import re
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import replace
 
 import pytest
@@ -120,3 +124,33 @@ def other_family(model, rows: list[int | None], noise: float, seed: int):
         draft.embed, draft.head = new_embed, new_head
     draft.config.vocab_size = len(rows)  # (a deep copy's config: the model's own is untouched)
     return draft.eval()
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+@contextmanager
+def deprecations_said() -> Iterator[list[str]]:
+    """Everything said to be deprecated while the block ran, as text (read it after the block): each FutureWarning and
+    DeprecationWarning, whoever raised it (transformers' `deprecate_kwarg` warns from the frame that called the
+    model, torch's module code: the filename does not say whose), but torch's own from compiling (`torch.jit`); and
+    what transformers' logger warned meanwhile (its `warning_once`, for a cache passed to or read from an output by
+    its old name)."""
+    said, lines = [], _Lines()
+    logger = logging.getLogger("transformers")
+    logger.addHandler(lines)
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            yield said
+    finally:
+        logger.removeHandler(lines)
+    said += [f"{w.category.__name__}: {w.message}" for w in caught if issubclass(
+        w.category, (FutureWarning, DeprecationWarning)) and not str(w.message).startswith("`torch.")]
+    said += [line for line in lines.lines if "deprecated" in line]

@@ -12,10 +12,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from helpers import EXACT, TEST_DEVICE, TEST_DTYPE, same_greedy
+from helpers import EXACT, TEST_DEVICE, TEST_DTYPE, deprecations_said, same_greedy
 
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
-from specviz.engine.plumbing import new_cache, prefilled, rollback
+from specviz.engine.plumbing import forward, new_cache, prefilled, rollback
 from specviz.models import ModelLoadError, PairSpec
 from specviz.models.compiled import MAX_LEN, SIZES, CompileCounts, StaticKV, is_compiled, with_compiled_step
 from specviz.models.static_cache import static_mask
@@ -59,8 +59,7 @@ def test_the_static_cache_reads_and_cuts_like_a_dynamic_one(pairs):
     assert isinstance(static, StaticKV) and static.get_seq_length() == dynamic.get_seq_length() == 19
 
     def both(feed, keep=1):
-        a = compiled.target(feed, past_key_values=static, use_cache=True, logits_to_keep=keep).logits
-        b = eager.target(feed, past_key_values=dynamic, use_cache=True, logits_to_keep=keep).logits
+        a, b = forward(compiled.target, feed, static, keep).logits, forward(eager.target, feed, dynamic, keep).logits
         torch.testing.assert_close(a, b, **CLOSE)
         assert static.get_seq_length() == dynamic.get_seq_length()
 
@@ -93,7 +92,7 @@ def test_the_step_is_compiled_once_for_every_position_and_cache():
         cache = prefilled(model, torch.tensor([prompt[:start]], device=TEST_DEVICE))
         for i in range(start, 40):  # the last token of the ids so far, as the round loop feeds it
             last = torch.tensor([prompt[:i]], device=TEST_DEVICE)[:, -1:]
-            model(last, past_key_values=cache, use_cache=True, logits_to_keep=1)
+            forward(model, last, cache, 1)
         del cache  # its buffers back to the pool: the next run borrows them, as runs do
     assert counters["stats"]["unique_graphs"] - before == 1
 
@@ -107,12 +106,11 @@ def test_a_verify_is_one_graph_per_width_whatever_it_drafted():
                                widths=(6,))
     prompt = prompt_ids(60, 1000, seed=3)
     cache = prefilled(model, torch.tensor([prompt[:10]], device=TEST_DEVICE))
-    model(torch.tensor([prompt[9:10]], device=TEST_DEVICE), past_key_values=cache, use_cache=True, logits_to_keep=1)
+    forward(model, torch.tensor([prompt[9:10]], device=TEST_DEVICE), cache, 1)
     before = counters["stats"]["unique_graphs"]
     position = 10
     for n in (2, 3, 4, 5, 6, 3, 2):
-        out = model(torch.tensor([prompt[position:position + n]], device=TEST_DEVICE), past_key_values=cache,
-                    use_cache=True, logits_to_keep=n)
+        out = forward(model, torch.tensor([prompt[position:position + n]], device=TEST_DEVICE), cache, n)
         assert out.logits.shape[1] == n and cache.get_seq_length() == position + n
         rollback(cache, position + 1)  # a round that kept one
         position += 1
@@ -148,6 +146,20 @@ def test_greedy_output_on_the_compiled_steps_is_the_target_alone(pairs, drafter)
     assert same_greedy([s.token.id for s in alone_compiled], alone)
     rounds = list(speculative_generate(compiled, prompt, config))
     assert same_greedy([t for r in rounds for t in r.new_token_ids], alone_compiled)
+
+
+def test_a_decode_on_the_compiled_steps_says_nothing_deprecated(pairs):
+    """The compiled step's graph, its eager forward on the static cache and on a dynamic one are called with the
+    cache's name the installed transformers takes (5.24: `cache`; 5.17: `past_key_values`): no deprecation said
+    (torch's own from compiling aside, `helpers.deprecations_said`)."""
+    _, compiled = pairs
+    dynamic = new_cache(compiled.target, static=False)
+    with deprecations_said() as said:
+        for drafter in ("model", "tree"):
+            list(speculative_generate(compiled, prompt_ids(16, 1000, seed=6),
+                                      DecodeConfig(k=4, max_new_tokens=12, drafter=drafter, tree_budget=8)))
+        forward(compiled.target, torch.tensor([prompt_ids(4, 1000)], device=TEST_DEVICE), dynamic, 1)
+    assert said == []
 
 
 def test_a_trees_verify_is_the_compiled_graph_of_its_width(pairs, monkeypatch):

@@ -16,7 +16,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import spec_tokens
+from helpers import deprecations_said, spec_tokens
 from test_mutants import caught
 from test_statistical import (  # noqa: F401 (pair: the same fixture, the same models)
     PROMPT, TEMPERATURE_1, V, always_accept, consistent, control, detected, end_to_end, exact_joint, pair,
@@ -132,6 +132,19 @@ def test_a_lean_draft_with_a_cut_head_holds_only_those_rows_and_decodes_greedy_a
     assert spec_tokens(rounds) == alone and len(alone) == 16
     drafted = {d.id for r in rounds for d in r.drafted}
     assert drafted and drafted <= set(range(64, 96))  # the draft says only what its head keeps
+
+
+def test_a_decode_on_the_lean_draft_step_says_nothing_deprecated():
+    """The lean int4 draft takes its cache by either name and is passed the current one, in a chain and a tree: no
+    deprecation said (`helpers.deprecations_said`)."""
+    lean = with_cheaper_draft(tiny_pair(), DraftQuant())
+    assert isinstance(lean.draft, LeanDraft)
+    with deprecations_said() as said:
+        for drafter in ("model", "tree"):
+            rounds = list(speculative_generate(lean, [3, 4, 5, 6], DecodeConfig(k=3, max_new_tokens=10,
+                                                                                 drafter=drafter)))
+            assert rounds
+    assert said == []
 
 
 def test_a_ranking_for_another_tokenizer_is_refused_in_one_sentence(tmp_path):

@@ -8,6 +8,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from specviz.engine.plumbing import forward
 from specviz.models.compiled import with_compiled_step
 from specviz.models.fused import fuse_projections
 from specviz.models.kernels import step_bytes
@@ -66,8 +67,8 @@ def test_the_compiled_step_on_fused_layers_gives_the_loaded_models_next_token_lo
     fast = with_compiled_step(loaded, sizes=(512,))
     fuse_projections(fast)
     cache = fast.new_cache(32)
-    fast(ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
-    step = fast(ids[:, -1:], past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+    forward(fast, ids[:, :-1], cache, 1)
+    step = forward(fast, ids[:, -1:], cache, 1).logits[0, -1]
     torch.testing.assert_close(step, expected, rtol=0, atol=1e-4)
     assert all(given.value is None for given in (fast.model.layers[0].self_attn.q_proj,))  # nothing held past a step
 

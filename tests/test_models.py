@@ -160,3 +160,30 @@ def test_a_model_whose_cache_cannot_be_cut_is_refused_at_load():
     loading.check_croppable(tiny_model(1, 95), "tiny", cpu)  # keys and values per token: accepted
     with pytest.raises(ModelLoadError, match="recurrent-lm keeps a cache that cannot be cut back"):
         loading.check_croppable(RecurrentLM(), "recurrent-lm", cpu)
+
+
+def test_each_model_is_passed_its_cache_by_the_name_its_forward_takes():
+    """transformers 5.24 renamed the cache argument (`past_key_values` -> `cache`; the old name warns, 5.40 removes
+    it) and 5.17-5.23 leave an unknown `cache=` unread: the name comes from the model's forward, is kept on the
+    model, and the engine's and the models' sides of the import contracts read it alike."""
+    from torch import nn
+
+    from specviz.engine.plumbing import cache_keyword as engine_side
+    from specviz.models.pair import cache_keyword as models_side
+
+    class Old(nn.Module):
+        def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0): ...
+
+    class New(nn.Module):
+        def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0): ...
+
+    for side in (engine_side, models_side):
+        old, new = Old(), New()
+        assert (side(old), side(new)) == ("past_key_values", "cache")
+        assert (old.cache_keyword, new.cache_keyword) == ("past_key_values", "cache")  # read once, kept
+    import transformers
+    from packaging.version import Version
+
+    model = tiny_model(1, 95)  # a Hugging Face Qwen2: the name its release takes
+    renamed = Version(transformers.__version__) >= Version("5.24")
+    assert models_side(model) == engine_side(model) == ("cache" if renamed else "past_key_values")

@@ -19,12 +19,13 @@ from transformers import PretrainedConfig
 
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.analysis.divergence import first_divergence, spec_gap_at
+from specviz.engine.plumbing import cache_keyword
 from specviz.engine.speculative import cut_once
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED
 from specviz.models.pair import ModelPair
 from specviz.models.tiny import EOS_ID, tiny_pair, tiny_tokenizer
 
-from helpers import TEST_DEVICE, check_rounds, same_greedy, spec_tokens
+from helpers import TEST_DEVICE, check_rounds, deprecations_said, same_greedy, spec_tokens
 
 PROMPTS = ["the a of", "she said that", "one", "it was the", "we"]  # "one" ends with an EOS from the target
 KS = [1, 2, 4, 8]
@@ -166,9 +167,9 @@ class Recording(torch.nn.Module):
         super().__init__()
         self.inner, self.config, self.calls = inner, inner.config, []
 
-    def forward(self, input_ids, past_key_values=None, **kw):
-        self.calls.append((past_key_values.get_seq_length(), input_ids.shape[1]))
-        return self.inner(input_ids, past_key_values=past_key_values, **kw)
+    def forward(self, input_ids, cache=None, **kw):
+        self.calls.append((cache.get_seq_length(), input_ids.shape[1]))
+        return self.inner(input_ids, **{cache_keyword(self.inner): cache}, **kw)
 
 
 def may_draft(config: DecodeConfig, r) -> int:
@@ -275,7 +276,8 @@ V = len(tiny_tokenizer().get_vocab())
 
 
 class BigramLM(torch.nn.Module):
-    """Next-token logits = table[last token]; keeps a real DynamicCache so cropping is exercised."""
+    """Next-token logits = table[last token]; keeps a real DynamicCache so cropping is exercised. It takes the cache
+    by its name before transformers 5.24 (`past_key_values`): the engine passes a model the name it takes."""
 
     def __init__(self, table: torch.Tensor):
         super().__init__()
@@ -472,8 +474,8 @@ class KeepsEveryRow(torch.nn.Module):
         super().__init__()
         self.model, self.config = model, model.config
 
-    def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0):
-        return self.model(input_ids, past_key_values=past_key_values, use_cache=use_cache, logits_to_keep=0)
+    def forward(self, input_ids, cache=None, use_cache=True, logits_to_keep=0):
+        return self.model(input_ids, **{cache_keyword(self.model): cache}, use_cache=use_cache, logits_to_keep=0)
 
 
 @pytest.mark.parametrize("sampling", [GREEDY, SAMPLED])
@@ -530,3 +532,21 @@ def test_a_rounds_phases_add_up_to_its_wall_time_and_each_is_the_time_between_it
 def test_every_round_reports_its_phases(tiny):
     rounds = list(speculative_generate(tiny, [5, 6, 7], DecodeConfig(k=3, max_new_tokens=12, adaptive="fixed")))
     assert all(r.draft_time > 0 and r.verify_time > 0 and r.overhead_time > 0 for r in rounds)
+
+
+@pytest.mark.parametrize("drafter", ["model", "hybrid", "self", "tree", "lookup"])
+def test_a_decode_calls_the_models_as_the_installed_transformers_asks(tiny, drafter):
+    """No deprecation said while decoding (transformers 5.24 warns on every forward given `past_key_values`, the
+    name 5.17 to 5.23 still need: the engine passes each model the name its forward takes), in the round loop of
+    each drafter, the target alone, and the proof's exact distributions."""
+    from specviz.engine.exact import path_distributions
+    from specviz.engine.plumbing import PromptCache
+
+    ids = encode(tiny, PROMPTS[0])
+    config = DecodeConfig(k=3, max_new_tokens=10, sampling=SAMPLED, drafter=drafter, exit_layer=1)
+    with deprecations_said() as said:
+        rounds = list(speculative_generate(tiny, ids, config))
+        ar_tokens(tiny, ids, config)
+        path_distributions(tiny, ids, [spec_tokens(rounds)[:3]], SAMPLED, PromptCache())
+    assert rounds and said == []
+

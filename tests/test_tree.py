@@ -8,6 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
+from specviz.engine.plumbing import forward
 from specviz.engine.tree import depths, keep_path, path_to, tree_mask, tree_positions
 
 V = 40
@@ -45,10 +46,10 @@ def test_one_forward_reads_the_tree_as_each_path_alone_and_keep_path_continues_i
     m = model(kind)
     past = len(PROMPT) - 1
     cache = DynamicCache()
-    m(torch.tensor([PROMPT[:-1]]), past_key_values=cache, use_cache=True)
+    forward(m, torch.tensor([PROMPT[:-1]]), cache, 0)
     feed = torch.tensor([[PROMPT[-1], *TOKENS]])
-    out = m(feed, past_key_values=cache, use_cache=True, attention_mask=tree_mask(PARENTS, 1, past, torch.float32),
-            position_ids=tree_positions(PARENTS, 1, past)).logits[0]
+    out = forward(m, feed, cache, 0, attention_mask=tree_mask(PARENTS, 1, past, torch.float32),
+                  position_ids=tree_positions(PARENTS, 1, past)).logits[0]
     assert cache.get_seq_length() == past + 1 + len(TOKENS)
     torch.testing.assert_close(out[0], m(torch.tensor([PROMPT])).logits[0, -1], atol=1e-5, rtol=1e-4)
     for i in range(len(TOKENS)):
@@ -59,7 +60,7 @@ def test_one_forward_reads_the_tree_as_each_path_alone_and_keep_path_continues_i
     keep_path(cache, past + 1, path)
     assert cache.get_seq_length() == past + 1 + len(path)
     accepted = PROMPT + [TOKENS[j] for j in path]
-    after = m(torch.tensor([[21]]), past_key_values=cache, use_cache=True).logits[0, -1]
+    after = forward(m, torch.tensor([[21]]), cache, 0).logits[0, -1]
     torch.testing.assert_close(after, m(torch.tensor([accepted + [21]])).logits[0, -1], atol=1e-5, rtol=1e-4)
 
 
@@ -69,6 +70,6 @@ def test_sliding_window_caches_are_refused():
                                      sliding_window=4, max_window_layers=0)).eval()
     cache = DynamicCache(config=m.config)
     with torch.inference_mode():
-        m(torch.tensor([PROMPT]), past_key_values=cache, use_cache=True)
+        forward(m, torch.tensor([PROMPT]), cache, 0)
     with pytest.raises(ValueError, match="sliding-window"):
         keep_path(cache, 2, [0])

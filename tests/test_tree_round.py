@@ -22,6 +22,7 @@ from specviz.engine import DecodeConfig, SamplingParams, speculative_generate
 from specviz.engine.autoregressive import autoregressive_generate
 from specviz.engine.drafters import drafter_problem
 from specviz.engine.events import ACCEPTED, CORRECTION, NOT_VERIFIED, REJECTED, round_from_dict
+from specviz.engine.plumbing import forward
 from specviz.engine.siblings import walk_point_masses, without
 from specviz.engine.tree import depths, path_to
 from specviz.engine.tree_drafter import TreeDrafter
@@ -129,8 +130,7 @@ def test_the_tree_drafter_reads_each_node_as_its_path_alone(tiny):
     path = path_to(parents, leaf)
     drafter.keep(tree, path)
     committed = ids(tiny) + [tree.tokens[j] for j in path] + [5]
-    after = drafter.model(torch.tensor([[5]], device=TEST_DEVICE), past_key_values=drafter.cache,
-                          use_cache=True).logits[0, -1]
+    after = forward(drafter.model, torch.tensor([[5]], device=TEST_DEVICE), drafter.cache, 0).logits[0, -1]
     fresh = tiny.draft(torch.tensor([committed], device=TEST_DEVICE)).logits[0, -1]
     torch.testing.assert_close(after, fresh, **(dict(atol=1e-5, rtol=1e-4) if EXACT else dict(atol=5e-2, rtol=5e-2)))
 

@@ -11,7 +11,7 @@ from collections.abc import Callable, Iterator
 import torch
 from specviz.engine.config import DecodeConfig
 from specviz.engine.events import TARGET, Finish, Step, end_of_run
-from specviz.engine.plumbing import Pieces, PromptCache, at, clock, pad_vocab, prefilled, to_host
+from specviz.engine.plumbing import Pieces, PromptCache, at, clock, forward, pad_vocab, prefilled, to_host
 from specviz.engine.sampling import draw, logits_to_probs, make_generator
 from specviz.engine.tokens import emitted_token, target_stats
 
@@ -31,8 +31,7 @@ def autoregressive_generate(pair, prompt_ids: list[int], config: DecodeConfig, *
     feed = ids[:, cache.get_seq_length():]  # the prompt's last token (the whole of a one-token prompt)
     for index in range(config.max_new_tokens):
         t0 = clock(device)
-        logits = pad_vocab(pair.target(feed, past_key_values=cache, use_cache=True,
-                                       logits_to_keep=1).logits[0, -1:].float(), vocab)  # [1, V], whatever was kept
+        logits = pad_vocab(forward(pair.target, feed, cache, 1).logits[0, -1:].float(), vocab)  # [1, V], as kept
         p = logits_to_probs(logits, config.sampling)
         token = draw(logits[0], p[0], config.sampling.greedy, gen)
         p_soft, stats = target_stats(logits, p, config.sampling.greedy, config.top_n)

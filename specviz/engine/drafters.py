@@ -15,7 +15,9 @@ import torch
 
 from specviz.engine.cuts import StopRule
 from specviz.engine.early_exit import EarlyExit, early_exit_problem
-from specviz.engine.plumbing import PromptCache, fit_ids, model_vocab, new_cache, pad_vocab, prefilled, rollback
+from specviz.engine.plumbing import (
+    PromptCache, fit_ids, forward, model_vocab, new_cache, pad_vocab, prefilled, rollback,
+)
 from specviz.engine.sampling import SamplingParams, draw, logits_to_probs
 
 
@@ -92,7 +94,7 @@ class ModelDrafter:
         feed = self.context(ids)
         once = getattr(self.stop, "read_once", False)  # the cut applied after all K drafts (see `cuts`)
         for i in range(k):
-            out = self.model(feed, past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+            out = forward(self.model, feed, self.cache, 1)
             logits = self.scores(out.logits[0, -1].float())
             q = None if greedy else logits_to_probs(logits, self.sampling)  # greedy: built once, below
             x = draw(logits, q, greedy, self.generator)

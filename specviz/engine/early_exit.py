@@ -19,8 +19,11 @@ from types import SimpleNamespace
 import torch
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
+from specviz.engine.plumbing import cache_keyword
+
 # the attention kinds whose masks this module builds, as the model's own forward does (Qwen2, Llama)
 MASKS = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}
+MASK_CACHE = cache_keyword(create_causal_mask)  # the mask builders' name for the cache, in the installed transformers
 PARTS = ("embed_tokens", "layers", "norm", "rotary_emb")
 
 
@@ -49,28 +52,30 @@ def early_exit_problem(model, exit_layer: int) -> str | None:
 @dataclass(frozen=True)
 class EarlyExit:
     """The target's first `layers` decoder layers, then its final norm and head. Callable as the drafter
-    calls a causal LM: `view(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits`.
-    Frozen: equal views (the same target object, the same L) share a prompt cache entry."""
+    calls a causal LM: `view(ids, cache=cache, use_cache=True, logits_to_keep=1).logits` (or `past_key_values=`,
+    the name before transformers 5.24). Frozen: equal views (the same target object, the same L) share a prompt
+    cache entry."""
 
     target: torch.nn.Module
     layers: int
+    cache_keyword = "cache"  # what the engine passes it (`plumbing.cache_keyword`)
 
     @property
     def config(self):
         return self.target.config
 
-    def __call__(self, input_ids: torch.Tensor, past_key_values, use_cache: bool = True,
-                 logits_to_keep: int = 1) -> SimpleNamespace:
-        inner, cache = self.target.model, past_key_values
+    def __call__(self, input_ids: torch.Tensor, cache=None, use_cache: bool = True, logits_to_keep: int = 1,
+                 past_key_values=None) -> SimpleNamespace:
+        inner, cache = self.target.model, cache if cache is not None else past_key_values
         h = inner.embed_tokens(input_ids)
         past = cache.get_seq_length()
         positions = torch.arange(past, past + input_ids.shape[1], device=h.device)[None]
         kinds = layer_types(self.target)[:self.layers]
         # the masks the model's own forward would build for these inputs; None where attention needs none
-        masks = {kind: MASKS[kind](config=inner.config, inputs_embeds=h, attention_mask=None, past_key_values=cache,
-                                   position_ids=positions) for kind in set(kinds)}
+        masks = {kind: MASKS[kind](config=inner.config, inputs_embeds=h, attention_mask=None, position_ids=positions,
+                                   **{MASK_CACHE: cache}) for kind in set(kinds)}
         rotary = inner.rotary_emb(h, positions)
         for layer, kind in zip(inner.layers[:self.layers], kinds):
             h = layer(h, attention_mask=masks[kind], position_embeddings=rotary, position_ids=positions,
-                      past_key_values=cache, use_cache=use_cache)
+                      **{cache_keyword(layer): cache}, use_cache=use_cache)
         return SimpleNamespace(logits=self.target.lm_head(inner.norm(h[:, -logits_to_keep:])))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import torch
 
-from specviz.engine.plumbing import PromptCache, pad_vocab
+from specviz.engine.plumbing import PromptCache, forward, pad_vocab
 from specviz.engine.sampling import SamplingParams, logits_to_probs
 
 
@@ -32,8 +32,7 @@ def path_distributions(pair, prompt_ids: list[int], paths: list[list[int]], samp
         cache.batch_repeat_interleave(len(paths))
         ids = torch.tensor([prompt_ids[cache.get_seq_length():] + t for t in tails], dtype=torch.long,
                            device=pair.device)
-    logits = pair.target(ids, past_key_values=cache, use_cache=cache is not None,
-                         logits_to_keep=longest).logits[:, -longest:].float()
+    logits = forward(pair.target, ids, cache, longest).logits[:, -longest:].float()
     return logits_to_probs(pad_vocab(logits, pair.vocab_size), sampling)
 
 

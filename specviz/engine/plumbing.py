@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import inspect
 import time
 
 import torch
@@ -59,6 +60,27 @@ def at(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
     return x.index_select(0, i.view(1))[0]
 
 
+def cache_keyword(model) -> str:
+    """The keyword `model` takes its KV cache by. transformers 5.24 renamed it (`past_key_values` -> `cache`): there
+    the old name warns on every call, and 5.40 removes it; 5.17 to 5.23 know only `past_key_values`, and an unknown
+    `cache=` would land in their **kwargs unread (a forward without its cache, silently). So the model's forward
+    says: read from its signature once and kept on the model (a wrapper of ours declares it). `models.pair` has
+    the same function, keeping the same attribute: the models may not import the engine."""
+    keyword = getattr(model, "cache_keyword", None)
+    if keyword is None:
+        keyword = "cache" if "cache" in inspect.signature(getattr(model, "forward", model)).parameters \
+            else "past_key_values"
+        if isinstance(model, torch.nn.Module):
+            model.cache_keyword = keyword
+    return keyword
+
+
+def forward(model, ids: torch.Tensor, cache, keep: int, **inputs: torch.Tensor):
+    """`model` over `ids` on `cache` (None: none), keeping `keep` rows of logits: every model call the engine makes.
+    `inputs`: a tree's attention mask and positions."""
+    return model(ids, **{cache_keyword(model): cache}, use_cache=cache is not None, logits_to_keep=keep, **inputs)
+
+
 def rollback(cache, keep: int) -> None:
     """Crop a KV cache to its first `keep` tokens (transformers 5: crop(-n) removes n)."""
     excess = cache.get_seq_length() - keep
@@ -70,7 +92,7 @@ def prefill(model, cache, ids: torch.Tensor) -> None:
     """Read the prompt into `cache`, all but its last token: that token's forward yields the first new token
     (the AR step's, or the first round's verify), so prefill is timed apart at no extra cost."""
     if ids.shape[1] > 1:
-        model(ids[:, :-1], past_key_values=cache, use_cache=True, logits_to_keep=1)
+        forward(model, ids[:, :-1], cache, 1)
 
 
 def new_cache(model, static: bool = True, tokens: int = 0):

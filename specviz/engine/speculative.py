@@ -17,7 +17,7 @@ from specviz.engine.events import (
     ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, Finish, Round, end_of_run, until_eos,
 )
 from specviz.engine.plumbing import (
-    Phases, Pieces, PromptCache, at, clock, fit_ids, model_vocab, pad_vocab, prefilled, rollback, to_host,
+    Phases, Pieces, PromptCache, at, clock, fit_ids, forward, model_vocab, pad_vocab, prefilled, rollback, to_host,
 )
 from specviz.engine.rules import overlap, verify
 from specviz.engine.sampling import logits_to_probs, make_generator
@@ -69,7 +69,7 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
         phases.mark()
         drafted = draft.tokens if target_rows == vocab else fit_ids(draft.tokens, target_rows)
         feed = torch.cat([ids[:, cache.get_seq_length():], drafted[None]], dim=1)
-        out = pair.target(feed, past_key_values=cache, use_cache=True, logits_to_keep=draft.k + 1)
+        out = forward(pair.target, feed, cache, draft.k + 1)
         # the last k+1 rows, whatever a model (or a wrapper) made of logits_to_keep
         logits = pad_vocab(out.logits[0, -(draft.k + 1):].float(), vocab)
         p = logits_to_probs(logits, config.sampling)

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 import torch
 
 from specviz.engine.drafters import ModelDrafter
-from specviz.engine.plumbing import PromptCache, model_dtype
+from specviz.engine.plumbing import PromptCache, forward, model_dtype
 from specviz.engine.sampling import SamplingParams, logits_to_probs
 from specviz.engine.tree import additive_mask, keep_path
 
@@ -92,7 +92,7 @@ class TreeDrafter(ModelDrafter):
     @torch.inference_mode()
     def grow(self, ids: torch.Tensor, depth: int, budget: int) -> DraftTree:
         """A tree of at most `budget` nodes and `depth` levels after the committed tokens `ids`."""
-        out = self.model(self.context(ids), past_key_values=self.cache, use_cache=True, logits_to_keep=1)
+        out = forward(self.model, self.context(ids), self.cache, 1)
         self.past = self.cache.get_seq_length()
         if depth == 0 or budget == 0:
             return DraftTree(tops=[[]])
@@ -126,8 +126,8 @@ class TreeDrafter(ModelDrafter):
         mask = additive_mask(visible, self.past, model_dtype(self.model), device)
         positions = torch.full((1, len(frontier)), self.past - 1 + depth, device=device)
         tokens = torch.tensor([[cands[i].token for i in frontier]], device=device)
-        out = self.model(self.fit(tokens), past_key_values=self.cache, use_cache=True,
-                         logits_to_keep=len(frontier), attention_mask=mask, position_ids=positions)
+        out = forward(self.model, self.fit(tokens), self.cache, len(frontier), attention_mask=mask,
+                      position_ids=positions)
         return out.logits[0, -len(frontier):]
 
     @staticmethod

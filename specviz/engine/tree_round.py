@@ -19,7 +19,7 @@ from specviz.engine.events import (
     end_of_run, until_eos,
 )
 from specviz.engine.plumbing import (
-    Phases, Pieces, PromptCache, at, clock, fit_ids, model_dtype, model_vocab, pad_vocab, prefilled, to_host,
+    Phases, Pieces, PromptCache, at, clock, fit_ids, forward, model_dtype, model_vocab, pad_vocab, prefilled, to_host,
 )
 from specviz.engine.sampling import draw, logits_to_probs, make_generator
 from specviz.engine.siblings import walk_point_masses, without
@@ -69,10 +69,9 @@ def tree_generate(pair, prompt_ids: list[int], config, *, prompt_cache: PromptCa
         past = cache.get_seq_length()
         pending = ids.shape[1] - past
         nodes = torch.tensor([tree.tokens], dtype=torch.long, device=device)
-        out = pair.target(torch.cat([ids[:, past:], fit_ids(nodes, target_rows)], dim=1), past_key_values=cache,
-                          use_cache=True, logits_to_keep=tree.n + 1,
-                          attention_mask=tree_mask(tree.parents, pending, past, model_dtype(pair.target), device),
-                          position_ids=tree_positions(tree.parents, pending, past, device))
+        out = forward(pair.target, torch.cat([ids[:, past:], fit_ids(nodes, target_rows)], dim=1), cache,
+                      tree.n + 1, attention_mask=tree_mask(tree.parents, pending, past, model_dtype(pair.target), device),
+                      position_ids=tree_positions(tree.parents, pending, past, device))
         # row 0: after the committed tokens (the root's children), row 1 + i: after node i
         logits = pad_vocab(out.logits[0, -(tree.n + 1):].float(), vocab)
         p = logits_to_probs(logits, config.sampling)

@@ -25,7 +25,6 @@ the model as it runs, in both lanes.
 from __future__ import annotations
 
 import copy
-import inspect
 import logging
 from dataclasses import dataclass
 
@@ -34,6 +33,7 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specviz.models.fused import fuse_projections
+from specviz.models.pair import cache_keyword
 from specviz.models.static_cache import MAX_LEN, SIZES, StaticKV, StaticPool, chain_mask, static_mask  # noqa: F401
 
 log = logging.getLogger(__name__)
@@ -59,7 +59,7 @@ class CudaGraphs:
             static[name].copy_(value)
         graph.replay()
         # copied out before the next replay overwrites them
-        return CausalLMOutputWithPast(logits=logits.clone(), past_key_values=cache.hf)
+        return CausalLMOutputWithPast(logits=logits.clone())  # (the logits alone: the cache is the caller's)
 
     def record(self, ids: torch.Tensor, cache: StaticKV, keep: int, inputs: dict) -> tuple:
         from torch._dynamo.utils import counters
@@ -107,79 +107,108 @@ def with_compiled_step(model: nn.Module, sizes: tuple[int, ...] = SIZES, wide: n
     fast = copy.deepcopy(model, memo={id(t): t for t in [*model.parameters(), *model.buffers()]})
     if param.device.type == "cuda":  # a GPU's step is bound by its count of kernels (`fused`); a CPU's tuned
         fuse_projections(fast)       # kernels serve each projection as loaded
-    eager = fast.forward if wide is None else wide.forward  # wide's forward takes the same static cache
-    # transformers renamed the cache argument (past_key_values -> cache); inside the graph, use the current name
-    cache_arg = "cache" if "cache" in inspect.signature(eager).parameters else "past_key_values"
-    step = torch.compile(fast.forward, dynamic=False)
-    graphs = CudaGraphs(step, cache_arg) if param.device.type == "cuda" else None
     # each model's shape and cache size is a graph of its own: past torch's default of 8 per function (the draft
     # and the target share one, their class's forward) it would run the rest eagerly, and say so only in a log
     torch._dynamo.config.recompile_limit = max(torch._dynamo.config.recompile_limit, 64)
+    pool = static_pool(model, sizes)
+    forward = CompiledForward(fast, fast.forward if wide is None else wide.forward)  # wide's takes the static cache
+    fast.forward = forward  # an instance attribute: nn.Module.__call__ finds it before the class's
+    fast.cache_keyword = "cache"  # (it takes either name: the engine passes the current one)
+    fast.verify_widths = tuple(sorted(widths))
+    # (a run's tokens are a hint: one longer than the largest size is refused only if it really grows past it)
+    fast.new_cache = lambda tokens=0: StaticKV(pool, pool.size_for(min(tokens, pool.sizes[-1])))
+    fast.static_pool = pool
+    fast.cuda_graphs = forward.graphs  # (scripts/gpu_profile.py launches the same compiled code without them)
+    fast.compiled_step = True
+    return fast.eval()
+
+
+def static_pool(model: nn.Module, sizes: tuple[int, ...]) -> StaticPool:
+    """The static caches' pool for `model`, its sizes capped at the model's context."""
+    param = next(model.parameters())
     limit = getattr(model.config.get_text_config(), "max_position_embeddings", None) or max(sizes)
-    pool = StaticPool(model.config, tuple(sorted({min(size, limit) for size in sizes})), param.dtype, param.device)
+    return StaticPool(model.config, tuple(sorted({min(size, limit) for size in sizes})), param.dtype, param.device)
 
-    def compiled(ids: torch.Tensor, cache: StaticKV, keep: int, **inputs: torch.Tensor):
-        """The compiled forward over `ids` (1 x width) on `cache` (replayed as a CUDA graph on a GPU); `inputs`:
-        a verify's mask and positions."""
-        if graphs is not None:
-            out = graphs(ids, cache, keep, **inputs)
-        else:
-            # a fresh tensor: a slice of the ids would carry their row's stride, and each new stride would compile
-            # the step again
-            fresh = ids.new_empty(ids.shape).copy_(ids)
-            out = step(fresh, **{cache_arg: cache.hf}, use_cache=True, logits_to_keep=keep, **inputs)
-        cache.length += ids.shape[1]
-        return out
 
-    def verify_inputs(cache: StaticKV, n: int, rows: int, mask, positions) -> dict:
-        """A verify's mask and positions over `rows` slots after the cache's tokens: a chain's causal ones, or a
-        tree's (given over the dynamic layout, `engine.tree`) moved onto the static cache; padding rows repeat
-        the last position."""
-        past = cache.length
-        if mask is None:
-            mask = chain_mask(past, rows, cache.size, param.dtype, param.device)
-            return {"attention_mask": mask, "position_ids": torch.arange(past, past + rows, device=param.device)[None]}
-        positions = torch.cat([positions, positions[:, -1:].expand(1, rows - n)], dim=1)
-        return {"attention_mask": static_mask(mask, past, rows, cache.size), "position_ids": positions}
+class CompiledForward:
+    """A compiled copy's forward (`with_compiled_step`). On one of its static caches: the compiled one-token step
+    (a few steps for a draft catching up), the compiled verify padded to a width, or else the eager forward on the
+    same cache; on any other cache, the eager forward."""
 
-    def forward(input_ids=None, past_key_values=None, use_cache=True, logits_to_keep=0, **kw):
-        cache = past_key_values
+    def __init__(self, fast: nn.Module, eager):
+        self.fast, self.eager = fast, eager
+        param = next(fast.parameters())
+        self.dtype, self.device = param.dtype, param.device
+        # transformers renamed the cache argument (past_key_values -> cache); inside the graph, use the model's name
+        self.cache_arg = cache_keyword(eager)
+        self.step = torch.compile(fast.forward, dynamic=False)
+        self.graphs = CudaGraphs(self.step, self.cache_arg) if self.device.type == "cuda" else None
+
+    def __call__(self, input_ids=None, cache=None, use_cache=True, logits_to_keep=0, past_key_values=None, **kw):
+        cache = cache if cache is not None else past_key_values
         if not isinstance(cache, StaticKV):
-            return eager(input_ids, past_key_values=cache, use_cache=use_cache, logits_to_keep=logits_to_keep, **kw)
+            return self.eager(input_ids, **{self.cache_arg: cache}, use_cache=use_cache,
+                              logits_to_keep=logits_to_keep, **kw)
         n = input_ids.shape[1]
         # a tree's verify: its mask over the dynamic layout [1, 1, n, length + n], each node's position
         tree = kw.keys() == {"attention_mask", "position_ids"} and kw["attention_mask"].dim() == 4
         mask, positions = (kw.pop("attention_mask"), kw.pop("position_ids")) if tree else (None, None)
         if not kw and not tree and (n == 1 or (logits_to_keep == 1 and n <= CATCH_UP)):
-            cache.reserve(n)
-            for i in range(n):  # the last step's logits are the forward's one row
-                out = compiled(input_ids[:, i:i + 1], cache, logits_to_keep)
-            return out
-        width = next((w for w in fast.verify_widths if w >= n), None)
+            return self.steps(input_ids, cache, logits_to_keep)
+        width = next((w for w in self.fast.verify_widths if w >= n), None)
         if not kw and width is not None and cache.length + width <= cache.pool.sizes[-1]:
-            cache.reserve(width)
-            keep = min(logits_to_keep or n, n)
-            padded = torch.cat([input_ids, input_ids[:, -1:].expand(1, width - n)], dim=1)
-            out = compiled(padded, cache, width, **verify_inputs(cache, n, width, mask, positions))
-            out.logits = out.logits[:, n - keep:n]
-            if width > n:  # the padding's entries: cut off the length (masked, then overwritten)
-                cache.crop(n - width)
-            return out
+            return self.padded(input_ids, cache, width, logits_to_keep, (mask, positions))
         cache.reserve(n)
         if tree:
-            kw |= verify_inputs(cache, n, n, mask, positions)
-        out = eager(input_ids, **{cache_arg: cache.hf}, use_cache=True, logits_to_keep=logits_to_keep, **kw)
+            kw |= self.verify_inputs(cache, n, n, mask, positions)
+        out = self.eager(input_ids, **{self.cache_arg: cache.hf}, use_cache=True, logits_to_keep=logits_to_keep, **kw)
         cache.length += n
         return out
 
-    fast.forward = forward  # an instance attribute: nn.Module.__call__ finds it before the class's
-    fast.verify_widths = tuple(sorted(widths))
-    # (a run's tokens are a hint: one longer than the largest size is refused only if it really grows past it)
-    fast.new_cache = lambda tokens=0: StaticKV(pool, pool.size_for(min(tokens, pool.sizes[-1])))
-    fast.static_pool = pool
-    fast.cuda_graphs = graphs  # (scripts/gpu_profile.py launches the same compiled code without them, to compare)
-    fast.compiled_step = True
-    return fast.eval()
+    def steps(self, ids: torch.Tensor, cache: StaticKV, keep: int):
+        """One compiled step per token; the last step's logits are the forward's one row."""
+        cache.reserve(ids.shape[1])
+        for i in range(ids.shape[1]):
+            out = self.compiled(ids[:, i:i + 1], cache, keep)
+        return out
+
+    def padded(self, ids: torch.Tensor, cache: StaticKV, width: int, keep: int, tree: tuple):
+        """A verify over n tokens compiled at `width` >= n: the last token repeated; the padding rows' logits
+        dropped, their entries cut off the length (masked, then overwritten). `tree`: its mask and positions, or
+        (None, None) for a chain."""
+        n = ids.shape[1]
+        cache.reserve(width)
+        keep = min(keep or n, n)
+        padded = torch.cat([ids, ids[:, -1:].expand(1, width - n)], dim=1)
+        out = self.compiled(padded, cache, width, **self.verify_inputs(cache, n, width, *tree))
+        out.logits = out.logits[:, n - keep:n]
+        if width > n:
+            cache.crop(n - width)
+        return out
+
+    def compiled(self, ids: torch.Tensor, cache: StaticKV, keep: int, **inputs: torch.Tensor):
+        """The compiled forward over `ids` (1 x width) on `cache` (replayed as a CUDA graph on a GPU); `inputs`:
+        a verify's mask and positions."""
+        if self.graphs is not None:
+            out = self.graphs(ids, cache, keep, **inputs)
+        else:
+            # a fresh tensor: a slice of the ids would carry their row's stride, and each new stride would compile
+            # the step again
+            fresh = ids.new_empty(ids.shape).copy_(ids)
+            out = self.step(fresh, **{self.cache_arg: cache.hf}, use_cache=True, logits_to_keep=keep, **inputs)
+        cache.length += ids.shape[1]
+        return out
+
+    def verify_inputs(self, cache: StaticKV, n: int, rows: int, mask, positions) -> dict:
+        """A verify's mask and positions over `rows` slots after the cache's tokens: a chain's causal ones, or a
+        tree's (given over the dynamic layout, `engine.tree`) moved onto the static cache; padding rows repeat
+        the last position."""
+        past = cache.length
+        if mask is None:
+            mask = chain_mask(past, rows, cache.size, self.dtype, self.device)
+            return {"attention_mask": mask, "position_ids": torch.arange(past, past + rows, device=self.device)[None]}
+        positions = torch.cat([positions, positions[:, -1:].expand(1, rows - n)], dim=1)
+        return {"attention_mask": static_mask(mask, past, rows, cache.size), "position_ids": positions}
 
 
 def is_compiled(model) -> bool:
@@ -200,7 +229,7 @@ def warm_sizes(model: nn.Module, sets: int = 1) -> None:
             # the step and each verify width, twice: compiled (and on a GPU recorded) at the first call, replayed
             # at the second
             for n in (1, *(w for w in model.verify_widths if w <= size)) * 2:
-                model(torch.zeros((1, n), dtype=torch.long, device=device), past_key_values=cache, use_cache=True,
+                model(torch.zeros((1, n), dtype=torch.long, device=device), cache=cache, use_cache=True,
                       logits_to_keep=n)
                 cache.crop(-n)
 

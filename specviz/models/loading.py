@@ -10,7 +10,7 @@ import logging
 import shutil
 import socket
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from urllib.parse import urlparse
@@ -29,8 +29,8 @@ from specviz.models.embedded import (
 from specviz.models.converted import cast_folder, replace_folder, write_manifest
 from specviz.models.families import same_tokenizer, vocab_map
 from specviz.models.pair import (
-    DTYPES, EMBEDDED, OUT_OF_MEMORY, TINY, ModelLoadError, ModelPair, PairSpec, model_vocab, release_memory, resolve_device,
-    resolve_dtype,
+    DTYPES, EMBEDDED, OUT_OF_MEMORY, TINY, ModelLoadError, ModelPair, PairSpec, cache_keyword, model_vocab,
+    release_memory, resolve_device, resolve_dtype,
 )
 from specviz.models.synthetic import is_synthetic, synthetic_pair
 from specviz.models.tiny import tiny_pair
@@ -115,20 +115,39 @@ def _load_failure(e: Exception, source: str, kw: dict) -> ModelLoadError:
     return ModelLoadError(f"could not load {source}: {type(e).__name__}: {e}")
 
 
-def _from_pretrained(source: str, dtype: torch.dtype, trust_remote_code: bool, device_map=None, **kw):
+def _from_pretrained(source: str, dtype: torch.dtype, trust_remote_code: bool, device_map=None,
+                     progress: bool = True, **kw):
     """Load a model and its tokenizer, turning the library's many exceptions into one sentence."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, where = locate(source)
     kw = {**kw, **where}
     try:
-        tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, **kw)
-        model = AutoModelForCausalLM.from_pretrained(
-            folder, dtype=dtype, trust_remote_code=trust_remote_code, device_map=device_map, **kw
-        )
+        with progress_bars(progress):
+            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, **kw)
+            model = AutoModelForCausalLM.from_pretrained(
+                folder, dtype=dtype, trust_remote_code=trust_remote_code, device_map=device_map, **kw
+            )
     except (*OUT_OF_MEMORY, Exception) as e:
         raise _load_failure(e, source, kw) from e
     return model, tokenizer
+
+
+@contextmanager
+def progress_bars(shown: bool) -> Iterator[None]:
+    """transformers' own progress bars ("Loading weights", one per model read; the hub's downloads) hidden for a
+    load asked to show none (`progress=False`: `--no-progress`, a served load), with its own switch, and back on
+    after: the switch is the whole process's. A load that shows progress leaves it as it is."""
+    from transformers.utils import logging as hf_logging
+
+    hide = not shown and hf_logging.is_progress_bar_enabled()
+    if hide:
+        hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if hide:
+            hf_logging.enable_progress_bar()
 
 
 def prepare_embedded(model: EmbeddedModel, status: Status = log.info, progress: bool = True,
@@ -176,7 +195,7 @@ def _convert(model: EmbeddedModel, converted: Path, status: Status, progress: bo
         status(f"Assembling and verifying the embedded {model.role} ({model.name})…")
         gguf = assemble(model, progress=progress)
         status(f"Converting {model.name} from GGUF once (about a minute)…")
-        m, tok = _from_pretrained(str(gguf), torch.float32, trust_remote_code=False)
+        m, tok = _from_pretrained(str(gguf), torch.float32, trust_remote_code=False, progress=progress)
         m.hf_quantizer = None  # the weights are plain float32 now; GGUF was only the container
         m.config.__dict__.pop("quantization_config", None)
         try:  # written whole beside it, recorded file by file, then renamed into place
@@ -199,10 +218,10 @@ def load_model(source: str, role: str, dtype: torch.dtype, *, trust_remote_code=
         status(f"Loading the embedded {role} ({embedded.name})…")
         # a half dtype's copy is read shard by shard into memory rather than mapped: a mapped file's pages stay in the
         # process while any weight of it does, so the dense weights the tuned kernels release would stay too
-        return _from_pretrained(str(folder), dtype, trust_remote_code=False,
+        return _from_pretrained(str(folder), dtype, trust_remote_code=False, progress=progress,
                                 disable_mmap=folder != converted_dir(embedded))
     status(f"Loading {role} {source}…")
-    return _from_pretrained(source, dtype, trust_remote_code, device_map=device_map)
+    return _from_pretrained(source, dtype, trust_remote_code, device_map=device_map, progress=progress)
 
 
 def eos_ids(model, tokenizer) -> frozenset[int]:
@@ -225,8 +244,8 @@ def check_croppable(model, name: str, device: torch.device) -> None:
     cache = DynamicCache()
     try:
         with torch.inference_mode():
-            model(torch.zeros(1, 3, dtype=torch.long, device=device), past_key_values=cache, use_cache=True,
-                  logits_to_keep=1)
+            model(torch.zeros(1, 3, dtype=torch.long, device=device), **{cache_keyword(model): cache},
+                  use_cache=True, logits_to_keep=1)
             cache.crop(-1)  # transformers 5: crop(-n) removes the last n tokens
             cut = cache.get_seq_length() == 2
     except Exception:  # whatever the model's cache does with a crop, it is not what the round loop needs

@@ -5,6 +5,7 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import gc
+import inspect
 import traceback
 from dataclasses import field
 from typing import Literal, get_args
@@ -168,3 +169,16 @@ def resolve_dtype(dtype: str, device: torch.device, cpu_auto=measured_cpu_dtype)
 
 def model_vocab(model) -> int:
     return model.config.get_text_config().vocab_size
+
+
+def cache_keyword(model) -> str:
+    """The keyword `model` takes its KV cache by (`cache` from transformers 5.24 on, `past_key_values` before; an
+    unknown one goes unread): read from its forward's signature once and kept on the model. The engine's
+    `plumbing.cache_keyword` is this function, on its side of the import contracts (models may not import it)."""
+    keyword = getattr(model, "cache_keyword", None)
+    if keyword is None:
+        keyword = "cache" if "cache" in inspect.signature(getattr(model, "forward", model)).parameters \
+            else "past_key_values"
+        if isinstance(model, torch.nn.Module):
+            model.cache_keyword = keyword
+    return keyword

@@ -103,7 +103,10 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
 
 class LeanDraft(nn.Module):
     """Callable like a Hugging Face causal LM for what the drafter uses:
-    `model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1).logits`."""
+    `model(ids, cache=cache, use_cache=True, logits_to_keep=1).logits` (or `past_key_values=`, the name before
+    transformers 5.24)."""
+
+    cache_keyword = "cache"  # what the engine passes it (`engine.plumbing.cache_keyword`)
 
     def __init__(self, model: nn.Module, spec: DraftQuant, vocab_ids: torch.Tensor | None = None):
         super().__init__()
@@ -124,18 +127,19 @@ class LeanDraft(nn.Module):
     def dtype(self) -> torch.dtype:
         return self.embed.weight.dtype
 
-    def forward(self, input_ids: torch.Tensor, past_key_values=None, use_cache: bool = True,
+    def forward(self, input_ids: torch.Tensor, cache=None, use_cache: bool = True,
                 logits_to_keep: int = 1, attention_mask: torch.Tensor | None = None,
-                position_ids: torch.Tensor | None = None, **kwargs) -> SimpleNamespace:
+                position_ids: torch.Tensor | None = None, past_key_values=None, **kwargs) -> SimpleNamespace:
         """`attention_mask` and `position_ids`, when given, are a tree's (`specviz.engine.tree`): an additive 4D
         mask over the cache and the new tokens, and each token's position."""
         if kwargs:
             raise TypeError(f"the lean draft step takes no {', '.join(kwargs)}")
-        if past_key_values is None:  # a forward without a cache of its own (the proof's draft-as-target)
+        cache = cache if cache is not None else past_key_values
+        if cache is None:  # a forward without a cache of its own (the proof's draft-as-target)
             from transformers import DynamicCache
-            past_key_values = DynamicCache()
+            cache = DynamicCache()
         t = input_ids.shape[1]
-        past = past_key_values.get_seq_length()
+        past = cache.get_seq_length()
         positions = torch.arange(past, past + t, device=input_ids.device)[None] if position_ids is None else position_ids
         h = self.embed(input_ids)
         cos, sin = (c[:, None] for c in self.rotary(h, positions))  # [1, 1, t, head_dim]
@@ -143,9 +147,9 @@ class LeanDraft(nn.Module):
         mask = attention_mask if attention_mask is not None else (
             None if t == 1 else torch.arange(past + t, device=h.device)[None] <= positions[0, :, None])
         for layer in self.layers:
-            h = layer(h, cos, sin, past_key_values, mask)
+            h = layer(h, cos, sin, cache, mask)
         h = F.rms_norm(h[:, -logits_to_keep:] if logits_to_keep else h, (h.shape[-1],), self.norm, self.eps)
-        return SimpleNamespace(logits=self.lm_head(h), past_key_values=past_key_values if use_cache else None)
+        return SimpleNamespace(logits=self.lm_head(h), cache=cache if use_cache else None)
 
 
 def release_replaced(model: nn.Module) -> int:
