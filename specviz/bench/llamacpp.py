@@ -31,6 +31,7 @@ import statistics
 import subprocess
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from specviz.bench.noise import stall_between, stall_seconds
@@ -227,6 +228,81 @@ def _ratio(a, b):
     return a / b if a is not None and b else None
 
 
+@dataclass(frozen=True)
+class Build:
+    """How llama.cpp runs here: the build's binaries, the threads each run takes, the runner (`subprocess.run`, or
+    a test's fake) and where progress goes."""
+
+    bin_dir: Path
+    threads: int
+    run: Run
+    status: Callable[[str], None]
+
+    @property
+    def bench(self) -> str:
+        return str(self.bin_dir / "llama-bench")
+
+    @property
+    def speculative(self) -> str:
+        return str(self.bin_dir / "llama-speculative-simple")
+
+
+
+def build_name(llama: Build) -> str:
+    """The build folder (DIR for DIR/bin) and its version (`--version`), as the report names it."""
+    done, _ = _call(llama.run, [llama.bench, "--version"])
+    version = parse_version(f"{done.stdout}\n{done.stderr}")
+    return f"{llama.bin_dir.parent if llama.bin_dir.name == 'bin' else llama.bin_dir}" \
+        + (f", version {version}" if version else "")
+
+
+def alone(llama: Build, files: dict[str, Path], config, commands: list[str]) -> dict[str, dict]:
+    """Each model alone: llama-bench's token-generation rate (median of its repetitions) and the CPU stall."""
+    out = {}
+    for role in ("target", "draft"):
+        cmd = [llama.bench, "-m", str(files[role]), "-p", "0", "-n", str(config.max_new_tokens),
+               "-t", str(llama.threads), "-r", str(REPETITIONS), "-o", "json"]
+        llama.status(f"llama.cpp: the {role} alone, llama-bench ({config.max_new_tokens} tokens x {REPETITIONS})…")
+        commands.append(shlex.join(cmd))
+        done, stall = _call(llama.run, cmd)
+        out[role] = {**_read(bench_record, done.stdout), "stall": stall}
+    return out
+
+
+def speculative_runs(llama: Build, files: dict[str, Path], flags: dict, prompts, config, chat: Callable[[str], str],
+                     commands: list[str]) -> list[dict]:
+    """Speculative decoding on each prompt (llama-speculative-simple) at `config`'s K, cut, length and sampling."""
+    p_min = config.stop_below  # the 'confidence' mode's cut; 0 = draft all K in the other modes
+    runs = []
+    for i, prompt in enumerate(prompts, start=1):
+        cmd = [llama.speculative, "-m", str(files["target"]), "-md", str(files["draft"]), "-p", chat(prompt.prompt),
+               *flags["no_escape"], "-n", str(config.max_new_tokens), *flags["type"], flags["n_max"], str(config.k),
+               *([flags["n_min"], "0"] if flags["n_min"] else []),
+               *([flags["p_min"], f"{p_min:g}"] if flags["p_min"] else []),
+               *sampling_args(config), "-t", str(llama.threads)]
+        llama.status(f"llama.cpp: speculative decoding, prompt {i}/{len(prompts)} ({prompt.id})…")
+        commands.append(shlex.join(cmd))
+        done, stall = _call(llama.run, cmd)
+        out = _read(parse_speculative, f"{done.stdout}\n{done.stderr}")  # (the summary is logged to stderr)
+        runs.append({"id": prompt.id, "kind": prompt.kind, **out, "stall": stall})
+    return runs
+
+
+def totals(alone_rates: dict[str, dict], runs: list[dict], config) -> dict:
+    """The comparison's numbers: each model's rate, c, and the speculative rate and acceptance as ratios of totals
+    over the prompts (sum tokens / sum seconds; sum accepted / sum drafted)."""
+    target_tps, draft_tps = alone_rates["target"]["median_ts"], alone_rates["draft"]["median_ts"]
+    spec_tps = _ratio(sum(r["tokens"] for r in runs), sum(r["seconds"] for r in runs))
+    stalls = [s for s in [*(a["stall"] for a in alone_rates.values()), *(r["stall"] for r in runs)] if s is not None]
+    return {"target_tokens_per_s": target_tps, "draft_tokens_per_s": draft_tps,
+            "c": _ratio(target_tps, draft_tps),  # draft step / target step
+            "k": config.k, "p_min": config.stop_below, "max_new_tokens": config.max_new_tokens,
+            "greedy": config.sampling.greedy, "spec_tokens_per_s": spec_tps,
+            "spec_over_target": _ratio(spec_tps, target_tps),
+            "acceptance": _ratio(sum(r["accepted"] for r in runs), sum(r["drafted"] for r in runs)),
+            "prompts": len(runs), "runs": runs, "alone": alone_rates, "max_stall": max(stalls) if stalls else None}
+
+
 def compare_llamacpp(folder: str | Path, spec, prompts, config, *, status: Callable[[str], None] = lambda s: None,
                      run: Run = subprocess.run, threads: int | None = None,
                      chat: Callable[[str], str] | None = None) -> dict:
@@ -242,60 +318,10 @@ def compare_llamacpp(folder: str | Path, spec, prompts, config, *, status: Calla
     if chat is None:
         tokenizer = target_tokenizer(spec.target, files["target"])
         chat = lambda prompt: chat_text(tokenizer, prompt)  # noqa: E731
-    bench_bin, spec_bin = str(bin_dir / "llama-bench"), str(bin_dir / "llama-speculative-simple")
-    commands = []
-
-    version_out, _ = _call(run, [bench_bin, "--version"])
-    version = parse_version(f"{version_out.stdout}\n{version_out.stderr}")
-    flags = _read(speculative_flags, _help_text(run, spec_bin))
-
-    alone = {}
-    for role in ("target", "draft"):
-        cmd = [bench_bin, "-m", str(files[role]), "-p", "0", "-n", str(config.max_new_tokens), "-t", str(threads),
-               "-r", str(REPETITIONS), "-o", "json"]
-        status(f"llama.cpp: the {role} alone, llama-bench ({config.max_new_tokens} tokens x {REPETITIONS})…")
-        commands.append(shlex.join(cmd))
-        done, stall = _call(run, cmd)
-        alone[role] = {**_read(bench_record, done.stdout), "stall": stall}
-
-    p_min = config.stop_below  # the 'confidence' mode's cut; 0 = draft all K in the other modes
-    runs = []
-    for i, prompt in enumerate(prompts, start=1):
-        cmd = [spec_bin, "-m", str(files["target"]), "-md", str(files["draft"]), "-p", chat(prompt.prompt),
-               *flags["no_escape"], "-n", str(config.max_new_tokens), *flags["type"], flags["n_max"], str(config.k),
-               *([flags["n_min"], "0"] if flags["n_min"] else []),
-               *([flags["p_min"], f"{p_min:g}"] if flags["p_min"] else []),
-               *sampling_args(config), "-t", str(threads)]
-        status(f"llama.cpp: speculative decoding, prompt {i}/{len(prompts)} ({prompt.id})…")
-        commands.append(shlex.join(cmd))
-        done, stall = _call(run, cmd)
-        out = _read(parse_speculative, f"{done.stdout}\n{done.stderr}")  # (the summary is logged to stderr)
-        runs.append({"id": prompt.id, "kind": prompt.kind, **out, "stall": stall})
-
-    target_tps, draft_tps = alone["target"]["median_ts"], alone["draft"]["median_ts"]
-    tokens, seconds = sum(r["tokens"] for r in runs), sum(r["seconds"] for r in runs)
-    drafted, accepted = sum(r["drafted"] for r in runs), sum(r["accepted"] for r in runs)
-    spec_tps = _ratio(tokens, seconds)
-    stalls = [s for s in [*(a["stall"] for a in alone.values()), *(r["stall"] for r in runs)] if s is not None]
-    return {
-        "build": f"{bin_dir.parent if bin_dir.name == 'bin' else bin_dir}"
-                 + (f", version {version}" if version else ""),
-        "threads": threads,
-        "target_tokens_per_s": target_tps,
-        "draft_tokens_per_s": draft_tps,
-        "c": _ratio(target_tps, draft_tps),  # draft step / target step
-        "k": config.k,
-        "p_min": p_min,
-        "max_new_tokens": config.max_new_tokens,
-        "greedy": config.sampling.greedy,
-        "spec_tokens_per_s": spec_tps,
-        "spec_over_target": _ratio(spec_tps, target_tps),
-        "acceptance": _ratio(accepted, drafted),
-        "prompts": len(runs),
-        "runs": runs,
-        "alone": alone,
-        "max_stall": max(stalls) if stalls else None,
-        "files": {role: str(path) for role, path in files.items()},
-        "commands": commands,
-    }
-
+    llama, commands = Build(bin_dir, threads, run, status), []
+    name = build_name(llama)
+    flags = _read(speculative_flags, _help_text(run, llama.speculative))
+    rates = alone(llama, files, config, commands)
+    runs = speculative_runs(llama, files, flags, prompts, config, chat, commands)
+    return {"build": name, "threads": threads, **totals(rates, runs, config),
+            "files": {role: str(path) for role, path in files.items()}, "commands": commands}

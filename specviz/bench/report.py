@@ -226,7 +226,8 @@ def speedups(lanes: Lanes, ci: list[float] | None, cost: CostModel | None) -> di
     return {
         "speedup": _round(speedup * deflate), "speedup_ci95": [_round(x * deflate) for x in ci] if ci else None,
         "speedup_as_measured": _round(speedup), "baseline_check_ok": check["ok"] if check else None,
-        "speedup_by_kind": {kind: _round(ratio(rate(rs, spec), rate(rs, base))) for kind, rs in by_kind(results).items()},
+        "speedup_by_kind": {kind: _round(ratio(rate(rs, spec), rate(rs, base)))
+                            for kind, rs in by_kind(results).items()},
         "decode_speedup": _round(ratio(decode_rate(runs_of(results, spec)), decode_rate(runs_of(results, AR)))),
         "vs_hf": vs_hf, "vs_hf_ci95": vs_hf_ci, "vs_hf_other_draft": vs_other, "vs_hf_other_draft_ci95": vs_other_ci,
     }

@@ -219,6 +219,57 @@ def tuned_best(tuning: list[PromptResult], settings: list[DecodeConfig]) -> Deco
     return max(settings, key=rate)
 
 
+@dataclass(frozen=True)
+class Lanes:
+    """What a bench's methods run on: the pair, transformers' generate() with its assistants ({}: no assisted
+    generation), the pair on the kernels as loaded (`UNTUNED`) and on its eager one-token steps (`EAGER`), where
+    asked for and where different."""
+
+    pair: object
+    hf: HFGenerate
+    assistants: dict[str, object]
+    untuned: object | None = None
+    eager: object | None = None
+
+
+def eager_of(pair):
+    """`pair` on its eager one-token steps where its target step runs compiled (None: it runs eager already)."""
+    eager = getattr(pair, "eager_steps", None)
+    return eager if eager is not None and eager.target is not pair.target else None
+
+
+def reported_methods(lanes: Lanes, plan: Plan, chosen: DecodeConfig, tree: DecodeConfig | None = None) -> list[Method]:
+    """Every method a reported prompt runs: the target alone (specviz's lane, transformers', and on a GPU its static
+    compiled generate()), the chosen setting, the chosen tree and the other adaptive modes beside it, the untuned and
+    eager lanes, and transformers' assisted generation."""
+    pair, hf, untuned, eager, n = lanes.pair, lanes.hf, lanes.untuned, lanes.eager, chosen.max_new_tokens
+    specs = {setting_name(chosen): chosen}  # each setting once, the chosen one first
+    if tree is not None:
+        specs[setting_name(tree)] = tree
+    for mode, cut in plan.also_adaptive:
+        c = replace(chosen, adaptive=mode, confidence=chosen.confidence if cut is None else cut)
+        specs.setdefault(setting_name(c), c)
+    return [ar_method(pair, chosen), hf_method(hf, AR_HF, n),
+            *([hf_method(hf, AR_HF_STATIC, n, static=True)] if hf.device.type == "cuda" else []),
+            *(spec_method(pair, c) for c in specs.values()),
+            *([ar_method(untuned, chosen, UNTUNED)] if untuned is not None else []),
+            *([ar_method(eager, chosen, EAGER)] if eager is not None else []),
+            *(spec_method(untuned, c, UNTUNED) for c in (chosen, tree) if untuned is not None and c is not None),
+            *(hf_assisted(hf, chosen, lanes.assistants) if lanes.assistants else [])]
+
+
+def warm_up(lanes: Lanes, plan: Plan, ids: list[int]) -> None:
+    """Every method once on a short run, before any timing: first calls pay for allocations and kernel selection,
+    and a compiled step's every cache size and buffer set is made."""
+    def short(c):
+        return replace(c, max_new_tokens=8)
+    settings = plan.settings() + plan.tree_settings()
+    warm_sizes(lanes.pair.target, sets=2)
+    warm_sizes(lanes.pair.draft)
+    for m in [*(spec_method(lanes.pair, short(c)) for c in settings), *reported_methods(lanes, plan, short(settings[0]))]:
+        m.run(ids)
+
+
 def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assistants: dict[str, object] | None = None,
               progress: bool = True, untuned=None, on_prompt: Callable[[Bench], None] | None = None) -> Bench:
     """Tune (with several settings), then measure the chosen one against every baseline; `on_prompt` gets the bench
@@ -228,9 +279,7 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assi
     Where `pair`'s target step runs compiled, the target alone also runs on its eager step (`AR_EAGER`)."""
     from tqdm.auto import tqdm
 
-    eager = getattr(pair, "eager_steps", None)
-    eager = eager if eager is not None and eager.target is not pair.target else None
-
+    lanes = Lanes(pair, hf, assistants or {}, untuned, eager_of(pair))
     settings, trees = plan.settings(), plan.tree_settings()
     several = len(settings) > 1 or len(trees) > 1
     tune, report = split(prompts) if several else ([], prompts)
@@ -238,30 +287,8 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assi
         raise ValueError("choosing among several settings needs at least 2 prompts: one to tune on, one to report")
     encoded = {p.id: encode_prompt(pair.tokenizer, p.prompt) for p in prompts}
     tuning_methods = [spec_method(pair, c) for c in settings + trees]
-
-    def reported_methods(chosen, tree=None):
-        specs = {setting_name(chosen): chosen}  # each setting once, the chosen one first
-        if tree is not None:
-            specs[setting_name(tree)] = tree
-        for mode, cut in plan.also_adaptive:
-            c = replace(chosen, adaptive=mode, confidence=chosen.confidence if cut is None else cut)
-            specs.setdefault(setting_name(c), c)
-        return [ar_method(pair, chosen), hf_method(hf, AR_HF, chosen.max_new_tokens),
-                *([hf_method(hf, AR_HF_STATIC, chosen.max_new_tokens, static=True)] if hf.device.type == "cuda"
-                  else []),
-                *(spec_method(pair, c) for c in specs.values()),
-                *([ar_method(untuned, chosen, UNTUNED)] if untuned is not None else []),
-                *([ar_method(eager, chosen, EAGER)] if eager is not None else []),
-                *(spec_method(untuned, c, UNTUNED) for c in (chosen, tree) if untuned is not None and c is not None),
-                *(hf_assisted(hf, chosen, assistants) if assistants else [])]
-
-    def short(c):
-        return replace(c, max_new_tokens=8)
-    warm_sizes(pair.target, sets=2)  # a compiled step's every cache size and buffer set, before any timing
-    warm_sizes(pair.draft)
-    for m in [*(spec_method(pair, short(c)) for c in settings + trees), *reported_methods(short(settings[0]))]:
-        m.run(encoded[prompts[0].id])  # first calls pay for allocations and kernel selection
-    per_report = len(reported_methods(plan.config, trees[0] if trees else None))
+    warm_up(lanes, plan, encoded[prompts[0].id])
+    per_report = len(reported_methods(lanes, plan, plan.config, trees[0] if trees else None))
     calls = plan.reps * (len(tune) * len(tuning_methods) + len(report) * per_report)
     with tqdm(total=calls, desc="bench", unit="run", disable=not progress) as bar:
         def tick(label: str) -> None:
@@ -276,7 +303,7 @@ def run_bench(pair, prompts: list[BenchPrompt], plan: Plan, hf: HFGenerate, assi
                   for p in tune]
         chosen = tuned_best(tuning, settings) if tuning else settings[0]
         tree = (tuned_best(tuning, trees) if tuning else trees[0]) if trees else None
-        methods = reported_methods(chosen, tree)
+        methods = reported_methods(lanes, plan, chosen, tree)
         reported = []
         for p in report:
             reported.append(measure(p, encoded[p.id], methods, plan, tick, lambda: grow(per_report)))
