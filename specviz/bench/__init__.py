@@ -1,1 +1,2 @@
-"""Benchmarks: aggregate speculative and AR event streams into measured speedups."""
+"""Benchmarks: aggregate speculative and AR event streams into measured speedups, and report them; measurement and
+reports only (the commands that run them are `specviz.commands`)."""

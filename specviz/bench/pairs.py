@@ -18,6 +18,8 @@ Status = Callable[[str], None]
 
 @dataclass(frozen=True)
 class BenchPairs:
+    """Every pair a bench runs, and how its cheaper draft was made (each pair shares the loaded weights it keeps)."""
+
     loaded: ModelPair  # the draft as loaded and the target at its precision, on the kernels as loaded
     pair: ModelPair  # the target on its tuned kernels beside the draft as loaded: the AR lane's and transformers'
     spec_pair: ModelPair  # the speculative lane's: the cheaper draft, the tuned target, the chosen one-token steps

@@ -176,7 +176,7 @@ class Beside:
 
 
 @dataclass(frozen=True)
-class Lanes:
+class Compared:
     """The reported prompts and the lanes a report compares: the chosen setting, the fastest target alone, and
     transformers' assisted generation with specviz's draft (or prompt lookup) and with the draft as loaded."""
 
@@ -188,19 +188,19 @@ class Lanes:
     other: str | None  # the fastest of transformers' with the draft as loaded
 
 
-def lanes_of(bench: Bench) -> Lanes:
+def compared_of(bench: Bench) -> Compared:
     results = bench.reported
     methods = list(results[0].reps[0])
-    return Lanes(results, methods, f"spec {setting_name(bench.chosen)}",
-                 best_of(results, [m for m in BASELINE_NAMES if m in methods]),
-                 best_of(results, [m for m in methods if m.startswith(("hf same ", "hf lookup "))]),
-                 best_of(results, [m for m in methods if m.startswith("hf loaded ")]))
+    return Compared(results, methods, f"spec {setting_name(bench.chosen)}",
+                    best_of(results, [m for m in BASELINE_NAMES if m in methods]),
+                    best_of(results, [m for m in methods if m.startswith(("hf same ", "hf lookup "))]),
+                    best_of(results, [m for m in methods if m.startswith("hf loaded ")]))
 
 
-def method_record(lanes: Lanes, m: str, greedy: bool) -> dict:
+def method_record(compared: Compared, m: str, greedy: bool) -> dict:
     """One method over the reported prompts: its rate, its speedup over the baseline with its interval, how often
     it made the AR lane's very tokens (greedy), and its acceptance (a speculative method)."""
-    results, base = lanes.results, lanes.base
+    results, base = compared.results, compared.base
     return {"tokens_per_s": _round(rate(results, m)), "speedup": _round(ratio(rate(results, m), rate(results, base))),
             "speedup_ci95": speedup_ci95(results, m, base) if m != base else None,
             "identical_fraction": _round(sum(rep[m].tokens == rep[AR].tokens for r in results for rep in r.reps)
@@ -208,12 +208,12 @@ def method_record(lanes: Lanes, m: str, greedy: bool) -> dict:
             "acceptance_rate": _round(pooled_spec(results, m).acceptance_rate) if m.startswith("spec ") else None}
 
 
-def speedups(lanes: Lanes, ci: list[float] | None, cost: CostModel | None) -> dict:
+def speedups(compared: Compared, ci: list[float] | None, cost: CostModel | None) -> dict:
     """The chosen setting's speedup over the target alone with its interval `ci`, by kind, its decode alone, and
     against transformers. Where a wider forward of the AR lane's own target cost less than its one-token step, that
     lane was not on its fastest one-token path: the speedup over it is scaled by the cheapest T(n)/T1 (as if it had
     run one token padded to n rows), never reported inflated."""
-    results, spec, base = lanes.results, lanes.spec, lanes.base
+    results, spec, base = compared.results, compared.spec, compared.base
     speedup = ratio(rate(results, spec), rate(results, base))
     check = baseline_check(cost) if cost else None
     deflate = check["min_ratio"] if check and not check["ok"] and base == AR else 1.0
@@ -222,7 +222,7 @@ def speedups(lanes: Lanes, ci: list[float] | None, cost: CostModel | None) -> di
         return (_round(ratio(rate(results, spec), rate(results, hf_method))),
                 speedup_ci95(results, spec, hf_method)) if hf_method else (None, None)
 
-    (vs_hf, vs_hf_ci), (vs_other, vs_other_ci) = vs(lanes.same), vs(lanes.other)
+    (vs_hf, vs_hf_ci), (vs_other, vs_other_ci) = vs(compared.same), vs(compared.other)
     return {
         "speedup": _round(speedup * deflate), "speedup_ci95": [_round(x * deflate) for x in ci] if ci else None,
         "speedup_as_measured": _round(speedup), "baseline_check_ok": check["ok"] if check else None,
@@ -233,26 +233,26 @@ def speedups(lanes: Lanes, ci: list[float] | None, cost: CostModel | None) -> di
     }
 
 
-def summary_record(bench: Bench, lanes: Lanes, by_method: dict, record: dict, cost: CostModel | None, device: str,
-                   dtype: str) -> dict:
+def summary_record(bench: Bench, compared: Compared, by_method: dict, record: dict, cost: CostModel | None,
+                   device: str, dtype: str) -> dict:
     """The report's summary: the chosen setting against every baseline, how it was chosen, and how calm it ran."""
-    results, chosen, spec = lanes.results, bench.chosen, lanes.spec
+    results, chosen, spec = compared.results, bench.chosen, compared.spec
     alpha, predicted = record["per_position_acceptance"], record["predicted_speedup"]
     kept = [*bench.tuning, *results]
     return {
-        **speedups(lanes, by_method[spec]["speedup_ci95"], cost),
+        **speedups(compared, by_method[spec]["speedup_ci95"], cost),
         "acceptance_rate": record["acceptance_rate"], "identical_fraction": by_method[spec]["identical_fraction"],
         "predicted_speedup": predicted,
-        "efficiency": _round(ratio(ratio(rate(results, spec), rate(results, lanes.base)), predicted))
+        "efficiency": _round(ratio(ratio(rate(results, spec), rate(results, compared.base)), predicted))
         if predicted else None,
         "event_overhead": record["event_overhead"], "device": device, "dtype": dtype,
         # extras beyond the issue's keys
         "setting": setting_name(chosen), "k": chosen.k, "adaptive": chosen.adaptive,
         "confidence": chosen.cut or None,
-        "baseline": BASELINE_NAMES[lanes.base], "ar_tokens_per_s": _round(rate(results, AR)),
-        "ar_hf_tokens_per_s": _round(rate(results, AR_HF)) if AR_HF in lanes.methods else None,
+        "baseline": BASELINE_NAMES[compared.base], "ar_tokens_per_s": _round(rate(results, AR)),
+        "ar_hf_tokens_per_s": _round(rate(results, AR_HF)) if AR_HF in compared.methods else None,
         "spec_tokens_per_s": _round(rate(results, spec)),
-        "hf_same_draft_setting": lanes.same, "hf_other_draft_setting": lanes.other,
+        "hf_same_draft_setting": compared.same, "hf_other_draft_setting": compared.other,
         "best_k_predicted": best_k(alpha, cost, PREDICT_KS) if cost and alpha else None,
         "tuned_on": [r.prompt.id for r in bench.tuning], "reported_on": [r.prompt.id for r in results],
         "reps": len(results[0].reps),
@@ -267,9 +267,9 @@ def summary_record(bench: Bench, lanes: Lanes, by_method: dict, record: dict, co
 def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: str, meta: dict | None = None,
                  beside: Beside = Beside()) -> dict:
     """The whole report of a bench (`cost`: the cost model measured after the runs; None: no prediction)."""
-    lanes = lanes_of(bench)
-    results, chosen, spec = lanes.results, bench.chosen, lanes.spec
-    by_method = {m: method_record(lanes, m, chosen.sampling.greedy) for m in lanes.methods}
+    compared = compared_of(bench)
+    results, chosen, spec = compared.results, bench.chosen, compared.spec
+    by_method = {m: method_record(compared, m, chosen.sampling.greedy) for m in compared.methods}
     record = setting_record(results, spec, cost)
     alpha = record["per_position_acceptance"]
     curve = {k: _round(predicted_speedup(alpha, cost, k)) for k in PREDICT_KS} if cost and alpha else {}
@@ -278,8 +278,8 @@ def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: st
                 for c in bench.settings + bench.trees}
     kinds = by_kind(results)
     return {
-        "summary": summary_record(bench, lanes, by_method, record, cost, device, dtype),
-        "runs": [run_record(r, i, spec, lanes.base, chosen.sampling.greedy, cost)
+        "summary": summary_record(bench, compared, by_method, record, cost, device, dtype),
+        "runs": [run_record(r, i, spec, compared.base, chosen.sampling.greedy, cost)
                  for r in results for i in range(len(r.reps))],
         "methods": by_method,
         "settings": settings,
@@ -292,8 +292,9 @@ def build_report(bench: Bench, cost: CostModel | None, *, device: str, dtype: st
         # fitted on the tuning prompts' rounds (or every other reported prompt, without a grid), judged on the rest
         "acceptance_model": calibration(*([rounds_of(bench.tuning, spec), rounds_of(results, spec)] if bench.tuning
                                           else [rounds_of(results[::2], spec), rounds_of(results[1::2], spec)])),
-        "tree": tree_record(bench, results, spec, lanes.base) if bench.chosen_tree else None,
-        "untuned": untuned_record(bench, results, beside.untuned_cost) if spec + UNTUNED in lanes.methods else None,
+        "tree": tree_record(bench, results, spec, compared.base) if bench.chosen_tree else None,
+        "untuned": untuned_record(bench, results, beside.untuned_cost) if spec + UNTUNED in compared.methods
+        else None,
         "anchors": beside.anchors,
         "llamacpp": beside.llamacpp,
         "predicted_by_k": {str(k): v for k, v in curve.items()},

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import get_args
 
+from specviz.bench.pairs import BenchPairs
 from specviz.bench.report import Beside
 from specviz.bench.runner import Plan
 from specviz.engine import DecodeConfig
@@ -112,6 +113,7 @@ def also_mode(text: str) -> tuple[str, float | None]:
 
 
 def refuse(problem) -> int:
+    """The bench's input refused (a prompt file, too few prompts, a drafter the pair cannot run), before it ran."""
     print(f"specviz bench: {problem}", file=sys.stderr)
     return 2
 
@@ -128,7 +130,7 @@ class Ready:
     plan: Plan
     spec: PairSpec
     prompts: list
-    pairs: object
+    pairs: BenchPairs
     assistants: dict
 
 
