@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import copy
+import dataclasses
 import inspect
 import time
 
 import torch
 from transformers import DynamicCache
+from transformers.modeling_outputs import CausalLMOutputWithPast
 
 
 def clock(device: torch.device) -> float:
@@ -68,11 +70,19 @@ def cache_keyword(model) -> str:
     the same function, keeping the same attribute: the models may not import the engine."""
     keyword = getattr(model, "cache_keyword", None)
     if keyword is None:
-        keyword = "cache" if "cache" in inspect.signature(getattr(model, "forward", model)).parameters \
-            else "past_key_values"
+        keyword = named_cache(inspect.signature(getattr(model, "forward", model)).parameters)
         if isinstance(model, torch.nn.Module):
             model.cache_keyword = keyword
     return keyword
+
+
+def named_cache(parameters) -> str:
+    """The cache's name among a forward's parameters. One that names neither (`*args, **kwargs`: a wrapper) passes
+    it on to a model of the installed transformers: the name that release gives it (its outputs' field)."""
+    for name in ("cache", "past_key_values"):
+        if name in parameters:
+            return name
+    return "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 
 
 def forward(model, ids: torch.Tensor, cache, keep: int, **inputs: torch.Tensor):

@@ -177,8 +177,18 @@ def cache_keyword(model) -> str:
     `plumbing.cache_keyword` is this function, on its side of the import contracts (models may not import it)."""
     keyword = getattr(model, "cache_keyword", None)
     if keyword is None:
-        keyword = "cache" if "cache" in inspect.signature(getattr(model, "forward", model)).parameters \
-            else "past_key_values"
+        keyword = named_cache(inspect.signature(getattr(model, "forward", model)).parameters)
         if isinstance(model, torch.nn.Module):
             model.cache_keyword = keyword
     return keyword
+
+
+def named_cache(parameters) -> str:
+    """The cache's name among a forward's parameters. One that names neither (`*args, **kwargs`: a wrapper) passes
+    it on to a model of the installed transformers: the name that release gives it (its outputs' field)."""
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    for name in ("cache", "past_key_values"):
+        if name in parameters:
+            return name
+    return "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
