@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -102,14 +103,15 @@ def test_hybrid_uses_lookup_when_the_context_repeats(tiny):
 
 
 def test_make_drafter_checks_its_arguments(tiny):
-    args = (SamplingParams(), make_generator(CPU, 0), tiny.vocab_size, CPU)
-    assert make_drafter("model", tiny.draft, *args).name == "model"
-    assert make_drafter("hybrid", tiny.draft, *args).name == "hybrid"
-    assert make_drafter("lookup", None, *args).name == "lookup"
+    gen, alone = make_generator(CPU, 0), replace(tiny, draft=None)
+    unknown = SimpleNamespace(drafter="ngram", sampling=SamplingParams(), exit_layer=0)  # (no DecodeConfig holds it)
+    assert make_drafter(DecodeConfig(drafter="model"), tiny, gen).name == "model"
+    assert make_drafter(DecodeConfig(drafter="hybrid"), tiny, gen).name == "hybrid"
+    assert make_drafter(DecodeConfig(drafter="lookup"), alone, gen).name == "lookup"
     with pytest.raises(ValueError, match="unknown drafter"):
-        make_drafter("ngram", tiny.draft, *args)
+        make_drafter(unknown, tiny, gen)
     with pytest.raises(ValueError, match="no draft model, which the 'model' drafter needs"):
-        make_drafter("model", None, *args)
+        make_drafter(DecodeConfig(drafter="model"), alone, gen)
 
 
 def test_target_only_pair_with_prompt_lookup(tiny):

@@ -9,6 +9,7 @@ round loop with every draft accepted) must be rejected by the same statistics.
 from __future__ import annotations
 
 from collections import Counter
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -121,19 +122,20 @@ def test_prove_command_writes_its_report_and_exits_by_the_verdicts(tmp_path, cap
                                                                    code_expected):
     """On the tiny pair with a draft far from its target (noise 0.5 on its weights, not 0.03), 16 paths see
     every control's error (each control's smallest p-value is below 1e-6, its threshold about 1e-4: alpha 1e-3
-    over its 7 tests at most): exit 0. With the always-accept control's rule replaced by the real one, that control
-    samples the target's own distribution and cannot be detected: the command says so and exits 1."""
+    over its 7 tests at most): exit 0. With the always-accept control's rule replaced by the exact one (its name
+    kept), that control samples the target's own distribution and cannot be detected: the command says so and
+    exits 1."""
     import functools
     import json
 
     import specviz.models.loading as loading
     import specviz.runs.proof as proof
-    from specviz.engine.rules import verify
+    from specviz.engine.speculative import EXACT
     from specviz.models.tiny import tiny_pair
 
     monkeypatch.setattr(loading, "tiny_pair", functools.partial(tiny_pair, noise=0.5))
     if broken_control:
-        monkeypatch.setattr(proof, "accept_every_draft", verify)
+        monkeypatch.setattr(proof, "ALWAYS_ACCEPT", replace(EXACT, name=proof.ALWAYS_ACCEPT.name))
     out = tmp_path / "proof.json"
     code = main(["prove", "--draft", "tiny", "--target", "tiny", "--samples", "16", "--control-samples", "16",
                  "--drafter", "model,lookup", "--identity", "--identity-tokens", "6", "--json", str(out),

@@ -181,10 +181,10 @@ def test_drafter_problems_say_what_to_do(target_only):
     assert "Llama/Qwen2-style" in drafter_problem("self", None, CausalLM(16), 1)
     assert "'lookup' or 'self'" in drafter_problem("model", None, target, 14)
     assert drafter_problem("model", target, target, 99) is None  # the exit layer concerns 'self' alone
-    args = (GREEDY, make_generator(CPU, 0), V, CPU)
-    assert make_drafter("self", None, *args, target=target, exit_layer=2).name == "self"
+    gen = make_generator(CPU, 0)
+    assert make_drafter(DecodeConfig(drafter="self", exit_layer=2, sampling=GREEDY), target_only, gen).name == "self"
     with pytest.raises(ValueError, match="exit layer must be between 1 and 3"):
-        make_drafter("self", None, *args, target=target, exit_layer=4)
+        make_drafter(DecodeConfig(drafter="self", exit_layer=4, sampling=GREEDY), target_only, gen)
     with pytest.raises(ValueError, match="between 1 and 3 for this target's 4 layers"):
         next(speculative_generate(target_only, [3, 4], DecodeConfig(drafter="self", exit_layer=7)))
 

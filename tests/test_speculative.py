@@ -550,3 +550,26 @@ def test_a_decode_calls_the_models_as_the_installed_transformers_asks(tiny, draf
         path_distributions(tiny, ids, [spec_tokens(rounds)[:3]], SAMPLED, PromptCache())
     assert rounds and said == []
 
+
+def test_a_run_verifies_with_the_rule_it_names(tiny):
+    """`Rule`: the exact rule unless a run names another; a named control (the proof's always-accept) runs in its
+    chain form with a chain drafter and its tree form with the tree drafter, and keeps every draft in both; a bare
+    chain rule (a function shaped as `rules.verify`) runs a chain and is refused by a tree run, in one sentence."""
+    from specviz.engine.rules import verify
+    from specviz.engine.speculative import EXACT, as_rule
+    from specviz.runs.proof import ALWAYS_ACCEPT
+
+    ids = encode(tiny, PROMPTS[0])
+    for drafter in ("model", "tree"):
+        config = DecodeConfig(k=4, max_new_tokens=16, sampling=SAMPLED, drafter=drafter, adaptive="fixed", seed=3)
+        exact = without_times(speculative_generate(tiny, ids, config))
+        assert without_times(speculative_generate(tiny, ids, config, rule=EXACT)) == exact
+        kept = list(speculative_generate(tiny, ids, config, rule=ALWAYS_ACCEPT))
+        assert all(r.n_accepted == r.k or r.finished == "eos" for r in kept)
+        assert without_times(kept) != exact  # (the exact rule rejects some of these drafts)
+    chain = DecodeConfig(k=4, max_new_tokens=16, sampling=SAMPLED, adaptive="fixed", seed=3)
+    assert without_times(speculative_generate(tiny, ids, chain, rule=verify)) == without_times(
+        speculative_generate(tiny, ids, chain))
+    assert as_rule(verify).name == "verify" and as_rule(verify).tree is None
+    with pytest.raises(ValueError, match="'verify' rule has no tree form"):
+        next(speculative_generate(tiny, ids, replace(chain, drafter="tree"), rule=verify))

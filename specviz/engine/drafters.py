@@ -283,21 +283,30 @@ def drafter_problem(name: str, draft_model, target, exit_layer: int, vocab_map=N
     return early_exit_problem(target, exit_layer) if name == "self" else None
 
 
-def make_drafter(name: str, draft_model, sampling: SamplingParams, generator, vocab_size: int,
-                 device, stop: StopRule | None = None, prompt_cache: PromptCache | None = None, *,
-                 target=None, exit_layer: int = 0, vocab_map: VocabMapping | None = None) -> Drafter:
-    """`target` and `exit_layer`: the 'self' drafter's model and depth; `vocab_map`: the draft model's
-    tokens in the target's vocabulary when it has another tokenizer (the other drafters ignore them)."""
-    if problem := drafter_problem(name, draft_model, target, exit_layer, vocab_map):
+class DrafterChoice(Protocol):
+    """What `make_drafter` reads of a run's settings: a `DecodeConfig` (which imports this module for the names)."""
+
+    drafter: str
+    sampling: SamplingParams
+    exit_layer: int
+
+
+def make_drafter(config: DrafterChoice, pair, generator, stop: StopRule | None = None,
+                 prompt_cache: PromptCache | None = None) -> Drafter:
+    """The drafter `config` names (`drafter`, its sampling, the 'self' drafter's `exit_layer`) on `pair`: its draft
+    model (with `vocab_map`, the draft's tokens in the target's vocabulary, when it has another tokenizer), or the
+    target itself for 'self'. `stop`: a model drafter's cut (see `cuts`)."""
+    name, sampling, vocab, device = config.drafter, config.sampling, pair.vocab_size, pair.device
+    if problem := drafter_problem(name, pair.draft, pair.target, config.exit_layer, pair.vocab_map):
         raise ValueError(problem)
     if name == "tree":
         raise ValueError("the 'tree' drafter has a round loop of its own: `specviz.engine.tree_round`.")
     if name == "lookup":
-        return PromptLookupDrafter(vocab_size, device)
+        return PromptLookupDrafter(vocab, device)
     if name == "self":
-        return SelfDrafter(target, exit_layer, sampling, generator, vocab_size, stop, prompt_cache)
-    if vocab_map is None:
-        model = ModelDrafter(draft_model, sampling, generator, vocab_size, stop, prompt_cache)
+        return SelfDrafter(pair.target, config.exit_layer, sampling, generator, vocab, stop, prompt_cache)
+    if pair.vocab_map is None:
+        model = ModelDrafter(pair.draft, sampling, generator, vocab, stop, prompt_cache)
     else:
-        model = MappedDrafter(draft_model, vocab_map, sampling, generator, vocab_size, stop, prompt_cache)
-    return model if name == "model" else HybridDrafter(PromptLookupDrafter(vocab_size, device), model)
+        model = MappedDrafter(pair.draft, pair.vocab_map, sampling, generator, vocab, stop, prompt_cache)
+    return model if name == "model" else HybridDrafter(PromptLookupDrafter(vocab, device), model)

@@ -7,80 +7,92 @@ both KV caches are cropped back to the accepted prefix, so the prefix is never r
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 from specviz.engine.config import DecodeConfig, next_k
 from specviz.engine.acceptance import AcceptanceModel, shipped_model, token_features
 from specviz.engine.cuts import StopRule, confidence_cut, predicted_cut
-from specviz.engine.drafters import NEEDS_DRAFT_MODEL, Drafter, make_drafter
+from specviz.engine.drafters import NEEDS_DRAFT_MODEL, Draft, Drafter, make_drafter
 from specviz.engine.events import (
     ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, Finish, Round, end_of_run, until_eos,
 )
 from specviz.engine.plumbing import (
     Phases, Pieces, PromptCache, at, clock, fit_ids, forward, model_vocab, pad_vocab, prefilled, rollback, to_host,
 )
-from specviz.engine.rules import overlap, verify
+from specviz.engine.rules import Verdict, overlap, verify
 from specviz.engine.sampling import logits_to_probs, make_generator
 from specviz.engine.tokens import candidates, emitted_token, shown, target_stats, top
-from specviz.engine.tree_round import accept_first_children, point_mass_rule, tree_generate
+from specviz.engine.tree_round import TreeRule, point_mass_rule, tree_generate
 
 
 class DrafterError(RuntimeError):
     """A drafter broke its contract: every proposed token must have q(x) > 0 under the q it reports."""
 
 
+ChainRule = Callable[..., Verdict]  # (p, q, tokens, generator, greedy=) -> Verdict, as `rules.verify`
+
+
+@dataclass(frozen=True)
+class Rule:
+    """The accept/reject rule a run verifies with, by name: `EXACT` (`rules.verify`, and for a tree the point-mass
+    walk), every real run's; or one broken on purpose, where a run must show the break (the proof's negative
+    controls, `runs.proof.ALWAYS_ACCEPT`; the forced bench's keep-every-draft). A chain's rule and a tree's travel
+    together, so a control runs with any drafter; `tree=None`: no tree form, and a tree run refuses the rule."""
+
+    name: str
+    chain: ChainRule
+    tree: TreeRule | None = None
+
+
+EXACT = Rule("exact", verify, point_mass_rule)
+
+
+def as_rule(rule: Rule | ChainRule) -> Rule:
+    """`rule` as a `Rule`: a bare chain rule (a function shaped as `rules.verify`, as callers passed one before
+    rules were named) is one with no tree form, named after the function."""
+    return rule if isinstance(rule, Rule) else Rule(getattr(rule, "__name__", "unnamed"), rule)
+
+
+def tree_form(rule: Rule) -> TreeRule:
+    """What a tree run verifies with under `rule`; one sentence where the rule has no tree form."""
+    if rule.tree is None:
+        raise ValueError(f"the {rule.name!r} rule has no tree form: use it with a chain drafter, not 'tree'.")
+    return rule.tree
+
+
 @torch.inference_mode()
 def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
                          drafter: Drafter | None = None, prompt_cache: PromptCache | None = None,
-                         should_stop: Callable[[], Finish] = lambda: None, rule=verify,
+                         should_stop: Callable[[], Finish] = lambda: None, rule: Rule | ChainRule = EXACT,
                          acceptance_model: AcceptanceModel | None = None) -> Iterator[Round]:
-    """`rule`: the accept/reject rule; only the proof's negative controls pass a deliberately broken one.
-    `acceptance_model`: predicts each drafted token's acceptance (shown in the events; the 'predicted' mode's
+    """`rule`: the rule the run verifies with (`Rule`; `EXACT` but for the proof's negative controls and the forced
+    bench). `acceptance_model`: predicts each drafted token's acceptance (shown in the events; the 'predicted' mode's
     cut uses it); the fit shipped with specviz by default."""
-    if config.drafter == "tree":  # a tree where the chain was: its own round loop (and, for a broken chain rule
-        # from the proof's controls, the tree's "always accept")
+    rule = as_rule(rule)
+    if config.drafter == "tree":  # a tree where the chain was: its own round loop, with the rule's tree form
         yield from tree_generate(pair, prompt_ids, config, prompt_cache=prompt_cache, should_stop=should_stop,
-                                 rule=point_mass_rule if rule is verify else accept_first_children)
+                                 rule=tree_form(rule))
         return
-    device, vocab = pair.device, pair.vocab_size
-    target_rows = model_vocab(pair.target)
-    gen = make_generator(device, config.seed)
+    device, gen = pair.device, make_generator(pair.device, config.seed)
     predictor = acceptance_model or shipped_model()
-    if drafter is None:
-        drafter = make_drafter(config.drafter, pair.draft, config.sampling, gen, vocab, device,
-                               drafting_stop(config, predictor, device), prompt_cache, target=pair.target,
-                               exit_layer=config.exit_layer, vocab_map=pair.vocab_map)
+    drafter = drafter or make_drafter(config, pair, gen, drafting_stop(config, predictor, device), prompt_cache)
     # a draft model of another family proposes only the tokens it shares with the target: mark the others
     mapping = pair.vocab_map if drafter.name in NEEDS_DRAFT_MODEL else None
     pieces = Pieces(pair.tokenizer)
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
-    history, generated = list(prompt_ids), []
-    k = config.k
-    t0 = clock(device)
-    cache = prefilled(pair.target, ids, prompt_cache, room=config.room)
-    drafter.prefill(ids, config.room)
-    prefill_time = clock(device) - t0
+    history, generated, k = list(prompt_ids), [], config.k
+    cache, prefill_time = _prefilled(pair, drafter, ids, prompt_cache, config.room)
     for index in range(config.max_new_tokens):
-        # never draft more than can be emitted: k accepted + 1 correction/bonus <= tokens left
-        k_round = min(k, config.max_new_tokens - len(generated) - 1)
         phases = Phases(device)
         phases.mark()
-        draft = drafter.propose(ids, history, k_round)
+        # never draft more than can be emitted: k accepted + 1 correction/bonus <= tokens left
+        draft = drafter.propose(ids, history, min(k, config.max_new_tokens - len(generated) - 1))
         phases.mark()
-        drafted = draft.tokens if target_rows == vocab else fit_ids(draft.tokens, target_rows)
-        feed = torch.cat([ids[:, cache.get_seq_length():], drafted[None]], dim=1)
-        out = forward(pair.target, feed, cache, draft.k + 1)
-        # the last k+1 rows, whatever a model (or a wrapper) made of logits_to_keep
-        logits = pad_vocab(out.logits[0, -(draft.k + 1):].float(), vocab)
-        p = logits_to_probs(logits, config.sampling)
-        verdict = rule(p, draft.q, draft.tokens, gen, greedy=config.sampling.greedy)
+        logits, p, verdict = _verified(pair, ids, cache, draft, config, rule.chain, gen)
         phases.mark()
-        # from here on, the work is for the event (display statistics, host transfer, texts):
-        # it counts as overhead, not as verification
-        host = to_host(**_round_stats(draft, logits, p, verdict, config))
-        if any(qx <= 0 for qx in host["q"]):
-            raise DrafterError(f"the {drafter.name} drafter proposed a token its own q gives no probability; "
-                               "its q is not the distribution it sampled from.")
+        # from here on, the work is for the event (display statistics, host transfer, texts): overhead
+        host = _truthful(to_host(**_round_stats(draft, logits, p, verdict, config)), drafter.name)
         n = int(host["n"])
         new = until_eos([int(t) for t in host["tokens"][:n]] + [int(host["next"])], pair.eos_token_ids)
         position = len(generated)
@@ -103,6 +115,35 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
         if finished:
             return
         k = next_k(config, k, draft.k, n)
+
+
+def _prefilled(pair, drafter: Drafter, ids: torch.Tensor, prompt_cache: PromptCache | None, room: int):
+    """Both models read the prompt: the target's cache, and the seconds the reading took."""
+    t0 = clock(pair.device)
+    cache = prefilled(pair.target, ids, prompt_cache, room=room)
+    drafter.prefill(ids, room)
+    return cache, clock(pair.device) - t0
+
+
+def _verified(pair, ids: torch.Tensor, cache, draft: Draft, config: DecodeConfig, rule: ChainRule, gen):
+    """The round's one target forward, over the committed tokens its cache lacks and the K drafts, and the rule's
+    verdict on them: the target's logits and warped p (K + 1 rows), and the verdict."""
+    rows = model_vocab(pair.target)
+    drafted = draft.tokens if rows == pair.vocab_size else fit_ids(draft.tokens, rows)
+    feed = torch.cat([ids[:, cache.get_seq_length():], drafted[None]], dim=1)
+    out = forward(pair.target, feed, cache, draft.k + 1)
+    # the last k+1 rows, whatever a model (or a wrapper) made of logits_to_keep
+    logits = pad_vocab(out.logits[0, -(draft.k + 1):].float(), pair.vocab_size)
+    p = logits_to_probs(logits, config.sampling)
+    return logits, p, rule(p, draft.q, draft.tokens, gen, greedy=config.sampling.greedy)
+
+
+def _truthful(host: dict, drafter: str) -> dict:
+    """The round's host values, once each drafted token's q is seen to be positive (`DrafterError` otherwise)."""
+    if any(qx <= 0 for qx in host["q"]):
+        raise DrafterError(f"the {drafter} drafter proposed a token its own q gives no probability; "
+                           "its q is not the distribution it sampled from.")
+    return host
 
 
 def _round_stats(draft, logits, p, verdict, config) -> dict[str, torch.Tensor]:

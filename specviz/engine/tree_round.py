@@ -11,6 +11,7 @@ the target's probability of every node; the event needs the token it drew after)
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 
 import torch
 
@@ -22,13 +23,13 @@ from specviz.engine.plumbing import (
     Phases, Pieces, PromptCache, at, clock, fit_ids, forward, model_dtype, model_vocab, pad_vocab, prefilled, to_host,
 )
 from specviz.engine.sampling import draw, logits_to_probs, make_generator
-from specviz.engine.siblings import walk_point_masses, without
+from specviz.engine.siblings import TreeVerdict, walk_point_masses, without
 from specviz.engine.tokens import candidates, emitted_token, target_stats, top
 from specviz.engine.tree import depths, keep_path, tree_mask, tree_positions
 from specviz.engine.tree_drafter import DraftTree, TreeDrafter
 
 # (parents, p(x) of each node, the draft's q(x) of each node, one uniform per node) -> (verdict, nodes tried);
-# only the proof's negative controls pass another rule than the point-mass walk
+# only the proof's negative controls pass another rule than the point-mass walk (`speculative.Rule`)
 TreeRule = Callable[[list[int], list[float], list[float], list[float]], tuple]
 
 
@@ -36,9 +37,16 @@ def point_mass_rule(parents, p_at, q_at, u):
     return walk_point_masses(parents, p_at, u)
 
 
-def accept_first_children(parents, p_at, q_at, u):
-    """The proof's "always accept" negative control for trees: down the first children, whatever p says."""
-    return walk_point_masses(parents, [1.0] * len(parents), u)
+@dataclass(frozen=True)
+class Walked:
+    """A tree round once the target has read it and the walk is done: what its event is built from."""
+
+    tree: DraftTree
+    verdict: TreeVerdict
+    tried: list[int]  # the nodes the walk tried, in order
+    host: dict  # per node: p and p_soft in its parent's row, its u; per row: the target's top-2 gap and top candidates
+    last: dict  # the token drawn after the path: next, next_p, next_p_soft, and what it was drawn from's top ("r")
+    end: int  # the row after the path: 0 (the root's) or 1 + the path's last node
 
 
 @torch.inference_mode()
@@ -48,10 +56,10 @@ def tree_generate(pair, prompt_ids: list[int], config, *, prompt_cache: PromptCa
     """Rounds of tree speculation: K caps the tree's depth, `config.tree_budget` its nodes, and the confidence
     cut (in the modes that have one) where it grows deeper, as it ends a chain. `drafter`: another
     width than the default (tests); `rule`: only the proof's negative controls pass another."""
-    device, vocab, greedy = pair.device, pair.vocab_size, config.sampling.greedy
-    target_rows = model_vocab(pair.target)
+    device, greedy = pair.device, config.sampling.greedy
     gen = make_generator(device, config.seed)
-    drafter = drafter or TreeDrafter(pair.draft, config.sampling, vocab, prompt_cache=prompt_cache, cut=config.cut)
+    drafter = drafter or TreeDrafter(pair.draft, config.sampling, pair.vocab_size, prompt_cache=prompt_cache,
+                                     cut=config.cut)
     pieces = Pieces(pair.tokenizer)
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     generated: list[int] = []
@@ -61,27 +69,16 @@ def tree_generate(pair, prompt_ids: list[int], config, *, prompt_cache: PromptCa
     drafter.prefill(ids)
     prefill_time = clock(device) - t0
     for index in range(config.max_new_tokens):
-        depth = min(config.k, config.max_new_tokens - len(generated) - 1)
         phases = Phases(device)
         phases.mark()
-        tree = drafter.grow(ids, depth, config.tree_budget)
+        tree = drafter.grow(ids, min(config.k, config.max_new_tokens - len(generated) - 1), config.tree_budget)
         phases.mark()
-        past = cache.get_seq_length()
-        pending = ids.shape[1] - past
         nodes = torch.tensor([tree.tokens], dtype=torch.long, device=device)
-        out = forward(pair.target, torch.cat([ids[:, past:], fit_ids(nodes, target_rows)], dim=1), cache,
-                      tree.n + 1, attention_mask=tree_mask(tree.parents, pending, past, model_dtype(pair.target), device),
-                      position_ids=tree_positions(tree.parents, pending, past, device))
-        # row 0: after the committed tokens (the root's children), row 1 + i: after node i
-        logits = pad_vocab(out.logits[0, -(tree.n + 1):].float(), vocab)
+        logits = _read_tree(pair, ids, cache, tree, nodes)
         p = logits_to_probs(logits, config.sampling)
         host = to_host(**_node_stats(tree, nodes[0], logits, p, gen, config))
         verdict, tried = rule(tree.parents, host["p_at"], tree.q, host["u"])
-        end = verdict.path[-1] + 1 if verdict.path else 0
-        next_dist = p[end]
-        if not verdict.bonus:  # what is left of p once the children tried there are ruled out
-            left = without(next_dist, [tree.tokens[i] for i in tried if tree.parents[i] == end - 1])
-            next_dist = torch.where(left.sum() > 0, left, next_dist)  # nothing left: a rejection by rounding
+        end, next_dist = _after_path(p, tree, verdict, tried)
         nxt = draw(next_dist, next_dist, greedy, gen)
         phases.mark()
         last = to_host(next=nxt, next_p=at(next_dist, nxt), next_p_soft=at(torch.softmax(logits[end], -1), nxt),
@@ -91,18 +88,39 @@ def tree_generate(pair, prompt_ids: list[int], config, *, prompt_cache: PromptCa
         generated += new
         finished = end_of_run(new, len(generated), pair.eos_token_ids, config.max_new_tokens, should_stop)
         # both caches keep the committed tokens plus the accepted path; the new token is read next round
-        keep_path(cache, past + pending, verdict.path)
+        keep_path(cache, ids.shape[1], verdict.path)
         drafter.keep(tree, verdict.path)
         ids = torch.cat([ids, torch.tensor([new], dtype=torch.long, device=device)], dim=1)
-        event = _tree_event(tree, verdict, tried, host, last, new, end, pieces, greedy, index=index,
-                            drafter=drafter.name, position=position, text=pieces.text(generated),
-                            finished=finished)
+        event = _tree_event(Walked(tree, verdict, tried, host, last, end), new, pieces, greedy, index=index,
+                            drafter=drafter.name, position=position, text=pieces.text(generated), finished=finished)
         phases.mark()
         event.draft_time, event.verify_time, event.overhead_time = phases.seconds()
         event.prefill_time, prefill_time = prefill_time, 0.0
         yield event
         if finished:
             return
+
+
+def _read_tree(pair, ids: torch.Tensor, cache, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+    """The target's one forward over the committed tokens its cache lacks and then every node (`tree_mask`): its
+    logits, row 0 after the committed tokens (the root's children), row 1 + i after node i."""
+    past = cache.get_seq_length()
+    pending = ids.shape[1] - past
+    feed = torch.cat([ids[:, past:], fit_ids(nodes, model_vocab(pair.target))], dim=1)
+    out = forward(pair.target, feed, cache, tree.n + 1,
+                  attention_mask=tree_mask(tree.parents, pending, past, model_dtype(pair.target), pair.device),
+                  position_ids=tree_positions(tree.parents, pending, past, pair.device))
+    return pad_vocab(out.logits[0, -(tree.n + 1):].float(), pair.vocab_size)
+
+
+def _after_path(p: torch.Tensor, tree: DraftTree, verdict: TreeVerdict, tried: list[int]) -> tuple[int, torch.Tensor]:
+    """The row after the accepted path, and what its token is drawn from: p there after a bonus; after a rejection
+    what is left of p once the children tried there are ruled out (the point-mass residual)."""
+    end = verdict.path[-1] + 1 if verdict.path else 0
+    if verdict.bonus:
+        return end, p[end]
+    left = without(p[end], [tree.tokens[i] for i in tried if tree.parents[i] == end - 1])
+    return end, torch.where(left.sum() > 0, left, p[end])  # nothing left: a rejection by rounding
 
 
 def _node_stats(tree: DraftTree, nodes: torch.Tensor, logits, p, gen, config) -> dict[str, torch.Tensor]:
@@ -116,9 +134,10 @@ def _node_stats(tree: DraftTree, nodes: torch.Tensor, logits, p, gen, config) ->
     return dict(p_at=p[rows, nodes], p_soft_at=p_soft[rows, nodes], u=u, **target)
 
 
-def _tree_event(tree: DraftTree, verdict, tried: list[int], h: dict, last: dict, new: list[int], end: int,
-                pieces, greedy: bool, **fields) -> Round:
+def _tree_event(walked: Walked, new: list[int], pieces, greedy: bool, **fields) -> Round:
     """The Round: every node of the tree, and as `drafted` the path the target followed."""
+    tree, verdict, tried, h, last, end = (walked.tree, walked.verdict, walked.tried, walked.host, walked.last,
+                                          walked.end)
     kept = min(len(verdict.path), len(new))  # an end-of-sequence may cut the path short
     tries = dict(zip(tried, verdict.tries))
     accepted = set(verdict.path[:kept])

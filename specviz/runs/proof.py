@@ -29,8 +29,10 @@ from specviz.engine import DecodeConfig, autoregressive_generate, speculative_ge
 from specviz.engine.events import NOT_VERIFIED
 from specviz.engine.exact import path_distributions
 from specviz.engine.plumbing import PromptCache, at
-from specviz.engine.rules import Verdict as RoundVerdict, residual, verify
+from specviz.engine.rules import Verdict as RoundVerdict, residual
 from specviz.engine.sampling import draw, make_generator
+from specviz.engine.siblings import walk_point_masses
+from specviz.engine.speculative import EXACT, Rule
 from specviz.models import ModelPair
 
 ALPHA = 1e-3  # family-wise, per sampler: a correct sampler is flagged 1 time in 1000
@@ -61,7 +63,15 @@ def accept_every_draft(p, q, tokens, generator, greedy: bool = False) -> RoundVe
     return RoundVerdict(n, token, at(p[k], token), ones, 0 * ones, residual(p[:k], q))
 
 
-def speculative_path(pair, ids, config, length, prompt_cache, rule=verify) -> tuple[list[int], int]:
+def accept_first_children(parents, p_at, q_at, u):
+    """The same control for trees: down the first children, whatever p says."""
+    return walk_point_masses(parents, [1.0] * len(parents), u)
+
+
+ALWAYS_ACCEPT = Rule("always accept", accept_every_draft, accept_first_children)  # the "always accept" control
+
+
+def speculative_path(pair, ids, config, length, prompt_cache, rule: Rule = EXACT) -> tuple[list[int], int]:
     """The first `length` tokens, and how many of them were drafted in a round right after a clean sweep."""
     config = replace(config, max_new_tokens=length + config.k)
     tokens, swept, after_sweep = [], False, 0
@@ -104,8 +114,8 @@ def samplers(pair: ModelPair, settings: ProofSettings, calibrate: bool = True) -
             draft_as_target = replace(pair, target=pair.draft)
             out.append(Sampler("draft alone (control)", False,
                                lambda _, *a: target_path(draft_as_target, *a)))
-        out.append(Sampler("always accept (control)", False,
-                           lambda *a: speculative_path(*a, rule=accept_every_draft)))
+        out.append(Sampler(f"{ALWAYS_ACCEPT.name} (control)", False,
+                           lambda *a: speculative_path(*a, rule=ALWAYS_ACCEPT)))
     return out
 
 
