@@ -21,7 +21,7 @@ from specviz.models.compiled import MAX_LEN, SIZES, CompileCounts, StaticKV, is_
 from specviz.models.static_cache import static_mask
 from specviz.models.step_timing import StepTimes
 from specviz.models.loading import load_spec
-from specviz.models.steps import InUse, checked_in_use, with_steps
+from specviz.models.steps import InUse, Probe, checked_in_use, with_steps
 from specviz.serving.session import Session
 from specviz.models.synthetic import prompt_ids, synthetic_pair
 from specviz.models.tiny import tiny_pair
@@ -230,12 +230,12 @@ def test_auto_compiles_each_model_whose_compiled_step_measured_faster_and_rememb
     loaded = synthetic_pair(*MINI, device="cpu")
     spec = PairSpec(*MINI, device="cpu", step="auto")
     measure = FakeMeasure()
-    pair = with_steps(loaded, loaded, spec, measure=measure, folder=tmp_path, check=as_probed)
+    pair = with_steps(loaded, loaded, spec, probe=Probe(measure, as_probed, tmp_path))
     assert is_compiled(pair.draft) and not is_compiled(pair.target)
     assert pair.draft_name.endswith("[compiled step]") and pair.target_name == MINI[1]
     assert pair.eager_steps is loaded  # what a check in use falls back to
     assert measure.calls == 2
-    again = with_steps(loaded, loaded, spec, measure=measure, folder=tmp_path, check=as_probed)
+    again = with_steps(loaded, loaded, spec, probe=Probe(measure, as_probed, tmp_path))
     assert measure.calls == 2 and is_compiled(again.draft) and not is_compiled(again.target)  # from the cache
 
 
@@ -243,7 +243,7 @@ def steps_with(tmp_path, times: StepTimes, used: InUse, lines: list):
     """The mini pair's steps under `auto`, both models probed at `times` and timed in use at `used` (fakes)."""
     loaded = synthetic_pair(*MINI, device="cpu")
     return with_steps(loaded, loaded, PairSpec(*MINI, device="cpu", step="auto"), status=lines.append,
-                      measure=lambda *a: times, folder=tmp_path, check=lambda *a: used)
+                      probe=Probe(lambda *a: times, lambda *a: used, tmp_path))
 
 
 def test_a_compiled_step_must_win_its_probe_by_the_margin(tmp_path):
@@ -332,9 +332,9 @@ def test_a_compiled_target_slower_in_a_run_than_its_probe_falls_back_to_eager(tm
 def test_eager_and_compiled_are_taken_as_asked(tmp_path):
     loaded = synthetic_pair(*MINI, device="cpu")
     measure = FakeMeasure()
-    eager = with_steps(loaded, loaded, PairSpec(*MINI, step="eager"), measure=measure, folder=tmp_path)
+    eager = with_steps(loaded, loaded, PairSpec(*MINI, step="eager"), probe=Probe(measure, folder=tmp_path))
     assert eager is loaded
-    both = with_steps(loaded, loaded, PairSpec(*MINI, step="compiled"), measure=measure, folder=tmp_path)
+    both = with_steps(loaded, loaded, PairSpec(*MINI, step="compiled"), probe=Probe(measure, folder=tmp_path))
     assert is_compiled(both.draft) and is_compiled(both.target) and measure.calls == 0
 
 
@@ -354,11 +354,11 @@ def test_a_step_that_cannot_compile_here_runs_eager_under_auto_and_is_one_senten
         raise RuntimeError("Failed to find C compiler. Please specify via CC environment variable.\n(pages)")
 
     lines = []
-    pair = with_steps(loaded, loaded, PairSpec(*MINI, step="auto"), status=lines.append, measure=broken,
-                      folder=tmp_path)
+    pair = with_steps(loaded, loaded, PairSpec(*MINI, step="auto"), status=lines.append,
+                      probe=Probe(broken, folder=tmp_path))
     assert not is_compiled(pair.draft) and not is_compiled(pair.target)
     assert any("cannot be compiled here (RuntimeError: Failed to find C compiler" in line for line in lines)
     assert not list(tmp_path.glob("**/step-*.json"))  # nothing kept: the next start tries again
     monkeypatch.setattr("specviz.models.steps.time_step", broken)
     with pytest.raises(ModelLoadError, match="could not be compiled here .*use --step eager or auto"):
-        with_steps(loaded, loaded, PairSpec(*MINI, step="compiled"), folder=tmp_path)
+        with_steps(loaded, loaded, PairSpec(*MINI, step="compiled"), probe=Probe(folder=tmp_path))

@@ -150,15 +150,24 @@ def wide_model(loaded: nn.Module, eager: nn.Module) -> nn.Module | None:
     return eager if eager is not loaded and hasattr(eager, "generate") else None
 
 
+@dataclass(frozen=True)
+class Probe:
+    """How `auto` decides a model's step: timing both (`measure`, once per machine, kept in `folder`: beside the
+    kernel tables by default) and checking a compiled step that won as a run uses it (`check`). Tests give theirs."""
+
+    measure: Measure = measure_step
+    check: InUseMeasure = in_use
+    folder: Path | None = None
+
+
 def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Callable[[str], None] = log.info,
-               measure: Measure = measure_step, folder: Path | None = None,
-               check: InUseMeasure = in_use, roles: tuple[str, ...] = ROLES, sizes: tuple[int, ...] | None = None
+               probe: Probe = Probe(), roles: tuple[str, ...] = ROLES, sizes: tuple[int, ...] | None = None
                ) -> ModelPair:
     """`eager` (the pair on its eager speed-ups) with each model's step as `spec.step` asks: compiled from the
-    `loaded` model, or left as it is; for `auto`, compiled only where `measured_steps` found it faster by the
-    margin and it held when timed as a run uses it (`in_use_problem`): otherwise eager, said in one sentence. The
-    pair keeps `eager` (`ModelPair.eager_steps`), for a check in use to fall back on. `sizes`: the static caches'
-    sizes (default `SIZES`; a measurement that knows its runs' length compiles only the one they use)."""
+    `loaded` model, or left as it is; for `auto`, compiled only where the `probe` found it faster by the margin and
+    it held when timed as a run uses it (`kept_by_probe`): otherwise eager, said in one sentence. The pair keeps
+    `eager` (`ModelPair.eager_steps`), for a check in use to fall back on. `sizes`: the static caches' sizes
+    (default `SIZES`; a measurement that knows its runs' length compiles only the one they use)."""
     if spec.step == "eager":
         return eager
     chosen = {}
@@ -173,30 +182,39 @@ def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Call
         target = role == "target"  # (a target verifies: its verify may run compiled too)
         compiled = with_compiled_step(model, sizes or SIZES, wide=wide_model(model, plain) if target else None,
                                       widths=VERIFY_WIDTHS if target else ())
-        if spec.step == "auto":
-            times = measured_steps(plain, compiled, loaded.device, measure, folder,
-                                   lambda line: status(f"The {role}: {line}"))
-            if times is None or not times.compiled_wins:
-                status(f"The {role}'s one-token step: {decided(times)}.")
-                continue
-            if target:  # (a draft verifies nothing)
-                compiled.verify_widths = times.verify_widths
-                status(verify_decided(times))
-            problem = in_use_problem(times, check(compiled, probe_ids(compiled, PROBE_LENGTHS[-1]), role == "target"))
-            if problem:
-                status(f"The {role}'s compiled step won its probe ({decided(times)}) but not in use: {problem}; it "
-                       "runs eager.")
-                continue
-            compiled.step_probe = times  # for the check in use (`checked_in_use`)
-        else:
+        if spec.step == "compiled":
             status(f"Compiling the {role}'s one-token step…")
             compiled_now(compiled, role)
+        elif not kept_by_probe(compiled, plain, role, loaded.device, probe, status):
+            continue
         status(f"The {role}'s one-token step runs compiled.")
         chosen[role] = compiled
     if not chosen:
         return eager
     names = {f"{role}_name": f"{getattr(eager, f'{role}_name')} [compiled step]" for role in chosen}
     return replace(eager, **chosen, **names, eager_steps=eager)
+
+
+def kept_by_probe(compiled: nn.Module, plain: nn.Module, role: str, device: torch.device, probe: Probe,
+                  status: Callable[[str], None]) -> bool:
+    """`auto`'s choice for one model: keep `compiled` where `measured_steps` found it faster than `plain` by the
+    margin and it held in use (`in_use_problem`); each verdict said in one sentence. A target's verify widths are
+    set from the same probe."""
+    times = measured_steps(plain, compiled, device, probe.measure, probe.folder,
+                           lambda line: status(f"The {role}: {line}"))
+    if times is None or not times.compiled_wins:
+        status(f"The {role}'s one-token step: {decided(times)}.")
+        return False
+    if role == "target":  # (a draft verifies nothing)
+        compiled.verify_widths = times.verify_widths
+        status(verify_decided(times))
+    problem = in_use_problem(times, probe.check(compiled, probe_ids(compiled, PROBE_LENGTHS[-1]), role == "target"))
+    if problem:
+        status(f"The {role}'s compiled step won its probe ({decided(times)}) but not in use: {problem}; it runs "
+               "eager.")
+        return False
+    compiled.step_probe = times  # for the check in use (`checked_in_use`)
+    return True
 
 
 def checked_in_use(pair: ModelPair, step_s: float) -> tuple[ModelPair, str | None]:

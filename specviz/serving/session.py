@@ -115,17 +115,18 @@ class Session:
     model code (if its `trust_remote_code` says so); a pair chosen in the UI never does.
     """
 
+    busy_timeout = 120.0  # seconds a job without a queue of its own (a step, a load) waits for the pair
+
     def __init__(self, pair: ModelPair | None = None, spec: PairSpec | None = None, *,
                  loader: Loader = load_pair, allow_any_model: bool = True, allow_switch: bool = False,
-                 fits: Callable[[PairSpec], None] = check_fits, busy_timeout: float = 120.0,
-                 recordings: Recordings | None = None, load_seconds: float | None = None):
+                 fits: Callable[[PairSpec], None] = check_fits, recordings: Recordings | None = None,
+                 load_seconds: float | None = None):
         self.pair, self.spec = pair, spec
         self.origin = spec
         self.loader = loader
         self.allow_switch = allow_switch  # False: visitors cannot change the pair (the operator's choice)
         self.allow_any_model = allow_any_model  # False: only the presets (and the pair started with)
         self.fits = fits  # refuses a pair whose weights would not fit in memory, before loading it
-        self.busy_timeout = busy_timeout
         self.load_seconds = load_seconds  # the longest a visitor's pair load may take (None: no limit)
         self.generation = 0  # bumps on every load, so a paused step-mode run knows its pair is gone
         self.lock = threading.Lock()  # a plain Lock: Gradio may resume a generator on another thread
