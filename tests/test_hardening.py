@@ -33,6 +33,8 @@ from specviz.settings.limits import InputError, Limits, clean_prompt
 from specviz.serving.pacing import Pace
 from specviz.serving.session import Session
 from specviz.ui import handlers as h
+from specviz.ui import decode as ui_decode
+from specviz.ui import replay as ui_replay
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "specviz" / "data" / "traces" / "trace_embedded_code.json"
@@ -233,7 +235,7 @@ def test_control_characters_are_stripped_not_fed_to_the_model(server):
 def test_lone_surrogates_are_dropped_like_control_characters():
     """JSON can carry them (\\ud800) though no UTF-8 client sends them; the tokenizers cannot take them."""
     with pytest.raises(gr.Error, match="the prompt is empty"):
-        list(h.run(Session(tiny_pair(), PairSpec("tiny", "tiny")), LIMITS, "\ud800" * 50, {}, options=FAST))
+        list(ui_decode.run(Session(tiny_pair(), PairSpec("tiny", "tiny")), LIMITS, "\ud800" * 50, {}, options=FAST))
     assert clean_prompt("the\udfff man", LIMITS) == "the man"
 
 
@@ -268,7 +270,7 @@ def test_out_of_memory_frees_the_runs_tensors_even_while_the_error_is_held(monke
     refs: list = []
     monkeypatch.setattr(pair.target, "forward", oom_forward(refs))
     with pytest.raises(gr.Error, match="out of memory") as held:
-        list(h.run(session, LIMITS, PROMPT, {"k": 4, "max_new_tokens": 8, "adaptive": "fixed"}, options=FAST))
+        list(ui_decode.run(session, LIMITS, PROMPT, {"k": 4, "max_new_tokens": 8, "adaptive": "fixed"}, options=FAST))
     assert held.value.__cause__ is not None  # the chain is still there...
     assert refs[0]() is None  # ...but what its frames held is gone
     assert not session.lock.locked()
@@ -314,13 +316,13 @@ def test_loading_a_new_pair_releases_the_old_one_and_closes_paused_runs():
     old = session.pair
     refs = [weakref.ref(old.draft), weakref.ref(old.target)]
     settings = {"k": 4, "max_new_tokens": 24, "adaptive": "fixed"}
-    stepper = list(h.step(session, LIMITS, None, PROMPT, settings, options=FAST))[-1][1]
+    stepper = list(ui_decode.step(session, LIMITS, None, PROMPT, settings, options=FAST))[-1][1]
     assert not stepper.done  # a paused step-mode run: its drafter holds the draft, its caches hold tensors
     assert session.load("tiny", "tiny") and session.pair is old  # the pair already served: nothing reloaded
     session.load("tiny", "tiny", "float32")
     assert old.draft is None and old.target is None
     assert all(r() is None for r in refs)
-    restarted = list(h.step(session, LIMITS, stepper, PROMPT, settings, options=FAST))[-1][1]
+    restarted = list(ui_decode.step(session, LIMITS, stepper, PROMPT, settings, options=FAST))[-1][1]
     assert restarted is not stepper and len(restarted.trace.rounds) == 1  # on the new pair
 
 
@@ -444,8 +446,8 @@ def test_html_inside_a_trace_is_shown_as_text(tmp_path):
         s["text"] = evil + s["text"]
     path = tmp_path / "evil.json"
     path.write_text(json.dumps(data))
-    main_view = list(h.replay_rounds(str(path), None, 0))[-1]
-    race_view = list(h.replay_race(str(path), None, 0))[-1]
+    main_view = list(ui_replay.replay_rounds(str(path), None, 0))[-1]
+    race_view = list(ui_replay.replay_race(str(path), None, 0))[-1]
     shown = main_view.tokens + main_view.caption + race_view.ar + race_view.spec
     assert "<img" not in shown and "&lt;img" in shown
     assert tracefile.load(path).rounds[0].text.startswith(evil)  # it was there to be escaped

@@ -30,8 +30,12 @@ from specviz.serving.pacing import Pace
 from specviz.serving.session import Session
 from specviz.server import build_server
 from specviz.ui import handlers as h
+from specviz.ui import decode as ui_decode
+from specviz.ui import exports as ui_exports
+from specviz.ui import replay as ui_replay
 from specviz.ui import render
-from specviz.ui.views import main_view, race_view
+from specviz.ui.decode import main_view
+from specviz.ui.race import race_view
 
 PROMPT = "the man said that it was good and"
 FAST = h.Options(Pace(0.0, 0.0))
@@ -215,18 +219,18 @@ def test_paused_step_runs_are_capped_and_expire_and_their_owner_is_told(monkeypa
     decoding.step(session, limits, None, "another visitor", SETTINGS)
     assert visitors[2].evicted and again.evicted and len(session.paused) == 1
     with pytest.warns(UserWarning, match="closed to free memory"):  # gr.Warning: a toast in the browser
-        views = list(h.step(session, limits, again, f"{PROMPT} 0", SETTINGS, options=FAST))
+        views = list(ui_decode.step(session, limits, again, f"{PROMPT} 0", SETTINGS, options=FAST))
     assert len(views[-1][1].trace.rounds) == 1
 
 
 def test_a_visitors_exports_are_removed_when_their_session_ends(tmp_path):
     session = tiny_session()
-    record = list(h.run(session, Limits(), PROMPT, SETTINGS, options=FAST))[-1].record
-    paths = [h.export(record, replace(FAST, trace_dir=tmp_path), html=html) for html in (False, True)]
+    record = list(ui_decode.run(session, Limits(), PROMPT, SETTINGS, options=FAST))[-1].record
+    paths = [ui_exports.export(record, replace(FAST, trace_dir=tmp_path), html=html) for html in (False, True)]
     assert all(Path(p).exists() for p in paths)
-    h.remove_files(paths)
+    ui_exports.remove_files(paths)
     assert not list(tmp_path.iterdir())
-    h.remove_files(paths)  # already gone: nothing to do, no error
+    ui_exports.remove_files(paths)  # already gone: nothing to do, no error
 
 
 # ------------------------------------------------------------------ replays and the CPU
@@ -236,7 +240,7 @@ def test_a_replay_renders_each_round_once(monkeypatch):
     calls = []
     real = render.round_html
     monkeypatch.setattr(render, "round_html", lambda *a, **k: calls.append(1) or real(*a, **k))
-    views = list(h.replay_rounds(None, SHIPPED, 0, options=FAST))
+    views = list(ui_replay.replay_rounds(None, SHIPPED, 0, options=FAST))
     n = len(views[-1].record.rounds)
     assert len(views) == n + 1 and len(calls) <= 2 * n  # O(rounds); re-rendering every update made n(n+1)/2
     monkeypatch.undo()

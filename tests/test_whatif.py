@@ -19,6 +19,7 @@ from specviz.settings.limits import Limits
 from specviz.serving.pacing import Pace
 from specviz.serving.session import Session
 from specviz.ui import handlers as h
+from specviz.ui import decode as ui_decode
 from specviz.ui.whatif import fill, prefill, whatif_view
 
 # 0.73² = 0.5329, 0.73³ = 0.389017, 0.73⁴ = 0.28398241, 0.73⁵ = 0.2073071593
@@ -168,7 +169,7 @@ def acceptance_of(rounds) -> float:
 
 
 def test_prefill_from_a_run_without_the_target_alone(session):
-    record = list(h.run(session, Limits(), PROMPT, {"k": 4, "max_new_tokens": 24, "adaptive": "fixed"},
+    record = list(ui_decode.run(session, Limits(), PROMPT, {"k": 4, "max_new_tokens": 24, "adaptive": "fixed"},
                         options=h.Options(Pace(0.0, 0.0))))[-1].record
     a, k, c, r, tps = prefill(record)
     later = drafting(record.rounds)

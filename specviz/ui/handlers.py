@@ -10,7 +10,6 @@ Gradio leaves every output the dict does not name as it is, so no event counts p
 from __future__ import annotations
 
 import functools
-import importlib
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, fields
@@ -92,15 +91,3 @@ def stream(views: Iterator, show: Callable[[object], dict]) -> Iterator[dict]:
     with closing(views):
         for view in views:
             yield show(view)
-
-
-# Moved into their tabs' modules (issue 48); tests outside ui/ (test_hardening, test_serving, test_whatif) still
-# import them from here. Looked up when asked for: the tabs import this module, so importing theirs here would loop.
-MOVED = {"run": "decode", "step": "decode", "replay_rounds": "replay", "replay_race": "replay", "export": "exports",
-         "remove_files": "exports"}
-
-
-def __getattr__(name: str):
-    if name in MOVED:
-        return getattr(importlib.import_module(f"specviz.ui.{MOVED[name]}"), name)
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
