@@ -165,11 +165,10 @@ def test_a_model_whose_cache_cannot_be_cut_is_refused_at_load():
 def test_each_model_is_passed_its_cache_by_the_name_its_forward_takes():
     """transformers 5.24 renamed the cache argument (`past_key_values` -> `cache`; the old name warns, 5.40 removes
     it) and 5.17-5.23 leave an unknown `cache=` unread: the name comes from the model's forward, is kept on the
-    model, and the engine's and the models' sides of the import contracts read it alike."""
+    model (`specviz.compat`, which the engine and the models both call)."""
     from torch import nn
 
-    from specviz.engine.plumbing import cache_keyword as engine_side
-    from specviz.models.pair import cache_keyword as models_side
+    from specviz.compat import cache_keyword
 
     class Old(nn.Module):
         def forward(self, input_ids, past_key_values=None, use_cache=True, logits_to_keep=0): ...
@@ -184,9 +183,8 @@ def test_each_model_is_passed_its_cache_by_the_name_its_forward_takes():
     from packaging.version import Version
 
     installed = "cache" if Version(transformers.__version__) >= Version("5.24") else "past_key_values"
-    for side in (engine_side, models_side):
-        old, new, passing = Old(), New(), Passing()
-        assert (side(old), side(new), side(passing)) == ("past_key_values", "cache", installed)
-        assert (old.cache_keyword, new.cache_keyword) == ("past_key_values", "cache")  # read once, kept
+    old, new, passing = Old(), New(), Passing()
+    assert (cache_keyword(old), cache_keyword(new), cache_keyword(passing)) == ("past_key_values", "cache", installed)
+    assert (old.cache_keyword, new.cache_keyword) == ("past_key_values", "cache")  # read once, kept
     model = tiny_model(1, 95)  # a Hugging Face Qwen2: the name its release takes
-    assert models_side(model) == engine_side(model) == installed
+    assert cache_keyword(model) == installed

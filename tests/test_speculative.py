@@ -19,7 +19,7 @@ from transformers import PretrainedConfig
 
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
 from specviz.analysis.divergence import first_divergence, spec_gap_at
-from specviz.engine.plumbing import cache_keyword
+from specviz.compat import cache_keyword
 from specviz.engine.speculative import cut_once
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED
 from specviz.models.pair import ModelPair

@@ -19,7 +19,7 @@ from types import SimpleNamespace
 import torch
 from transformers.masking_utils import create_causal_mask, create_sliding_window_causal_mask
 
-from specviz.engine.plumbing import cache_keyword
+from specviz.compat import cache_keyword
 
 # the attention kinds whose masks this module builds, as the model's own forward does (Qwen2, Llama)
 MASKS = {"full_attention": create_causal_mask, "sliding_attention": create_sliding_window_causal_mask}

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import copy
-import dataclasses
-import inspect
 import time
 
 import torch
 from transformers import DynamicCache
-from transformers.modeling_outputs import CausalLMOutputWithPast
+
+from specviz.compat import cache_keyword
 
 
 def clock(device: torch.device) -> float:
@@ -62,27 +61,6 @@ def at(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
     return x.index_select(0, i.view(1))[0]
 
 
-def cache_keyword(model) -> str:
-    """The keyword `model` takes its KV cache by. transformers 5.24 renamed it (`past_key_values` -> `cache`): there
-    the old name warns on every call, and 5.40 removes it; 5.17 to 5.23 know only `past_key_values`, and an unknown
-    `cache=` would land in their **kwargs unread (a forward without its cache, silently). So the model's forward
-    says: read from its signature once and kept on the model (a wrapper of ours declares it). `models.pair` has
-    the same function, keeping the same attribute: the models may not import the engine."""
-    keyword = getattr(model, "cache_keyword", None)
-    if keyword is None:
-        keyword = named_cache(inspect.signature(getattr(model, "forward", model)).parameters)
-        if isinstance(model, torch.nn.Module):
-            model.cache_keyword = keyword
-    return keyword
-
-
-def named_cache(parameters) -> str:
-    """The cache's name among a forward's parameters. One that names neither (`*args, **kwargs`: a wrapper) passes
-    it on to a model of the installed transformers: the name that release gives it (its outputs' field)."""
-    for name in ("cache", "past_key_values"):
-        if name in parameters:
-            return name
-    return "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 
 
 def forward(model, ids: torch.Tensor, cache, keep: int, **inputs: torch.Tensor):
@@ -155,9 +133,6 @@ def model_dtype(model) -> torch.dtype:
     dtype = getattr(model, "dtype", None)
     return dtype if dtype is not None else next(p.dtype for p in model.parameters() if p.is_floating_point())
 
-
-def model_vocab(model) -> int:
-    return model.config.get_text_config().vocab_size
 
 
 def fit_ids(ids: torch.Tensor, rows: int) -> torch.Tensor:

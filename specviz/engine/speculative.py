@@ -17,8 +17,9 @@ from specviz.engine.drafters import NEEDS_DRAFT_MODEL, Draft, Drafter, make_draf
 from specviz.engine.events import (
     ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, Finish, Round, end_of_run, until_eos,
 )
+from specviz.compat import model_vocab
 from specviz.engine.plumbing import (
-    Phases, Pieces, PromptCache, at, clock, fit_ids, forward, model_vocab, pad_vocab, prefilled, rollback, to_host,
+    Phases, Pieces, PromptCache, at, clock, fit_ids, forward, pad_vocab, prefilled, rollback, to_host,
 )
 from specviz.engine.rules import Verdict, overlap, verify
 from specviz.engine.sampling import logits_to_probs, make_generator

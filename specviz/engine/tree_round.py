@@ -19,8 +19,9 @@ from specviz.engine.events import (
     ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, Candidate, DraftedToken, Finish, Round, TreeNode,
     end_of_run, until_eos,
 )
+from specviz.compat import model_vocab
 from specviz.engine.plumbing import (
-    Phases, Pieces, PromptCache, at, clock, fit_ids, forward, model_dtype, model_vocab, pad_vocab, prefilled, to_host,
+    Phases, Pieces, PromptCache, at, clock, fit_ids, forward, model_dtype, pad_vocab, prefilled, to_host,
 )
 from specviz.engine.sampling import draw, logits_to_probs, make_generator
 from specviz.engine.siblings import TreeVerdict, walk_point_masses, without

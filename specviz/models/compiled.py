@@ -33,7 +33,7 @@ from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
 from specviz.models.fused import fuse_projections
-from specviz.models.pair import cache_keyword
+from specviz.compat import cache_keyword
 from specviz.models.static_cache import MAX_LEN, SIZES, StaticKV, StaticPool, chain_mask, static_mask  # noqa: F401
 
 log = logging.getLogger(__name__)

@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 import torch
 from filelock import FileLock
 
+from specviz.compat import cache_keyword, model_vocab
 from specviz.models.embedded import (
     EmbeddedModel,
     EmbeddedModelError,
@@ -29,7 +30,7 @@ from specviz.models.embedded import (
 from specviz.models.converted import cast_folder, replace_folder, write_manifest
 from specviz.models.families import same_tokenizer, vocab_map
 from specviz.models.pair import (
-    DTYPES, EMBEDDED, OUT_OF_MEMORY, TINY, ModelLoadError, ModelPair, PairSpec, cache_keyword, model_vocab,
+    DTYPES, EMBEDDED, OUT_OF_MEMORY, TINY, ModelLoadError, ModelPair, PairSpec,
     release_memory, resolve_device, resolve_dtype,
 )
 from specviz.models.synthetic import is_synthetic, synthetic_pair

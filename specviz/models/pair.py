@@ -5,7 +5,6 @@ from __future__ import annotations
 import ctypes
 import dataclasses
 import gc
-import inspect
 import traceback
 from dataclasses import field
 from typing import Literal, get_args
@@ -13,6 +12,8 @@ from typing import Literal, get_args
 import torch
 from pydantic import Field
 from pydantic.dataclasses import dataclass
+
+from specviz.compat import model_vocab
 
 EMBEDDED = "embedded"
 TINY = "tiny"  # the in-process random pair (specviz.models.tiny): no files, for quick looks and tests
@@ -165,30 +166,3 @@ def resolve_dtype(dtype: str, device: torch.device, cpu_auto=measured_cpu_dtype)
     if dtype not in DTYPES:
         raise ModelLoadError(f"unknown dtype {dtype!r}; choose one of {', '.join(get_args(Dtype))}.")
     return DTYPES[dtype]
-
-
-def model_vocab(model) -> int:
-    return model.config.get_text_config().vocab_size
-
-
-def cache_keyword(model) -> str:
-    """The keyword `model` takes its KV cache by (`cache` from transformers 5.24 on, `past_key_values` before; an
-    unknown one goes unread): read from its forward's signature once and kept on the model. The engine's
-    `plumbing.cache_keyword` is this function, on its side of the import contracts (models may not import it)."""
-    keyword = getattr(model, "cache_keyword", None)
-    if keyword is None:
-        keyword = named_cache(inspect.signature(getattr(model, "forward", model)).parameters)
-        if isinstance(model, torch.nn.Module):
-            model.cache_keyword = keyword
-    return keyword
-
-
-def named_cache(parameters) -> str:
-    """The cache's name among a forward's parameters. One that names neither (`*args, **kwargs`: a wrapper) passes
-    it on to a model of the installed transformers: the name that release gives it (its outputs' field)."""
-    from transformers.modeling_outputs import CausalLMOutputWithPast
-
-    for name in ("cache", "past_key_values"):
-        if name in parameters:
-            return name
-    return "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"

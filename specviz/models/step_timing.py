@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from specviz.models.kernels import sync
-from specviz.models.pair import cache_keyword
+from specviz.compat import cache_keyword
 
 # The compiled step replaces the eager one only when faster by more than this: on a 2-core Zen 4 the probe chose
 # a compiled step that had won by 0.4 % and 0.9 % (noise), which then cost 1.25-1.4x the eager step in the race.
