@@ -37,6 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specviz.bench.bandwidth import step_bound, triad_bandwidth  # noqa: E402
+from specviz.engine.plumbing import forward  # noqa: E402
 from specviz.models.kernels import step_bytes  # noqa: E402
 
 KINDS = (("gemm", ("gemm", "gemv", "cutlass", "nvjet", "sm90_", "sm100_", "cublas", "splitk", "ampere_")),
@@ -114,7 +115,7 @@ def static_cache(model, prompt: list[int], room: int):
     """A static cache with the prompt read (as a run reads it), `room` tokens free after it."""
     cache = model.new_cache(len(prompt) + room)
     ids = torch.tensor([prompt], device=device_of(model))
-    model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    forward(model, ids, cache, 1)
     return cache
 
 
@@ -122,7 +123,7 @@ def steps_back_to_back(model, cache, n: int) -> None:
     """n one-token steps queued as a drafter queues them: no host read between them."""
     token = torch.ones((1, 1), dtype=torch.long, device=device_of(model))
     for _ in range(n):
-        model(token, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        forward(model, token, cache, 1)
     cache.crop(-n)
 
 
@@ -140,7 +141,7 @@ def step_wall_ms(model, cache, n: int = 32, reps: int = 5) -> dict:
     for _ in range(n):
         sync()
         t0 = time.perf_counter()
-        model(token, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        forward(model, token, cache, 1)
         sync()
         alone.append(time.perf_counter() - t0)
         cache.crop(-1)
@@ -194,7 +195,7 @@ def step_part(role: str, model, prompt, bandwidth: float) -> dict:
 
 
 def round_part(pair, prompt: list[int], k: int, tokens: int) -> tuple[dict, str]:
-    from specviz.bench.forced import ForcedDrafter, keep_every_draft
+    from specviz.bench.forced import KEEP_EVERY_DRAFT, ForcedDrafter
     from specviz.engine import DecodeConfig, autoregressive_generate, speculative_generate
     from specviz.engine.drafters import ModelDrafter
     from specviz.engine.sampling import SamplingParams, make_generator
@@ -206,7 +207,7 @@ def round_part(pair, prompt: list[int], k: int, tokens: int) -> tuple[dict, str]
     def run() -> list:
         inner = ModelDrafter(pair.draft, SamplingParams(0.0), make_generator(pair.device, 0), pair.vocab_size)
         drafter = ForcedDrafter(inner, continuation, len(prompt), pair.vocab_size, pair.device)
-        return list(speculative_generate(pair, prompt, config, drafter=drafter, rule=keep_every_draft))
+        return list(speculative_generate(pair, prompt, config, drafter=drafter, rule=KEEP_EVERY_DRAFT))
 
     run()  # warm
     sync()

@@ -6,12 +6,14 @@ transformers' settings being reset between calls. Timings are never asserted.
 from __future__ import annotations
 
 import json
+import logging
 from dataclasses import replace
 from unittest import mock
 
 import pytest
 import torch
 
+from helpers import deprecations_said
 from specviz.analysis import predict
 from specviz.analysis.divergence import first_divergence
 from specviz.analysis.stats import run_stats, spec_stats
@@ -564,6 +566,28 @@ def test_hf_settings_are_restored_after_each_call(tiny):
             config.assistant_confidence_threshold) == before
 
 
+def test_transformers_lanes_say_nothing_deprecated(tiny):
+    """A bench run's log carries no deprecation (issue 48). transformers' assisted generation calls the assistant's
+    generate() with a generation_config and arguments beside it, which generate() warns is deprecated, once a process
+    (its record of warnings said is cleared first: the test then holds whatever ran before it); the lane quiets
+    that logger for its call alone, and sets it back after."""
+    from transformers.utils.logging import warning_once
+
+    from specviz.bench.hf import GENERATE_LOGGER
+
+    hf = HFGenerate(tiny.target, tiny.eos_token_ids, None, tiny.device)
+    logger = logging.getLogger(GENERATE_LOGGER)
+    level = logger.level
+    warning_once.cache_clear()
+    with deprecations_said() as said:
+        hf.generate([3, 4, 5], 6, HFSetting.fixed(3), tiny.draft)
+        hf.generate([3, 4, 5], 6, HF_DEFAULT, tiny.draft)
+        hf.generate([3, 4, 5, 3, 4], 6, HFSetting.fixed(3), lookup=True)
+        hf.generate([3, 4, 5], 6)
+    assert said == []
+    assert logger.level == level
+
+
 @pytest.mark.parametrize("sampling, expected", [
     (SamplingParams(0.0), dict(do_sample=False, temperature=None, top_k=None, top_p=None)),
     (SamplingParams(0.7, top_k=0, top_p=0.9), dict(do_sample=True, temperature=0.7, top_k=None, top_p=0.9)),
@@ -586,16 +610,21 @@ def test_hf_samples_with_the_same_warps_as_specviz(tiny, sampling, expected):
 
 
 def test_cli_writes_json_and_html(tiny, tmp_path, capsys):
+    """The bench writes its report as JSON and HTML; with --no-progress it loads its pair without transformers'
+    progress bars, and it says nothing deprecated meanwhile (issue 48)."""
     from specviz import cli
 
     prompts = tmp_path / "p.jsonl"
     prompts.write_text('{"id": "x", "prompt": "the a of", "kind": "code"}\n'
                        '{"id": "y", "prompt": "she said that", "kind": "code"}\n')
     out, page = tmp_path / "r.json", tmp_path / "r.html"
-    with mock.patch("specviz.models.load_spec", lambda spec, **kw: tiny):
+    loads = []
+    with mock.patch("specviz.models.load_spec", lambda spec, **kw: loads.append(kw) or tiny), \
+            deprecations_said() as said:
         rc = cli.main(["bench", "--prompts", str(prompts), "--k", "2,3", "--adaptive", "fixed", "--max-new-tokens", "6",
                        "--compare-hf", "--json", str(out), "--html", str(page), "--no-progress"])
     assert rc == 0
+    assert loads == [{"progress": False}] and said == []
     report = json.loads(out.read_text())
     assert SUMMARY_KEYS <= set(report["summary"]) and len(report["runs"]) == 1
     assert report["summary"]["tuned_on"] == ["y"] and report["summary"]["reported_on"] == ["x"]
@@ -795,6 +824,8 @@ def test_fast_draft_keeps_greedy_output_and_the_original_draft(bits, lean, step)
 def lean_and_hf_logits(bits: int, feeds: list[list[int]]):
     from transformers import DynamicCache
 
+    from specviz.engine.plumbing import forward
+
     model = tiny_pair().draft
     lean = LeanDraft(model, DraftQuant(bits=bits)).eval()
     out = []
@@ -802,8 +833,8 @@ def lean_and_hf_logits(bits: int, feeds: list[list[int]]):
         c1, c2 = DynamicCache(), DynamicCache()
         for feed in feeds:
             x = torch.tensor([feed])
-            a = model(x, past_key_values=c1, use_cache=True, logits_to_keep=len(feed)).logits
-            b = lean(x, past_key_values=c2, use_cache=True, logits_to_keep=len(feed)).logits
+            a = forward(model, x, c1, len(feed)).logits
+            b = forward(lean, x, c2, len(feed)).logits
             out.append((a, b))
         assert c1.get_seq_length() == c2.get_seq_length() == sum(map(len, feeds))
     return out
@@ -845,7 +876,7 @@ def test_sampled_drafts_carry_the_fast_drafts_own_q(lean):
     """
     from transformers import DynamicCache
 
-    from specviz.engine.plumbing import rollback
+    from specviz.engine.plumbing import forward, rollback
 
     pair = tiny_pair()
     fast = with_cheaper_draft(pair, DraftQuant(bits=8), lean=lean)
@@ -854,11 +885,11 @@ def test_sampled_drafts_carry_the_fast_drafts_own_q(lean):
     rounds = list(speculative_generate(fast, history, config))
     cache = DynamicCache()
     with torch.inference_mode():
-        fast.draft(torch.tensor([history[:-1]]), past_key_values=cache, use_cache=True, logits_to_keep=1)
+        forward(fast.draft, torch.tensor([history[:-1]]), cache, 1)
         for r in rounds:
             feed = torch.tensor([history[cache.get_seq_length():]])
             for d in r.drafted:
-                logits = fast.draft(feed, past_key_values=cache, use_cache=True, logits_to_keep=1).logits[0, -1]
+                logits = forward(fast.draft, feed, cache, 1).logits[0, -1]
                 assert d.q == pytest.approx(torch.softmax(logits.float(), -1)[d.id].item(), rel=1e-4, abs=1e-7)
                 feed = torch.tensor([[d.id]])
             rollback(cache, len(history) + r.n_accepted)

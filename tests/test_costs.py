@@ -11,6 +11,7 @@ from dataclasses import replace
 import pytest
 import torch
 
+from helpers import deprecations_said
 from specviz.bench.forced import ForcedDrafter
 from specviz.cli import main
 from specviz.engine import DecodeConfig, autoregressive_generate, speculative_generate
@@ -152,7 +153,7 @@ def test_the_forced_drafter_pays_the_draft_s_steps_and_proposes_the_target_s_con
 def test_keep_every_draft_keeps_what_the_rule_would_reject_and_the_report_says_how_many():
     """The timed run keeps every draft (bf16 near-ties may part the recording from the verify's argmax): here a
     recording that is wrong from its first token, all kept, and none the verify's argmax."""
-    from specviz.bench.forced import keep_every_draft
+    from specviz.bench.forced import KEEP_EVERY_DRAFT
 
     pair = tiny_pair()
     prompt, k = [5, 6, 7, 8], 4
@@ -161,10 +162,20 @@ def test_keep_every_draft_keeps_what_the_rule_would_reject_and_the_report_says_h
     wrong = [(t + 1) % pair.vocab_size for t in alone]
     inner = ModelDrafter(pair.draft, SamplingParams(0.0), make_generator(pair.device, 0), pair.vocab_size)
     forced = ForcedDrafter(inner, wrong, len(prompt), pair.vocab_size, pair.device)
-    rounds = list(speculative_generate(pair, prompt, config, rule=keep_every_draft, drafter=forced))
+    rounds = list(speculative_generate(pair, prompt, config, rule=KEEP_EVERY_DRAFT, drafter=forced))
     assert all(r.n_accepted == r.k and r.emitted.kind == "bonus" for r in rounds)
     assert [t for r in rounds for t in r.new_token_ids][:k] == wrong[:k]
     assert not any(d.p == 1.0 for r in rounds for d in r.drafted)  # greedy p: 1 only at the verify's argmax
+
+
+def test_measuring_costs_says_nothing_deprecated():
+    """The cost model's forwards pass the KV cache by the name the model takes (transformers 5.24 renamed it and
+    warns on every forward given the old one): a bench run's log carries no deprecation (issue 48)."""
+    from specviz.bench.costs import measure_costs_once
+
+    with deprecations_said() as said:
+        cost = measure_costs_once(tiny_pair(), [5, 6, 7, 8], 3, reps=1)
+    assert said == [] and len(cost.verify_s) == 3
 
 
 def test_a_failing_step_mode_is_recorded_and_the_next_still_runs(tmp_path, monkeypatch, capsys):

@@ -168,6 +168,26 @@ def test_prove_refuses_greedy_and_bad_lists(capsys):
     assert "needs sampling" in err and "nope" in err
 
 
+def test_prove_loads_without_progress_bars_when_asked(monkeypatch):
+    """--no-progress reaches the load: transformers' "Loading weights" bars stay off too (issue 48)."""
+    import specviz.models as models
+
+    class Loaded(Exception):
+        pass
+
+    loads = []
+
+    def load(spec, **kw):
+        loads.append(kw)
+        raise Loaded  # the load is all this test needs
+
+    monkeypatch.setattr(models, "load_spec", load)
+    for flags, shown in (([], True), (["--no-progress"], False)):
+        with pytest.raises(Loaded):
+            main(["prove", "--draft", "tiny", "--target", "tiny", *flags])
+        assert loads.pop() == {"progress": shown}
+
+
 @pytest.mark.parametrize("n", [40, 400])
 def test_the_chance_level_of_tv_is_the_mean_tv_of_n_multinomial_draws(n):
     """The closed form against 20,000 multinomial draws of n (Monte Carlo: within 2 %), on a skewed p with a

@@ -13,20 +13,20 @@ import torch
 
 from specviz.bench.noise import calmest, timed
 from specviz.analysis.predict import CostModel
-from specviz.engine.plumbing import clock, new_cache, rollback
+from specviz.engine.plumbing import clock, forward, new_cache, rollback
 
 
 def _forward_times(model, prompt_ids: list[int], sizes: list[int], reps: int, device) -> dict[int, float]:
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     cache = new_cache(model)
-    model(ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    forward(model, ids, cache, 1)
     keep = ids.shape[1]
     times: dict[int, list[float]] = {n: [] for n in sizes}
     for rep in range(reps + 1):  # the first pass warms up and is dropped
         for n in sizes:
             feed = ids[:, -n:] if n <= keep else ids[:, :1].repeat(1, n)
             t0 = clock(device)
-            model(feed, past_key_values=cache, use_cache=True, logits_to_keep=n).logits.float()
+            forward(model, feed, cache, n).logits.float()
             t1 = clock(device)
             rollback(cache, keep)
             if rep:

@@ -9,7 +9,7 @@ what the loop adds on top of the model forwards: the host transfer, Python, buil
 The recording comes from the target alone's one-token steps, and the verify reads K + 1 tokens at once. In
 float32 the rule accepts every recorded token (tested). In bf16 the two round differently, and random weights
 make near-ties common (a synthetic Qwen2.5-1.5B's top two logits: median gap 0.125), so some recorded tokens are
-not the verify's argmax: the timed run keeps every draft whatever the rule decides (`keep_every_draft`, after
+not the verify's argmax: the timed run keeps every draft whatever the rule decides (`KEEP_EVERY_DRAFT`, after
 the rule's full work), and reports how often the verify's argmax agreed with the recording.
 """
 
@@ -26,6 +26,7 @@ from specviz.engine.drafters import Draft, ModelDrafter, point_mass_draft
 from specviz.engine.plumbing import at
 from specviz.engine.rules import Verdict, verify
 from specviz.engine.sampling import SamplingParams, draw, make_generator
+from specviz.engine.speculative import Rule
 from specviz.models.compiled import CompileCounts
 from specviz.bench.syncs import counting_host_reads
 
@@ -38,6 +39,10 @@ def keep_every_draft(p, q, tokens, generator, greedy: bool = False) -> Verdict:
     # (a fill, not torch.tensor: a copy from the host's pageable memory would wait for the device's queue first)
     kept = torch.full((), k, dtype=torch.long, device=p.device)
     return replace(verdict, n_accepted=kept, next_token=bonus, next_prob=at(p[k], bonus))
+
+
+# the rule the timed run verifies with; no tree form: the forced drafter is a chain's
+KEEP_EVERY_DRAFT = Rule("keep every draft", keep_every_draft)
 
 
 class ForcedDrafter:
@@ -127,7 +132,7 @@ def forced_run(pair, prompt: list[int], k: int, new_tokens: int, cost: CostModel
     inner = ModelDrafter(pair.draft, SamplingParams(0.0), make_generator(pair.device, 0), pair.vocab_size)
     drafter = ForcedDrafter(inner, continuation, len(prompt), pair.vocab_size, pair.device)
     rounds, decode_s, reads, compiles = timed_events(speculative_generate(pair, prompt, config, drafter=drafter,
-                                                                          rule=keep_every_draft), pair.device)
+                                                                          rule=KEEP_EVERY_DRAFT), pair.device)
     timed = rounds[1:]  # as `decode_s`: the first round's wall time includes reading the prompt
     tokens = sum(len(r.new_token_ids) for r in timed)
     drafted = sum(r.k for r in rounds)

@@ -9,6 +9,9 @@ applies the setting asked for: a constant K (with specviz's confidence cut, or n
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -17,6 +20,21 @@ from specviz.engine import SamplingParams
 from specviz.engine.drafters import LOOKUP_MAX_NGRAM
 
 ASSISTANT_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "assistant_confidence_threshold")
+# transformers' assisted generation calls the assistant's generate() with a generation_config and arguments beside
+# it, which generate() itself warns is deprecated (5.24, once a process): transformers' own call, none of ours
+GENERATE_LOGGER = "transformers.generation.utils"
+
+
+@contextmanager
+def logger_at_least(name: str, level: int) -> Iterator[None]:
+    """The logger `name` says nothing below `level` while the block runs, and is set as before once it is over."""
+    logger = logging.getLogger(name)
+    before = logger.level
+    logger.setLevel(max(level, logger.getEffectiveLevel()))
+    try:
+        yield
+    finally:
+        logger.setLevel(before)
 
 
 @dataclass(frozen=True)
@@ -82,11 +100,13 @@ class HFGenerate:
             extra["assistant_model"] = assistant
         if self.seed is not None and not self.sampling.greedy:
             torch.manual_seed(self.seed)  # generate() samples from the global generator
+        assisted = "assistant_model" in extra
         try:
-            out = self.target.generate(
-                ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, eos_token_id=self.eos,
-                pad_token_id=self.pad, repetition_penalty=None, **sampling_kwargs(self.sampling), **extra)
+            with logger_at_least(GENERATE_LOGGER, logging.ERROR) if assisted else nullcontext():
+                out = self.target.generate(
+                    ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, eos_token_id=self.eos,
+                    pad_token_id=self.pad, repetition_penalty=None, **sampling_kwargs(self.sampling), **extra)
         finally:
-            if "assistant_model" in extra:
+            if assisted:
                 self._apply(assistant, HF_DEFAULT)
         return out[0, len(prompt_ids):].tolist()

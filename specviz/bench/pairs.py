@@ -29,13 +29,15 @@ class BenchPairs:
     vocab_ids: object | None  # the cheaper draft's cut head (None: the whole vocabulary)
 
 
-def tuned_target(spec: PairSpec, status: Status) -> tuple[ModelPair, ModelPair, object | None]:
+def tuned_target(spec: PairSpec, status: Status, progress: bool = True) -> tuple[ModelPair, ModelPair, object | None]:
     """(loaded, pair, tuning): the pair as loaded (the cheaper draft and the steps are chosen later, on the pair as
-    the runs use it), and the same with its target at its precision on the kernels asked for."""
+    the runs use it), and the same with its target at its precision on the kernels asked for. `progress`: the
+    loading's progress bars (transformers' "Loading weights"), off for `--no-progress`."""
     from specviz.models import load_spec
     from specviz.models.target import with_target
 
-    loaded = load_spec(replace(spec, draft_quant="none", draft_vocab=0, kernels="plain", step="eager"))
+    loaded = load_spec(replace(spec, draft_quant="none", draft_vocab=0, kernels="plain", step="eager"),
+                       progress=progress)
     pair, tuning = with_target(loaded, "none", spec.kernels, status=status)
     return loaded, pair, tuning
 

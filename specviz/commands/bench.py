@@ -281,7 +281,7 @@ def cmd_bench(args) -> int:
     info = machine()
     if info["cpu_count"] and info["torch_threads"] != info["cpu_count"]:
         log.warning("torch uses %s threads on %s cores", info["torch_threads"], info["cpu_count"])
-    loaded, pair, tuning = tuned_target(spec, status)
+    loaded, pair, tuning = tuned_target(spec, status, progress=not args.no_progress)
     if problem := drafter_problem_of(plan, pair):
         return refuse(problem)
     pairs = bench_pairs(loaded, pair, tuning, spec, DraftQuant.named(spec.draft_quant, args.draft_group),

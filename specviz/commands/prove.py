@@ -74,7 +74,8 @@ def cmd_prove(args) -> int:
     from specviz.models import encode_prompt, load_spec
 
     plan, spec = plan_of(args)  # a bad flag fails here, before any model loads
-    base = load_spec(replace(spec, draft_vocab=0))  # a cut head is the cheaper draft's, made per quantisation
+    # a cut head is the cheaper draft's, made per quantisation
+    base = load_spec(replace(spec, draft_vocab=0), progress=not args.no_progress)
     ids = encode_prompt(base.tokenizer, args.prompt)
     config = plan.configs[0]
     meta = {"machine": machine(), "draft": base.draft_name, "target": base.target_name,
