@@ -74,8 +74,9 @@ def test_the_loop_at_full_acceptance_against_its_ideal(report, mode):
     ideal = (K + 1) / (1e-3 * (K * r["draft_step_ms"] + r["verify_ms"][K]))
     assert f["ideal_tokens_per_s"] == pytest.approx(ideal, rel=2e-3)
     assert f["tokens_per_s"] == pytest.approx(f["tokens"] / f["decode_s"], rel=2e-3)
-    assert f["efficiency"] == pytest.approx(f["tokens_per_s"] / f["ideal_tokens_per_s"], rel=2e-3)
-    assert f["speedup"] == pytest.approx(f["tokens_per_s"] / f["target_alone_tokens_per_s"], rel=2e-3)
+    # (the report rounds these two to 3 decimals: half a unit of the last one, whatever their size)
+    assert f["efficiency"] == pytest.approx(f["tokens_per_s"] / f["ideal_tokens_per_s"], rel=2e-3, abs=5e-4)
+    assert f["speedup"] == pytest.approx(f["tokens_per_s"] / f["target_alone_tokens_per_s"], rel=2e-3, abs=5e-4)
     per_round = 1e3 * f["decode_s"] / f["rounds"]
     assert f["overhead_ms_per_round"] == pytest.approx(per_round - 1e3 * (f["draft_s"] + f["verify_s"]) / f["rounds"],
                                                        abs=0.01)
