@@ -10,6 +10,7 @@ from importlib import resources
 import pytest
 
 from specviz import cli
+from specviz.commands import atlas
 
 pytestmark = pytest.mark.embedded
 KINDS = ("code", "json", "prose")
@@ -22,7 +23,7 @@ def test_cli_atlas_on_shipped_prompts(embedded_pair, tmp_path, monkeypatch, caps
         first.setdefault(json.loads(line)["kind"], line)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(first[kind] for kind in KINDS) + "\n")
-    monkeypatch.setattr(cli, "load_spec", lambda spec: embedded_pair)  # the session's pair, loaded once
+    monkeypatch.setattr(atlas, "load_spec", lambda spec: embedded_pair)  # the session's pair, loaded once
     code = cli.main(["atlas", "--prompts", str(prompts), "--max-new-tokens", "8", "--json", str(tmp_path / "a.json"),
                      "--html", str(tmp_path / "a.html"), "--export-rejections", str(tmp_path / "r.jsonl")])
     out = capsys.readouterr()
