@@ -293,8 +293,11 @@ def signalled_once_reported(argv: list[str], tmp_path, out, reported, sig, promp
     import time
     from pathlib import Path
 
+    # one thread, as the suite's own tiny-model tests run: beside a busy pytest worker, a second OpenMP thread spinning
+    # made this process 7x slower (104 s against 15 s alone for the bench below)
+    env = {**os.environ, "SPECVIZ_CACHE": str(tmp_path / "c"), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([str(Path(sys.executable).parent / "specviz"), *argv], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "SPECVIZ_CACHE": str(tmp_path / "c")})
+                            stderr=subprocess.PIPE, text=True, env=env)
     seen = []
     while proc.poll() is None:
         try:
