@@ -50,7 +50,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--json", required=True, help="where to write the report")
     args = p.parse_args(argv)
     sys.path.insert(0, str(ROOT))
-    from specviz.remote.machine import machine
+    from specviz.bench.machine import machine
 
     with tempfile.TemporaryDirectory(prefix="specviz-first-run-") as tmp:
         clone, cache = Path(tmp) / "specviz", Path(tmp) / "cache"

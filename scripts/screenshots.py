@@ -28,7 +28,7 @@ from playwright.sync_api import sync_playwright
 from specviz.engine import DecodeConfig
 from specviz.models import PairSpec
 from specviz.settings.limits import Limits
-from specviz.remote.machine import run_meta
+from specviz.bench.machine import run_meta
 from specviz.serving.pacing import Pace
 from specviz.serving.session import Session
 from specviz.server import build_server, launch

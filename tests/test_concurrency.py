@@ -25,7 +25,7 @@ from specviz.models import PairSpec, encode_prompt, load_pair
 from specviz.models.tiny import WORDS, tiny_pair
 from specviz.settings.limits import Limits
 from specviz.serving.session import Session
-from specviz.ui.handlers import MODEL
+from specviz.serving.turns import MODEL
 
 PROMPT = "the man said that it was good and"
 LIMITS = Limits(max_new_tokens=200)

@@ -208,7 +208,7 @@ def smollm2_pair(embedded_pair):
     `load_pair` builds it (the target already loaded is reused)."""
     from specviz.models.families import vocab_map
     from specviz.models.loading import load_model
-    from specviz.models.pair import model_vocab
+    from specviz.compat import model_vocab
 
     draft, draft_tok = load_model("smollm2", "draft", torch.float32, progress=False)
     mapping = vocab_map(draft_tok, embedded_pair.tokenizer, model_vocab(draft), model_vocab(embedded_pair.target),

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from specviz.models.kernel_table import cpu_fields
-from specviz.remote.machine import described
+from specviz.bench.machine import described
 
 ZEN5 = """processor\t: 0
 vendor_id\t: AuthenticAMD

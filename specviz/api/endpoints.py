@@ -33,10 +33,8 @@ from specviz.runs.replay import shipped_traces, trace_data, trace_from_text
 from specviz.serving.session import Session
 from specviz.settings.spec import Setting, fields_of, flat_values
 from specviz.runs.trace import Trace
-from specviz.serving.turns import Waiting
+from specviz.serving.turns import MODEL, REPLAY, Waiting
 
-MODEL = "model"  # the concurrency group of everything that runs the pair (the same as the UI's)
-REPLAY = "replay"  # no model, one at a time beside the model's queue (the same as the UI's replays)
 user_errors = translating(lambda message: gr.Error(message, print_exception=False))
 
 
@@ -194,7 +192,7 @@ def register(session: Session, limits: Limits, pace: Pace = Pace(), page: Callab
     settings = [replace(s, default=served[s.name]) for s in fields_of(DecodeConfig, limits)]
     prompt = [("prompt", str, inspect.Parameter.empty)]
     shared = [s for s in settings if s.name not in ("temperature", "max_new_tokens")]  # the experiment's own
-    timed = [  # these run the pair: one at a time, in the model's queue (runs.turns; Gradio bounds its length)
+    timed = [  # these run the pair: one at a time, in the model's queue (serving.turns; Gradio bounds its length)
         endpoint(lambda values, owner: generate(session, limits, values, owner), "generate", generate.__doc__, prompt,
                  settings, owned=True),
         endpoint(lambda values, owner: race_stream(session, limits, values, pace, owner), "race", race_stream.__doc__,

@@ -117,7 +117,7 @@ def parse_version(text: str) -> str | None:
 
 
 def speculative_flags(help_text: str) -> dict:
-    """The names this llama-speculative-simple accepts (`engines.llama_server.flag_names`), and --no-escape."""
+    """The names this llama-speculative-simple accepts (`remote.llama_server.flag_names`), and --no-escape."""
     try:
         flags = flag_names(help_text, "llama-speculative-simple")
     except EngineError as e:

@@ -1,9 +1,9 @@
-"""The machine a measurement ran on, as the bench's reports name it: the machine (`remote.machine`) with torch's
+"""The machine a measurement ran on, as the bench's reports name it: the machine (`bench.machine`) with torch's
 threads and version, transformers' version and the GPU (None on a CPU)."""
 
 from __future__ import annotations
 
-from specviz.remote.machine import machine as base_machine
+from specviz.bench.machine import machine as base_machine
 
 
 def machine() -> dict:

@@ -106,7 +106,7 @@ def write_reports(args, state, meta: dict) -> None:
 
 
 def cmd_atlas(args) -> int:
-    from specviz.remote.machine import run_meta
+    from specviz.bench.machine import run_meta
     from specviz.runs.atlas_input import read_file
 
     try:

@@ -21,7 +21,7 @@ from importlib import resources
 
 from specviz.engine.config import DecodeConfig
 from specviz.remote.engine import KINDS, connect
-from specviz.remote.machine import run_meta
+from specviz.bench.machine import run_meta
 from specviz.remote.policy import EnginePolicy
 from specviz.remote.race import DRAFT, PLAIN, SPEC, Prompt, iter_race
 from specviz.remote.transport import make_client

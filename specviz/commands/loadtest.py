@@ -55,7 +55,7 @@ def cmd_loadtest(args) -> int:
     from specviz.bench.load_summary import table
     from specviz.bench.loadtest import run_load
     from specviz.bench.meta import machine
-    from specviz.remote.machine import run_meta
+    from specviz.bench.machine import run_meta
     from specviz.runs.outputs import write_atomic
 
     result = run_load(args.url, load_of(args), poll=args.poll, timeout=args.timeout, pid=args.pid)

@@ -58,7 +58,7 @@ class EarlyExit:
 
     target: torch.nn.Module
     layers: int
-    cache_keyword = "cache"  # what the engine passes it (`plumbing.cache_keyword`)
+    cache_keyword = "cache"  # what the engine passes it (`compat.cache_keyword`)
 
     @property
     def config(self):

@@ -49,12 +49,6 @@ class Rule:
 EXACT = Rule("exact", verify, point_mass_rule)
 
 
-def as_rule(rule: Rule | ChainRule) -> Rule:
-    """`rule` as a `Rule`: a bare chain rule (a function shaped as `rules.verify`, as callers passed one before
-    rules were named) is one with no tree form, named after the function."""
-    return rule if isinstance(rule, Rule) else Rule(getattr(rule, "__name__", "unnamed"), rule)
-
-
 def tree_form(rule: Rule) -> TreeRule:
     """What a tree run verifies with under `rule`; one sentence where the rule has no tree form."""
     if rule.tree is None:
@@ -65,19 +59,19 @@ def tree_form(rule: Rule) -> TreeRule:
 @torch.inference_mode()
 def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
                          drafter: Drafter | None = None, prompt_cache: PromptCache | None = None,
-                         should_stop: Callable[[], Finish] = lambda: None, rule: Rule | ChainRule = EXACT,
+                         should_stop: Callable[[], Finish] = lambda: None, rule: Rule = EXACT,
                          acceptance_model: AcceptanceModel | None = None) -> Iterator[Round]:
     """`rule`: the rule the run verifies with (`Rule`; `EXACT` but for the proof's negative controls and the forced
     bench). `acceptance_model`: predicts each drafted token's acceptance (shown in the events; the 'predicted' mode's
     cut uses it); the fit shipped with specviz by default."""
-    rule = as_rule(rule)
     if config.drafter == "tree":  # a tree where the chain was: its own round loop, with the rule's tree form
         yield from tree_generate(pair, prompt_ids, config, prompt_cache=prompt_cache, should_stop=should_stop,
                                  rule=tree_form(rule))
         return
     device, gen = pair.device, make_generator(pair.device, config.seed)
     predictor = acceptance_model or shipped_model()
-    drafter = drafter or make_drafter(config, pair, gen, drafting_stop(config, predictor, device), prompt_cache)
+    if drafter is None:
+        drafter = make_drafter(config, pair, gen, drafting_stop(config, predictor, device), prompt_cache)
     # a draft model of another family proposes only the tokens it shares with the target: mark the others
     mapping = pair.vocab_map if drafter.name in NEEDS_DRAFT_MODEL else None
     pieces = Pieces(pair.tokenizer)

@@ -32,6 +32,11 @@ from dataclasses import dataclass, field
 from specviz.settings.errors import InputError
 from specviz.serving.hosts import is_loopback
 
+# The queues the app and the API put their jobs in, one name each so both take the same turns: every job that runs
+# the pair shares MODEL (its jobs then take turns here); replays and rendered pages, which run no model, REPLAY.
+MODEL = "model"
+REPLAY = "replay"
+
 log = logging.getLogger(__name__)
 
 BACKGROUND = "warm-up"  # the owner of the app's own background jobs (runs.room.record_examples)

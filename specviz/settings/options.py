@@ -1,7 +1,7 @@
 """Command-line options generated from a settings spec (argparse, no hand-written flags).
 
 Each setting becomes `--its-name` (or the flag its metadata names), with its help, choices, range and
-default in `--help`. Values stay raw here: `settings.validate` checks them, so a bad flag gets the same
+default in `--help`. Values stay raw here: `settings.spec.validate` checks them, so a bad flag gets the same
 sentence as a bad value in the app or the API.
 """
 
@@ -58,7 +58,7 @@ def add_options(parser, spec: type, limits=None, *, skip: tuple[str, ...] = (), 
 
 
 def values_of(args: argparse.Namespace, spec: type) -> dict:
-    """The values of `spec`'s settings among parsed arguments (for `settings.validate`)."""
+    """The values of `spec`'s settings among parsed arguments (for `settings.spec.validate`)."""
     return {s.name: getattr(args, dest) for s, _, dest in options_of(spec) if hasattr(args, dest)}
 
 

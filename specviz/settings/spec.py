@@ -4,7 +4,7 @@ A spec is a dataclass whose fields are pydantic `Field`s: `DecodeConfig` (the de
 engine), `PairSpec` (which models, models), `Limits` (what one request may ask, here) and
 `DistributionSettings`. `fields_of` flattens one into `Setting`s (a nested spec such as
 `SamplingParams` inline), each with its label, help, type, default and range or choices. The CLI
-options (`runs.options`), the Gradio controls (`ui.controls`) and the API parameters
+options (`settings.options`), the Gradio controls (`ui.controls`) and the API parameters
 (`api.endpoints`) are generated from them, and `validate` checks raw values (a form, a request,
 command-line flags) against them: the first bad one raises `InputError` naming it.
 """

@@ -19,7 +19,7 @@ import gradio as gr
 
 from specviz.serving.pacing import Pace
 from specviz.serving.session import Session
-from specviz.serving.turns import Replaced
+from specviz.serving.turns import MODEL, Replaced
 from specviz.settings.errors import translating
 from specviz.settings.limits import Limits
 
@@ -27,8 +27,6 @@ from specviz.settings.limits import Limits
 # then take turns for the model in `serving.turns`, which tells each its place and estimated wait (one waiting job
 # per browser session: a second Run takes the first one's place; a few per address), and a recorded answer streams
 # at once without a turn.
-MODEL = "model"
-REPLAY = "replay"  # replays and rendered pages: no model, one at a time beside the model's queue
 FOLLOW = "follow"  # followers of the presenter: no model, no worker thread while they wait, as many as come
 
 user_errors = translating(lambda message: gr.Error(message, print_exception=False))  # no traceback in the log

@@ -137,7 +137,7 @@ STARTING = ("Reading the prompt (prefill): the speculative lane runs it through 
 
 
 def waiting_view(w) -> LiveView:
-    """While the run waits for the model (`runs.turns.Waiting`): its place and estimated wait; the rest stays."""
+    """While the run waits for the model (`serving.turns.Waiting`): its place and estimated wait; the rest stays."""
     return LiveView(speed=f'<div class="sv-live-speed"><span class="sv-live-x">…</span><span class="sv-live-why '
                           f'sv-live-queue">{escape(teach.queue_line(w))}</span></div>',
                     spec=gr.skip(), ar=gr.skip(), pq=gr.skip())

@@ -18,7 +18,8 @@ from specviz.runs.replay import shipped_traces, trace_data
 from specviz.serving.pacing import paced
 from specviz.ui import render
 from specviz.ui.decode import DecodeTab, MainView, main_view
-from specviz.ui.handlers import REPLAY, Options, Page, shown, stream, user_errors
+from specviz.serving.turns import REPLAY
+from specviz.ui.handlers import Options, Page, shown, stream, user_errors
 from specviz.ui.race import RaceTab, RaceView, race_blank, race_view
 
 

@@ -227,7 +227,7 @@ def duration(seconds: float) -> str:
 
 
 def queue_line(w) -> str:
-    """A job's place in the model's queue (`runs.turns.Waiting`), and how long it will likely wait."""
+    """A job's place in the model's queue (`serving.turns.Waiting`), and how long it will likely wait."""
     when = (f"about {duration(w.estimate_s)} (from the measured durations of the jobs ahead)"
             if w.estimate_s is not None else "no estimate yet: no job like those ahead has finished")
     if w.background and w.position == 1:  # only the app's own warm-up is ahead, and it yields at its next event

@@ -106,7 +106,7 @@ class LeanDraft(nn.Module):
     `model(ids, cache=cache, use_cache=True, logits_to_keep=1).logits` (or `past_key_values=`, the name before
     transformers 5.24)."""
 
-    cache_keyword = "cache"  # what the engine passes it (`engine.plumbing.cache_keyword`)
+    cache_keyword = "cache"  # what the engine passes it (`compat.cache_keyword`)
 
     def __init__(self, model: nn.Module, spec: DraftQuant, vocab_ids: torch.Tensor | None = None):
         super().__init__()
