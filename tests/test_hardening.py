@@ -25,7 +25,7 @@ from specviz.cli import build_parser, main
 from specviz.commands.serve import allow_any_model
 from specviz.engine import DecodeConfig, speculative_generate
 from specviz.engine.sampling import SamplingParams
-from specviz.models import ModelLoadError, PairSpec, embedded, encode_prompt, loading
+from specviz.models import ModelLoadError, PairSpec, embedded, encode_prompt, loading, sources
 from specviz.models.tiny import WORDS, tiny_model, tiny_pair, tiny_tokenizer
 from specviz.serving import pacing
 from specviz.runs import trace as tracefile
@@ -211,7 +211,7 @@ BAD_INPUT = [
 @pytest.mark.parametrize("what, request_, message", BAD_INPUT, ids=[c[0] for c in BAD_INPUT])
 def test_bad_input_is_one_clear_error_and_the_server_keeps_serving(server, folders, good_text, monkeypatch,
                                                                    what, request_, message):
-    monkeypatch.setattr(loading, "hub_reachable", lambda *a, **kw: False)  # the same answer with or without a network
+    monkeypatch.setattr(sources, "hub_reachable", lambda *a, **kw: False)  # the same answer with or without a network
     endpoint, kwargs = request_
     if endpoint == "/load_pair":
         kwargs = {k: v.format(**vars(folders)) if isinstance(v, str) and "{" in v else v for k, v in kwargs.items()}

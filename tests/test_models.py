@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from specviz.models import embedded, loading
+from specviz.models import embedded, loading, sources
 from specviz.models.loading import load_pair
 from specviz.models.pair import ModelLoadError, resolve_device, resolve_dtype
 from specviz.models.tiny import tiny_model, tiny_tokenizer
@@ -120,7 +120,7 @@ def test_missing_gguf_file_is_a_clear_error(tmp_path):
 
 
 def test_unreachable_hub_id_is_a_clear_error(monkeypatch):
-    monkeypatch.setattr(loading, "hub_reachable", lambda *a, **kw: False)  # the same answer with or without a network
+    monkeypatch.setattr(sources, "hub_reachable", lambda *a, **kw: False)  # the same answer with or without a network
     with pytest.raises(ModelLoadError, match=r"the model hub is unreachable and 'someone/no-such-model-xyz' is not "
                                              r"in the local hub cache"):
         load_pair(None, "someone/no-such-model-xyz", device="cpu")

@@ -18,7 +18,7 @@ import itertools
 import torch
 
 from specviz.models.embedded import converted_dir, embedded_model, is_converted
-from specviz.models.loading import locate
+from specviz.models.sources import locate
 from specviz.models.synthetic import is_synthetic, shape_of
 from specviz.models.pair import TINY, ModelLoadError, ModelPair, PairSpec, resolve_device, resolve_dtype
 
