@@ -34,5 +34,12 @@ def named_cache(parameters) -> str:
     return "cache" if "cache" in {f.name for f in dataclasses.fields(CausalLMOutputWithPast)} else "past_key_values"
 
 
+def forward(model, ids: torch.Tensor, cache, keep: int, **inputs: torch.Tensor):
+    """`model` over `ids` on `cache` (None: none), keeping `keep` rows of logits, the cache passed by the name the
+    model takes: every model call specviz makes (the engine's rounds, the models' probes and timings). `inputs`: a
+    tree's attention mask and positions."""
+    return model(ids, **{cache_keyword(model): cache}, use_cache=cache is not None, logits_to_keep=keep, **inputs)
+
+
 def model_vocab(model) -> int:
     return model.config.get_text_config().vocab_size

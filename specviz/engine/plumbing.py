@@ -8,7 +8,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from specviz.compat import cache_keyword
+from specviz.compat import forward  # noqa: F401 (the engine's modules call it from here)
 
 
 def clock(device: torch.device) -> float:
@@ -62,11 +62,6 @@ def at(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
 
 
 
-
-def forward(model, ids: torch.Tensor, cache, keep: int, **inputs: torch.Tensor):
-    """`model` over `ids` on `cache` (None: none), keeping `keep` rows of logits: every model call the engine makes.
-    `inputs`: a tree's attention mask and positions."""
-    return model(ids, **{cache_keyword(model): cache}, use_cache=cache is not None, logits_to_keep=keep, **inputs)
 
 
 def rollback(cache, keep: int) -> None:

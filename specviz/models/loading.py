@@ -16,7 +16,7 @@ from pathlib import Path
 import torch
 from filelock import FileLock
 
-from specviz.compat import cache_keyword, model_vocab
+from specviz.compat import forward, model_vocab
 from specviz.models.embedded import (
     EmbeddedModel,
     EmbeddedModelError,
@@ -198,8 +198,7 @@ def check_croppable(model, name: str, device: torch.device) -> None:
     cache = DynamicCache()
     try:
         with torch.inference_mode():
-            model(torch.zeros(1, 3, dtype=torch.long, device=device), **{cache_keyword(model): cache},
-                  use_cache=True, logits_to_keep=1)
+            forward(model, torch.zeros(1, 3, dtype=torch.long, device=device), cache, 1)
             cache.crop(-1)  # transformers 5: crop(-n) removes the last n tokens
             cut = cache.get_seq_length() == 2
     except Exception:  # whatever the model's cache does with a crop, it is not what the round loop needs

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 
 from specviz.models.kernels import sync
-from specviz.compat import cache_keyword
+from specviz.compat import forward
 
 # The compiled step replaces the eager one only when faster by more than this: on a 2-core Zen 4 the probe chose
 # a compiled step that had won by 0.4 % and 0.9 % (noise), which then cost 1.25-1.4x the eager step in the race.
@@ -69,12 +69,11 @@ def forward_times(model: nn.Module, prompt_ids: list[int], n: int = 1, reps: int
     times = []
     with torch.inference_mode():
         cache = getattr(model, "new_cache", DynamicCache)()
-        given = {cache_keyword(model): cache}
-        model(ids, **given, use_cache=True, logits_to_keep=1)
+        forward(model, ids, cache, 1)
         for rep in range(warmup + reps):
             sync(device)
             t0 = time.perf_counter()
-            model(ids[:, -n:], **given, use_cache=True, logits_to_keep=n).logits.float()
+            forward(model, ids[:, -n:], cache, n).logits.float()
             sync(device)
             t1 = time.perf_counter()
             if crop:
