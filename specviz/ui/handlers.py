@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Iterator
-from contextlib import closing
+from contextlib import closing, suppress
 from dataclasses import dataclass, fields
 from pathlib import Path
 
@@ -36,10 +36,8 @@ def replaceable(fn):
     """A job whose place in the queue its own session's newer one took ends quietly: the newer one shows."""
     @functools.wraps(fn)
     def gen(*args, **kwargs):
-        try:
+        with suppress(Replaced):
             yield from fn(*args, **kwargs)
-        except Replaced:
-            return
     return gen
 
 
