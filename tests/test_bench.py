@@ -569,15 +569,15 @@ def test_hf_settings_are_restored_after_each_call(tiny):
 def test_transformers_lanes_say_nothing_deprecated(tiny):
     """A bench run's log carries no deprecation (issue 48). transformers' assisted generation calls the assistant's
     generate() with a generation_config and arguments beside it, which generate() warns is deprecated, once a process
-    (its record of warnings said is cleared first: the test then holds whatever ran before it); the lane quiets
-    that logger for its call alone, and sets it back after."""
+    (its record of warnings said is cleared first: the test then holds whatever ran before it); the lane drops that
+    one message for its call alone (a filter, gone after); the logger's level and its other records stay."""
     from transformers.utils.logging import warning_once
 
     from specviz.bench.hf import GENERATE_LOGGER
 
     hf = HFGenerate(tiny.target, tiny.eos_token_ids, None, tiny.device)
     logger = logging.getLogger(GENERATE_LOGGER)
-    level = logger.level
+    level, filters = logger.level, list(logger.filters)
     warning_once.cache_clear()
     with deprecations_said() as said:
         hf.generate([3, 4, 5], 6, HFSetting.fixed(3), tiny.draft)
@@ -585,7 +585,7 @@ def test_transformers_lanes_say_nothing_deprecated(tiny):
         hf.generate([3, 4, 5, 3, 4], 6, HFSetting.fixed(3), lookup=True)
         hf.generate([3, 4, 5], 6)
     assert said == []
-    assert logger.level == level
+    assert logger.level == level and logger.filters == filters
 
 
 @pytest.mark.parametrize("sampling, expected", [
@@ -983,3 +983,17 @@ def test_setting_names_say_which_cut():
     assert setting_name(DecodeConfig(k=8, adaptive="predicted", confidence=0.5)) == "k=8 a=0.5"
     assert setting_name(DecodeConfig(k=8, adaptive="fixed")) == "k=8"
     assert setting_name(DecodeConfig(k=8, adaptive="acceptance")) == "k=8 grow"
+
+
+def test_the_filter_drops_that_one_message_and_no_other(caplog):
+    """`without_message` drops transformers' generation_config deprecation while a lane runs, and nothing else the
+    same logger says (a warning of another kind still shows); gone after the block."""
+    from specviz.bench.hf import GENERATE_DEPRECATION, GENERATE_LOGGER, without_message
+
+    logger = logging.getLogger(GENERATE_LOGGER)
+    with caplog.at_level(logging.WARNING, logger=GENERATE_LOGGER):
+        with without_message(GENERATE_LOGGER, GENERATE_DEPRECATION):
+            logger.warning(GENERATE_DEPRECATION + "=({'x'}) is deprecated")
+            logger.warning("another warning")
+        logger.warning(GENERATE_DEPRECATION + " after the block")
+    assert [r.getMessage() for r in caplog.records] == ["another warning", GENERATE_DEPRECATION + " after the block"]

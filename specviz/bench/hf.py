@@ -25,16 +25,24 @@ ASSISTANT_FIELDS = ("num_assistant_tokens", "num_assistant_tokens_schedule", "as
 GENERATE_LOGGER = "transformers.generation.utils"
 
 
+# the start of that one warning: every other record of that logger still shows
+GENERATE_DEPRECATION = "Passing `generation_config` together with generation-related arguments"
+
+
 @contextmanager
-def logger_at_least(name: str, level: int) -> Iterator[None]:
-    """The logger `name` says nothing below `level` while the block runs, and is set as before once it is over."""
+def without_message(name: str, start: str) -> Iterator[None]:
+    """The logger `name` drops the records whose message starts with `start` while the block runs (a filter, removed
+    after): its level and every other record stay as they are."""
     logger = logging.getLogger(name)
-    before = logger.level
-    logger.setLevel(max(level, logger.getEffectiveLevel()))
+
+    def keep(record: logging.LogRecord) -> bool:
+        return not record.getMessage().startswith(start)
+
+    logger.addFilter(keep)
     try:
         yield
     finally:
-        logger.setLevel(before)
+        logger.removeFilter(keep)
 
 
 @dataclass(frozen=True)
@@ -102,7 +110,7 @@ class HFGenerate:
             torch.manual_seed(self.seed)  # generate() samples from the global generator
         assisted = "assistant_model" in extra
         try:
-            with logger_at_least(GENERATE_LOGGER, logging.ERROR) if assisted else nullcontext():
+            with without_message(GENERATE_LOGGER, GENERATE_DEPRECATION) if assisted else nullcontext():
                 out = self.target.generate(
                     ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new_tokens, eos_token_id=self.eos,
                     pad_token_id=self.pad, repetition_penalty=None, **sampling_kwargs(self.sampling), **extra)

@@ -135,37 +135,43 @@ def _node_stats(tree: DraftTree, nodes: torch.Tensor, logits, p, gen, config) ->
     return dict(p_at=p[rows, nodes], p_soft_at=p_soft[rows, nodes], u=u, **target)
 
 
-def _tree_event(walked: Walked, new: list[int], pieces, greedy: bool, **fields) -> Round:
+def _tree_event(w: Walked, new: list[int], pieces, greedy: bool, **fields) -> Round:
     """The Round: every node of the tree, and as `drafted` the path the target followed."""
-    tree, verdict, tried, h, last, end = (walked.tree, walked.verdict, walked.tried, walked.host, walked.last,
-                                          walked.end)
-    kept = min(len(verdict.path), len(new))  # an end-of-sequence may cut the path short
-    tries = dict(zip(tried, verdict.tries))
-    accepted = set(verdict.path[:kept])
-    level = depths(tree.parents)
+    path = w.verdict.path
+    kept = min(len(path), len(new))  # an end-of-sequence may cut the path short
+    accepted = set(path[:kept])
+    nodes = _nodes(w, accepted, pieces, greedy)
+    # before a correction every child of the path's end was tried and rejected: show the first
+    corrected = len(new) > len(path) and not w.verdict.bonus
+    shown = path[:kept] + ([next(i for i in w.tried if w.tree.parents[i] == w.end - 1)] if corrected else [])
+    drafted = [_drafted(w, i, nodes[i], pieces, rejected=i not in accepted) for i in shown]
+    emitted = emitted_token(w.host, w.end, new[-1], BONUS if w.verdict.bonus else CORRECTION, w.last["next_p"],
+                            w.last["next_p_soft"], pieces) if len(new) > len(path) else None
+    return Round(k=len(drafted), drafted=drafted, n_accepted=kept, emitted=emitted, new_token_ids=new,
+                 draft_time=0.0, verify_time=0.0, overhead_time=0.0, tree=nodes, **fields)  # times: read once built
+
+
+def _nodes(w: Walked, accepted: set[int], pieces, greedy: bool) -> list[TreeNode]:
+    """Every node of the tree with its verdict: accepted (on the kept path), rejected (tried), or never verified."""
+    tree, tries = w.tree, dict(zip(w.tried, w.verdict.tries))
+    level, p = depths(tree.parents), w.host["p_soft_at" if greedy else "p_at"]
     nodes = []
     for i, parent in enumerate(tree.parents):
         t = tries.get(i)
         status = ACCEPTED if i in accepted else REJECTED if t is not None and not t.accepted else NOT_VERIFIED
         nodes.append(TreeNode(
             id=tree.tokens[i], text=pieces(tree.tokens[i]), parent=parent, depth=level[i],
-            rank=tree.parents[:i].count(parent), q=tree.q[i], p=h["p_soft_at" if greedy else "p_at"][i],
+            rank=tree.parents[:i].count(parent), q=tree.q[i], p=p[i],
             status=status, accept_prob=None if t is None else t.accept_prob, u=None if t is None else t.u))
-    # before a correction every child of the path's end was tried and rejected: show the first
-    corrected = len(new) > len(verdict.path) and not verdict.bonus
-    shown = verdict.path[:kept] + ([next(i for i in tried if tree.parents[i] == end - 1)] if corrected else [])
-    drafted = [_drafted(tree, i, nodes[i], h, last, pieces, rejected=i not in accepted) for i in shown]
-    emitted = emitted_token(h, end, new[-1], BONUS if verdict.bonus else CORRECTION, last["next_p"],
-                            last["next_p_soft"], pieces) if len(new) > len(verdict.path) else None
-    return Round(k=len(drafted), drafted=drafted, n_accepted=kept, emitted=emitted, new_token_ids=new,
-                 draft_time=0.0, verify_time=0.0, overhead_time=0.0, tree=nodes, **fields)  # times: read once built
+    return nodes
 
 
-def _drafted(tree: DraftTree, i: int, node: TreeNode, h: dict, last: dict, pieces, rejected: bool) -> DraftedToken:
+def _drafted(w: Walked, i: int, node: TreeNode, pieces, rejected: bool) -> DraftedToken:
     """Node i as a drafted token of the path: a point mass (q = 1) for the rule, its siblings' story in the tree."""
+    tree, h = w.tree, w.host
     row = tree.parents[i] + 1
     return DraftedToken(
         id=node.id, text=node.text, q=1.0, p=h["p_at"][i], accept_prob=node.accept_prob, u=node.u,
         status=REJECTED if rejected else ACCEPTED, q_soft=tree.q_soft[i], p_soft=h["p_soft_at"][i],
         target_top2_gap=h["gap"][row], q_top=[Candidate(t, pieces(t), q) for t, q in tree.tops[row]],
-        p_top=candidates(h, "p", row, pieces), residual_top=candidates(last, "r", 0, pieces) if rejected else [])
+        p_top=candidates(h, "p", row, pieces), residual_top=candidates(w.last, "r", 0, pieces) if rejected else [])
