@@ -21,7 +21,9 @@ IDS = [3, 1, 4, 1, 5]
 
 
 def tiny_session(**kw) -> Session:
-    return Session(tiny_pair(), PairSpec("tiny", "tiny", draft_quant="none"), **kw)
+    # the tiny pair as built, on its eager one-token steps (step="eager" says so): a pair loaded here is then loaded
+    # the same way, without compiling a step (seconds, the first time in a process) that none of these tests is about
+    return Session(tiny_pair(), PairSpec("tiny", "tiny", draft_quant="none", step="eager"), **kw)
 
 
 def rounds(session: Session):
@@ -98,10 +100,10 @@ def test_a_pair_load_waits_its_turn_in_the_queue_behind_a_run():
 
 
 def test_a_load_past_its_time_limit_is_given_up_and_the_served_pair_serves_at_once():
-    done = threading.Event()
+    release, done = threading.Event(), threading.Event()
 
-    def slow(*args, **kwargs):
-        time.sleep(3.0)
+    def slow(*args, **kwargs):  # a load that lasts until the test lets it end (30 s at most)
+        release.wait(30)
         pair = tiny_pair()
         done.set()
         return pair
@@ -111,7 +113,9 @@ def test_a_load_past_its_time_limit_is_given_up_and_the_served_pair_serves_at_on
                                              r"up \(now serving: tiny"):
         session.switch("tiny", "tiny", "bfloat16")
     assert not done.is_set() and session.pair is served  # given up while the load still ran
-    assert list(quietly(rounds(session)))[-1].finished is not None  # the queue is free: the next run is served
+    assert list(quietly(rounds(session)))[-1].finished is not None  # the queue is free: the next run is served...
+    assert not done.is_set()  # ...at once: while the given-up load still runs
+    release.set()
     assert done.wait(30)
     late = [t for t in set(threading.enumerate()) - before
             if t.name == "specviz-model" and t is not session.worker.thread]

@@ -68,6 +68,23 @@ def server_limits():
     return LIMITS
 
 
+@pytest.fixture(scope="module")
+def open_client():
+    """conftest's, with the load test's clients (`loadtest.connect`): over plain HTTP they skip loading the CA
+    certificates on every request, which was half of each request's time here (most tests make two)."""
+    from specviz.bench.loadtest import connect
+
+    clients = []
+
+    def open_(url):
+        clients.append(connect(url))
+        return clients[-1]
+
+    yield open_
+    for client in clients:
+        client.close()
+
+
 def tokenizer_of(words: list[str]):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -312,7 +329,8 @@ def test_out_of_memory_moving_a_pair_to_its_device_drops_what_was_loaded(folders
 
 
 def test_loading_a_new_pair_releases_the_old_one_and_closes_paused_runs():
-    session = Session(tiny_pair(), PairSpec("tiny", "tiny"))
+    # the tiny pair as built (no draft packed as int4, no step compiled: seconds a load, which this test is not about)
+    session = Session(tiny_pair(), PairSpec("tiny", "tiny", draft_quant="none", step="eager"))
     old = session.pair
     refs = [weakref.ref(old.draft), weakref.ref(old.target)]
     settings = {"k": 4, "max_new_tokens": 24, "adaptive": "fixed"}
@@ -372,7 +390,9 @@ def test_remote_code_runs_only_for_the_pair_named_at_start_with_the_flag():
         calls.append((target, kw["trust_remote_code"]))
         return tiny_pair()
 
-    session = Session(spec=PairSpec("org/draft-rc", "org/target-rc", trust_remote_code=True), loader=loader)
+    # no draft packed as int4, no step compiled: seconds a load, which this test is not about
+    spec = PairSpec("org/draft-rc", "org/target-rc", trust_remote_code=True, draft_quant="none", step="eager")
+    session = Session(spec=spec, loader=loader)
     session.load("org/draft-rc", "org/target-rc")  # what `specviz serve --trust-remote-code` names
     session.load("tiny", "tiny")  # chosen in the UI
     session.load("org/draft-rc", "other/target")
@@ -388,10 +408,12 @@ def test_serve_binds_loopback_by_default_and_passes_its_limits(monkeypatch):
     monkeypatch.setattr(server_module, "launch", lambda demo, host, port, state_session_capacity, **kw: seen.update(
         host=host, port=port, sessions=state_session_capacity, launch=kw))
     monkeypatch.setattr("specviz.runs.room.record_examples", lambda *a, **kw: None)  # no warm-up behind the test
-    # --k given: the default K (8) is above this --max-k
-    argv = ["serve", "--draft", "tiny", "--target", "tiny", "--max-new-tokens", "16", "--max-new-tokens-limit", "32",
-            "--k", "4", "--max-k", "6", "--max-prompt-tokens", "100", "--max-prompt-chars", "900", "--max-samples", "50",
-            "--max-queue", "5", "--max-seconds", "30", "--max-sessions", "40"]
+    # --k given: the default K (8) is above this --max-k. --draft-quant none, --step eager: each load packs no int4
+    # draft and compiles no one-token step (seconds a load, which this test is not about)
+    argv = ["serve", "--draft", "tiny", "--target", "tiny", "--draft-quant", "none", "--step", "eager",
+            "--max-new-tokens", "16", "--max-new-tokens-limit", "32", "--k", "4", "--max-k", "6",
+            "--max-prompt-tokens", "100", "--max-prompt-chars", "900", "--max-samples", "50", "--max-queue", "5",
+            "--max-seconds", "30", "--max-sessions", "40"]
     assert main(argv) == 0
     assert (seen["host"], seen["port"]) == ("127.0.0.1", 7860)
     assert seen["limits"] == Limits(max_prompt_chars=900, max_prompt_tokens=100, max_new_tokens=32, max_k=6,
@@ -511,5 +533,7 @@ def test_a_load_warms_both_models_before_the_first_click():
         return pair
 
     lines = []
-    Session(spec=PairSpec("tiny", "tiny", draft_quant="none"), loader=loader).load("tiny", "tiny", status=lines.append)
+    # step="eager": `auto` would time each model's steps first, forwards that counted here even with no warm-up at all
+    spec = PairSpec("tiny", "tiny", draft_quant="none", step="eager")
+    Session(spec=spec, loader=loader).load("tiny", "tiny", status=lines.append)
     assert forwards["draft"] > 0 and forwards["target"] > 0 and any("Warming up" in line for line in lines)
