@@ -20,7 +20,11 @@ from specviz.server import build_server, launch
 from specviz.ui.handlers import Options
 
 pytestmark = pytest.mark.browser
-PROMPT = "the man said that it was good and"
+PROMPT = "the man said that it was good and"  # the tiny pair's full 64 tokens, 44 rounds: lanes that scroll, timers
+# A run where its length proves nothing (the presenter's view, "still serving", a visitor's own run in the room):
+# <eos> after 7 tokens in 4 rounds (accepted, rejected and corrected drafts), 13 target forwards to PROMPT's 110
+# (on the room's slowed target PROMPT's run took 9 s, this one 1 s); not the export's or the presenter's prompt.
+SHORT = "it said that it was so"
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 
 
@@ -141,7 +145,7 @@ def test_live_view_shows_the_four_parts_on_one_laptop_screen(page, app_url):
 
 
 def test_presenter_mode_keeps_only_the_four_parts_in_larger_type(page):
-    live_run(page)
+    live_run(page, SHORT)
     normal = page.eval_on_selector(".sv-live-x", "e => parseFloat(getComputedStyle(e).fontSize)")
     page.click("#sv-presenter-btn")
     page.wait_for_function("document.body.classList.contains('sv-presenter')")
@@ -215,7 +219,7 @@ def test_a_bad_atlas_input_is_one_sentence_and_the_app_keeps_serving(page):
     page.click("#sv-atlas-run")
     toast = page.wait_for_selector(".toast-body", timeout=30_000)
     assert "upload a file of prompts" in toast.inner_text()
-    run_to_the_end(page, PROMPT)  # still serving
+    run_to_the_end(page, SHORT)  # still serving
 
 
 def test_the_atlas_report_opens_offline_with_every_section(browser_page, tmp_path):
@@ -318,7 +322,7 @@ def test_a_visitor_follows_the_presenters_run_and_sees_its_rounds_appear(browser
         visitor.wait_for_selector("#sv-drill .js-plotly-plot", timeout=30_000)  # the drill-down of that run
 
         visitor.get_by_role("tab", name="Live").click()
-        visitor.fill("#sv-prompt textarea", PROMPT)
+        visitor.fill("#sv-prompt textarea", SHORT)
         visitor.click("#sv-run")  # the visitor's own Run leaves follow mode
         visitor.wait_for_function("!document.querySelector('#sv-follow input').checked", polling=250, timeout=30_000)
         visitor.wait_for_function(FINISHED_LIVE + " && !(" + FOLLOWED + ")", polling=250, timeout=120_000)
@@ -343,13 +347,13 @@ def test_a_visitor_without_the_key_cannot_present(browser_page, room_url):
         assert not visitor.locator("#sv-follow-link a").count()  # no link to follow: not presenting
         watcher.check("#sv-follow input")
         watcher.wait_for_function(FOLLOWED, timeout=60_000)
-        visitor.fill("#sv-prompt textarea", "it was the one that it was")
+        visitor.fill("#sv-prompt textarea", SHORT)
         visitor.click("#sv-run")
         visitor.wait_for_function(FINISHED_LIVE, timeout=120_000)
         time.sleep(1)  # several of the follower's looks at the broadcast
         # nothing of the visitor's run reached a follower (who sees the presenter's last run, if any)
         assert watcher.inner_text("#sv-live-spec") != visitor.inner_text("#sv-live-spec")
-        assert watcher.input_value("#sv-prompt textarea") != "it was the one that it was"
+        assert watcher.input_value("#sv-prompt textarea") != SHORT
         assert watcher.is_checked("#sv-follow input") and watcher.evaluate(FOLLOWED)
     finally:
         for c in contexts:
@@ -394,5 +398,8 @@ def test_the_first_click_streams_while_the_app_records_its_examples(browser_page
         print(f"first coloured round {seen:.2f} s after the click, the examples recording in the background")
         assert seen < 5.0
     finally:
+        # the page leaves first: closing the app waits (up to Gradio's 5 s) for an open stream, here the
+        # visitor's run, still going on the slowed target
+        browser_page.goto("about:blank")
         demo.close()
         thread.finish()  # the recording stopped at its next event: a thread killed mid-forward aborts the exit
