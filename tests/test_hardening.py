@@ -537,3 +537,20 @@ def test_a_load_warms_both_models_before_the_first_click():
     spec = PairSpec("tiny", "tiny", draft_quant="none", step="eager")
     Session(spec=spec, loader=loader).load("tiny", "tiny", status=lines.append)
     assert forwards["draft"] > 0 and forwards["target"] > 0 and any("Warming up" in line for line in lines)
+
+
+def test_prepare_converts_two_models_at_once_only_with_two_cores_and_the_memory_for_both(monkeypatch):
+    """`specviz prepare` converts in two processes where two cores and 12 GiB are free (the target's conversion peaked
+    at 7.4 GB, the draft's at a third of that), else one model at a time in this process; the largest first."""
+    from argparse import Namespace
+
+    from specviz.commands import prepare
+
+    gib = 2**30
+    assert prepare.at_once(2, 12 * gib) == 2 and prepare.at_once(16, 64 * gib) == 2
+    assert prepare.at_once(1, 64 * gib) == 1 and prepare.at_once(2, 12 * gib - 1) == 1
+    seen = []
+    monkeypatch.setattr(prepare, "prepare_one", seen.append)
+    monkeypatch.setattr(prepare, "at_once", lambda cpus, free: 1)
+    assert prepare.cmd_prepare(Namespace(requirements=False, verify=False)) == 0
+    assert seen == ["target", "draft", "smollm2"]
