@@ -40,12 +40,13 @@ def pytest_collection_modifyitems(config, items):
 
 
 SHARED = {"test_embedded_e2e.py": "embedded", "test_ui_api.py": "embedded", "test_atlas_embedded.py": "embedded",
-          "test_ui_browser.py": "browser"}
+          "test_ui_browser.py": "browser", "test_engines.py": "llama.cpp", "test_engines_ui.py": "llama.cpp"}
 
 
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist (`make test`): tests that share an expensive session fixture go to one worker as a
-    unit (the real pair is loaded once, the browser started once); every other test is scheduled alone."""
+    unit (the real pair is loaded once, the browser and the llama.cpp servers started once); every other test is
+    scheduled alone."""
     from xdist.scheduler import LoadScopeScheduling
 
     class Shared(LoadScopeScheduling):
@@ -83,14 +84,15 @@ def embedded_pair():
 
 @pytest.fixture(scope="module")
 def open_client():
-    """`open_client(url)`: a gradio_client.Client, a session of its own like a separate browser or script.
-    Every client opened is closed (its heartbeat thread stopped) when the module's tests are done."""
-    from gradio_client import Client
+    """`open_client(url)`: a gradio_client.Client, a session of its own like a separate browser or script (the load
+    test's `connect`: over plain HTTP it skips loading the CA certificates on every request, half of a short request's
+    time here). Every client opened is closed (its heartbeat thread stopped) when the module's tests are done."""
+    from specviz.bench.loadtest import connect
 
     clients = []
 
     def open_(url):
-        clients.append(Client(url, verbose=False))
+        clients.append(connect(url))
         return clients[-1]
 
     yield open_

@@ -68,23 +68,6 @@ def server_limits():
     return LIMITS
 
 
-@pytest.fixture(scope="module")
-def open_client():
-    """conftest's, with the load test's clients (`loadtest.connect`): over plain HTTP they skip loading the CA
-    certificates on every request, which was half of each request's time here (most tests make two)."""
-    from specviz.bench.loadtest import connect
-
-    clients = []
-
-    def open_(url):
-        clients.append(connect(url))
-        return clients[-1]
-
-    yield open_
-    for client in clients:
-        client.close()
-
-
 def tokenizer_of(words: list[str]):
     from tokenizers import Tokenizer, models, pre_tokenizers
 
