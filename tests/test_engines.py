@@ -392,9 +392,10 @@ def test_complete_on_the_replayed_server():
             engine = connect(client, policy, spec_url)
             assert engine.info.kind == "llamacpp" and engine.info.speculative
             result = complete(client, policy, engine, "hi", DecodeConfig(max_new_tokens=8))
-    assert (result.tokens, result.drafted, result.accepted, result.stats.drafts) == (8, 5, 5, 2)
-    assert result.accepted_per_position == [2, 1, 1, 1] and result.source == "per-request+metrics-diff"
-    assert result.acceptance == 1.0 and result.mean_accepted_length == 3.5
+    s = result.stats
+    assert (result.tokens, s.drafted, s.accepted, s.drafts) == (8, 5, 5, 2)
+    assert s.accepted_per_position == (2, 1, 1, 1) and s.source == "per-request+metrics-diff"
+    assert s.acceptance == 1.0 and s.mean_accepted_length == 3.5
     assert result.ttft_s > 0 and result.decode_tokens_per_s > 0
 
 

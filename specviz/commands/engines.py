@@ -133,10 +133,10 @@ def cmd_race(args) -> int:
         try:
             for run in iter_race(client, policy, engines, prompts, config, args.repeats, config.seed, args.warmup):
                 runs.append(run)
-                r = run.result
+                r, s = run.result, run.result.stats
                 print(f"[{len(runs)}/{total}] {run.lane:<13} {run.prompt.id:<24} {r.tokens:>4} tokens, "
                       f"{(r.decode_tokens_per_s or 0):6.2f} tok/s"
-                      + (f", accepted {r.accepted}/{r.drafted}" if r.drafted is not None else ""), file=sys.stderr)
+                      + (f", accepted {s.accepted}/{s.drafted}" if s and s.drafted is not None else ""), file=sys.stderr)
         except KeyboardInterrupt:
             print("specviz engines race: stopped; the report covers what ran.", file=sys.stderr)
     if not runs:

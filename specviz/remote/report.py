@@ -10,7 +10,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 from specviz.remote.race import Run
-from specviz.remote.results import EngineInfo
+from specviz.remote.results import EngineInfo, SpecStats
 from specviz.remote.summary import Estimate, RaceSummary
 from specviz.runs.outputs import write_atomic
 
@@ -25,14 +25,26 @@ def rounded(obj, digits: int = 4):
     return obj
 
 
+STATS_FIELDS = ("drafted", "accepted", "rounds", "acceptance", "mean_accepted_length", "accepted_per_position",
+                "source", "note")
+
+
+def stats_record(s: SpecStats | None) -> dict:
+    """One request's engine statistics as the report's run fields (every one None where the engine told none)."""
+    if s is None:
+        return dict.fromkeys(STATS_FIELDS)
+    return {"drafted": s.drafted, "accepted": s.accepted, "rounds": s.drafts, "acceptance": s.acceptance,
+            "mean_accepted_length": s.mean_accepted_length,
+            "accepted_per_position": list(s.accepted_per_position) if s.accepted_per_position else None,
+            "source": s.source, "note": s.note}
+
+
 def run_record(run: Run) -> dict:
     r = run.result
     return {"prompt": run.prompt.id, "kind": run.prompt.kind, "repeat": run.repeat, "lane": run.lane,
             "order": run.order, "tokens": r.tokens, "ttft_s": r.ttft_s, "decode_s": r.decode_s,
-            "decode_tokens_per_s": r.decode_tokens_per_s, "total_s": r.total_s, "drafted": r.drafted,
-            "accepted": r.accepted, "rounds": r.stats.drafts if r.stats else None, "acceptance": r.acceptance,
-            "mean_accepted_length": r.mean_accepted_length, "accepted_per_position": r.accepted_per_position,
-            "source": r.source, "note": r.stats.note if r.stats else None, "text": r.text}
+            "decode_tokens_per_s": r.decode_tokens_per_s, "total_s": r.total_s, **stats_record(r.stats),
+            "text": r.text}
 
 
 def build_report(summary: RaceSummary, engines: dict[str, EngineInfo], runs: tuple[Run, ...], meta: dict) -> dict:

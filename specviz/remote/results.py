@@ -63,30 +63,6 @@ class RequestResult:
     total_s: float
     stats: SpecStats | None
 
-    @property
-    def drafted(self) -> int | None:
-        return self.stats.drafted if self.stats else None
-
-    @property
-    def accepted(self) -> int | None:
-        return self.stats.accepted if self.stats else None
-
-    @property
-    def acceptance(self) -> float | None:
-        return self.stats.acceptance if self.stats else None
-
-    @property
-    def mean_accepted_length(self) -> float | None:
-        return self.stats.mean_accepted_length if self.stats else None
-
-    @property
-    def accepted_per_position(self) -> list[int] | None:
-        return list(self.stats.accepted_per_position) if self.stats and self.stats.accepted_per_position else None
-
-    @property
-    def source(self) -> str | None:
-        return self.stats.source if self.stats else None
-
 
 def _int(x: float | None) -> int | None:
     return None if x is None else int(round(x))
