@@ -65,6 +65,9 @@ def pair():
 
 
 RUNS = 150
+# The mutant's mean β (~0.55) is far from the realised rate (~0.34): bootstrapped from 600 runs on other seeds, 30
+# runs (~230 first positions) put the rate inside the mutant's range 0 times in 20,000 tries (4e-4 at 20 runs)
+MUTANT_RUNS = 30
 
 
 def test_realised_acceptance_at_position_one_follows_the_mean_beta(pair):
@@ -81,7 +84,7 @@ def test_a_beta_from_the_unwarped_distributions_is_caught(pair, monkeypatch):
         return overlap(torch.softmax(logits[:draft.k], -1), torch.softmax(draft.logits.float(), -1))
 
     monkeypatch.setattr(speculative, "_beta", unwarped)
-    accepted, betas = first_positions(pair, RUNS)
+    accepted, betas = first_positions(pair, MUTANT_RUNS)  # the range narrows with more runs: caught there too
     print("mutant position 1:", accepted, "of", len(betas), "; mean β", sum(betas) / len(betas),
           "range", beta_range(betas))
     assert not within(accepted, betas)
