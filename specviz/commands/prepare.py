@@ -6,6 +6,7 @@ import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
+from unittest.mock import patch
 
 
 def register(sub) -> None:
@@ -54,8 +55,6 @@ def prepare_one(folder: str, progress: bool = True) -> None:
     from specviz.models.loading import prepare_embedded
 
     model = next(m for m in EMBEDDED_MODELS if m.folder == folder)
-    if not progress:  # transformers' GGUF reader draws its own bars (tqdm's switch; this is a process of its own)
-        os.environ["TQDM_DISABLE"] = "1"
     for dtype in dtypes():
         print(f"{model.folder} ({str(dtype).removeprefix('torch.')}): "
               f"{prepare_embedded(model, status=print, progress=progress, dtype=dtype)}", flush=True)
@@ -68,7 +67,10 @@ def prepare_all(folders: list[str], workers: int) -> None:
         for folder in folders:
             prepare_one(folder)
         return
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    # transformers' GGUF reader draws bars of its own, under tqdm's switch: read from the environment as tqdm is
+    # imported, so the workers are spawned with it set (and this process's environment is set back after)
+    with patch.dict(os.environ, TQDM_DISABLE="1"), \
+            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
         for done in [pool.submit(prepare_one, folder, False) for folder in folders]:
             done.result()  # a model's failure is raised here, as it would be in this process
 
