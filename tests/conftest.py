@@ -40,13 +40,14 @@ def pytest_collection_modifyitems(config, items):
 
 
 SHARED = {"test_embedded_e2e.py": "embedded", "test_ui_api.py": "embedded", "test_atlas_embedded.py": "embedded",
-          "test_ui_browser.py": "browser", "test_engines.py": "llama.cpp", "test_engines_ui.py": "llama.cpp"}
+          "test_ui_browser.py": "browser", "test_engines.py": "llama.cpp", "test_engines_ui.py": "llama.cpp",
+          "test_costs.py": "costs"}
 
 
 def pytest_xdist_make_scheduler(config, log):
     """pytest-xdist (`make test`): tests that share an expensive session fixture go to one worker as a
-    unit (the real pair is loaded once, the browser and the llama.cpp servers started once); every other test is
-    scheduled alone."""
+    unit (the real pair is loaded once, the browser and the llama.cpp servers started once, `specviz costs`' report
+    measured once); every other test is scheduled alone."""
     from xdist.scheduler import LoadScopeScheduling
 
     class Shared(LoadScopeScheduling):
