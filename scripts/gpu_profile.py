@@ -37,7 +37,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from specviz.bench.bandwidth import step_bound, triad_bandwidth  # noqa: E402
-from specviz.engine.plumbing import forward  # noqa: E402
+from specviz.compat import forward  # noqa: E402
 from specviz.models.kernels import step_bytes  # noqa: E402
 
 KINDS = (("gemm", ("gemm", "gemv", "cutlass", "nvjet", "sm90_", "sm100_", "cublas", "splitk", "ampere_")),

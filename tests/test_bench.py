@@ -824,7 +824,7 @@ def test_fast_draft_keeps_greedy_output_and_the_original_draft(bits, lean, step)
 def lean_and_hf_logits(bits: int, feeds: list[list[int]]):
     from transformers import DynamicCache
 
-    from specviz.engine.plumbing import forward
+    from specviz.compat import forward
 
     model = tiny_pair().draft
     lean = LeanDraft(model, DraftQuant(bits=bits)).eval()
@@ -876,7 +876,8 @@ def test_sampled_drafts_carry_the_fast_drafts_own_q(lean):
     """
     from transformers import DynamicCache
 
-    from specviz.engine.plumbing import forward, rollback
+    from specviz.compat import forward
+    from specviz.engine.plumbing import rollback
 
     pair = tiny_pair()
     fast = with_cheaper_draft(pair, DraftQuant(bits=8), lean=lean)

@@ -15,7 +15,8 @@ import torch
 from helpers import EXACT, TEST_DEVICE, TEST_DTYPE, deprecations_said, same_greedy
 
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
-from specviz.engine.plumbing import forward, new_cache, prefilled, rollback
+from specviz.compat import forward
+from specviz.engine.plumbing import new_cache, prefilled, rollback
 from specviz.models import ModelLoadError, PairSpec
 from specviz.models.compiled import MAX_LEN, SIZES, CompileCounts, StaticKV, is_compiled, with_compiled_step
 from specviz.models.static_cache import static_mask

@@ -8,7 +8,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from specviz.engine.plumbing import forward
+from specviz.compat import forward
 from specviz.models.compiled import with_compiled_step
 from specviz.models.fused import fuse_projections
 from specviz.models.kernels import step_bytes

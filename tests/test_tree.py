@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM, Qwen2Config, Qwen2ForCausalLM
 
-from specviz.engine.plumbing import forward
+from specviz.compat import forward
 from specviz.engine.tree import depths, keep_path, path_to, tree_mask, tree_positions
 
 V = 40

@@ -22,7 +22,7 @@ from specviz.engine import DecodeConfig, SamplingParams, speculative_generate
 from specviz.engine.autoregressive import autoregressive_generate
 from specviz.engine.drafters import drafter_problem
 from specviz.engine.events import ACCEPTED, CORRECTION, NOT_VERIFIED, REJECTED, round_from_dict
-from specviz.engine.plumbing import forward
+from specviz.compat import forward
 from specviz.engine.siblings import walk_point_masses, without
 from specviz.engine.tree import depths, path_to
 from specviz.engine.tree_drafter import TreeDrafter

@@ -13,7 +13,8 @@ import torch
 
 from specviz.bench.noise import calmest, timed
 from specviz.analysis.predict import CostModel
-from specviz.engine.plumbing import clock, forward, new_cache, rollback
+from specviz.compat import forward
+from specviz.engine.plumbing import clock, new_cache, rollback
 
 
 def _forward_times(model, prompt_ids: list[int], sizes: list[int], reps: int, device) -> dict[int, float]:

@@ -11,7 +11,8 @@ from collections.abc import Callable, Iterator
 import torch
 from specviz.engine.config import DecodeConfig
 from specviz.engine.events import TARGET, Finish, Step, end_of_run
-from specviz.engine.plumbing import Pieces, PromptCache, at, clock, forward, pad_vocab, prefilled, to_host
+from specviz.compat import forward
+from specviz.engine.plumbing import Pieces, PromptCache, at, clock, pad_vocab, prefilled, to_host
 from specviz.engine.sampling import draw, logits_to_probs, make_generator
 from specviz.engine.tokens import emitted_token, target_stats
 

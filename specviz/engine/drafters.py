@@ -15,10 +15,8 @@ import torch
 
 from specviz.engine.cuts import StopRule
 from specviz.engine.early_exit import EarlyExit, early_exit_problem
-from specviz.compat import model_vocab
-from specviz.engine.plumbing import (
-    PromptCache, fit_ids, forward, new_cache, pad_vocab, prefilled, rollback,
-)
+from specviz.compat import forward, model_vocab
+from specviz.engine.plumbing import PromptCache, fit_ids, new_cache, pad_vocab, prefilled, rollback
 from specviz.engine.sampling import SamplingParams, draw, logits_to_probs
 
 

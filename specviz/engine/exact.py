@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import torch
 
-from specviz.engine.plumbing import PromptCache, forward, pad_vocab
+from specviz.compat import forward
+from specviz.engine.plumbing import PromptCache, pad_vocab
 from specviz.engine.sampling import SamplingParams, logits_to_probs
 
 

@@ -8,7 +8,7 @@ import time
 import torch
 from transformers import DynamicCache
 
-from specviz.compat import forward  # noqa: F401 (the engine's modules call it from here)
+from specviz.compat import forward
 
 
 def clock(device: torch.device) -> float:
@@ -59,9 +59,6 @@ def to_host(**tensors: torch.Tensor) -> dict[str, float | list]:
 def at(x: torch.Tensor, i: torch.Tensor) -> torch.Tensor:
     """x[i] for a 0-d index tensor i, staying on the device: x[i] itself would call i.item(), a host sync."""
     return x.index_select(0, i.view(1))[0]
-
-
-
 
 
 def rollback(cache, keep: int) -> None:
@@ -127,7 +124,6 @@ def model_dtype(model) -> torch.dtype:
     module's first floating-point parameter tells."""
     dtype = getattr(model, "dtype", None)
     return dtype if dtype is not None else next(p.dtype for p in model.parameters() if p.is_floating_point())
-
 
 
 def fit_ids(ids: torch.Tensor, rows: int) -> torch.Tensor:

@@ -17,9 +17,9 @@ from specviz.engine.drafters import NEEDS_DRAFT_MODEL, Draft, Drafter, make_draf
 from specviz.engine.events import (
     ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, DraftedToken, Finish, Round, end_of_run, until_eos,
 )
-from specviz.compat import model_vocab
+from specviz.compat import forward, model_vocab
 from specviz.engine.plumbing import (
-    Phases, Pieces, PromptCache, at, clock, fit_ids, forward, pad_vocab, prefilled, rollback, to_host,
+    Phases, Pieces, PromptCache, at, clock, fit_ids, pad_vocab, prefilled, rollback, to_host,
 )
 from specviz.engine.rules import Verdict, overlap, verify
 from specviz.engine.sampling import logits_to_probs, make_generator
@@ -77,6 +77,7 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
     pieces = Pieces(pair.tokenizer)
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     history, generated, k = list(prompt_ids), [], config.k
+    sizes = model_vocab(pair.target), pair.vocab_size  # the target's embedding rows, and the vocabulary worked in
     cache, prefill_time = _prefilled(pair, drafter, ids, prompt_cache, config.room)
     for index in range(config.max_new_tokens):
         phases = Phases(device)
@@ -84,7 +85,7 @@ def speculative_generate(pair, prompt_ids: list[int], config: DecodeConfig, *,
         # never draft more than can be emitted: k accepted + 1 correction/bonus <= tokens left
         draft = drafter.propose(ids, history, min(k, config.max_new_tokens - len(generated) - 1))
         phases.mark()
-        logits, p, verdict = _verified(pair, ids, cache, draft, config, rule.chain, gen)
+        logits, p, verdict = _verified(pair, ids, cache, draft, config, rule.chain, gen, sizes)
         phases.mark()
         # from here on, the work is for the event (display statistics, host transfer, texts): overhead
         host = _truthful(to_host(**_round_stats(draft, logits, p, verdict, config)), drafter.name)
@@ -120,15 +121,17 @@ def _prefilled(pair, drafter: Drafter, ids: torch.Tensor, prompt_cache: PromptCa
     return cache, clock(pair.device) - t0
 
 
-def _verified(pair, ids: torch.Tensor, cache, draft: Draft, config: DecodeConfig, rule: ChainRule, gen):
+def _verified(pair, ids: torch.Tensor, cache, draft: Draft, config: DecodeConfig, rule: ChainRule, gen,
+              sizes: tuple[int, int]):
     """The round's one target forward, over the committed tokens its cache lacks and the K drafts, and the rule's
-    verdict on them: the target's logits and warped p (K + 1 rows), and the verdict."""
-    rows = model_vocab(pair.target)
-    drafted = draft.tokens if rows == pair.vocab_size else fit_ids(draft.tokens, rows)
+    verdict on them: the target's logits and warped p (K + 1 rows), and the verdict. `sizes`: the target's
+    embedding rows and the vocabulary the run works in (read once a run)."""
+    rows, vocab = sizes
+    drafted = draft.tokens if rows == vocab else fit_ids(draft.tokens, rows)
     feed = torch.cat([ids[:, cache.get_seq_length():], drafted[None]], dim=1)
     out = forward(pair.target, feed, cache, draft.k + 1)
     # the last k+1 rows, whatever a model (or a wrapper) made of logits_to_keep
-    logits = pad_vocab(out.logits[0, -(draft.k + 1):].float(), pair.vocab_size)
+    logits = pad_vocab(out.logits[0, -(draft.k + 1):].float(), vocab)
     p = logits_to_probs(logits, config.sampling)
     return logits, p, rule(p, draft.q, draft.tokens, gen, greedy=config.sampling.greedy)
 

@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 import torch
 
 from specviz.engine.drafters import ModelDrafter
-from specviz.engine.plumbing import PromptCache, forward, model_dtype
+from specviz.compat import forward
+from specviz.engine.plumbing import PromptCache, model_dtype
 from specviz.engine.sampling import SamplingParams, logits_to_probs
 from specviz.engine.tree import additive_mask, keep_path
 

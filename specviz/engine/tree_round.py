@@ -19,9 +19,9 @@ from specviz.engine.events import (
     ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, Candidate, DraftedToken, Finish, Round, TreeNode,
     end_of_run, until_eos,
 )
-from specviz.compat import model_vocab
+from specviz.compat import forward, model_vocab
 from specviz.engine.plumbing import (
-    Phases, Pieces, PromptCache, at, clock, fit_ids, forward, model_dtype, pad_vocab, prefilled, to_host,
+    Phases, Pieces, PromptCache, at, clock, fit_ids, model_dtype, pad_vocab, prefilled, to_host,
 )
 from specviz.engine.sampling import draw, logits_to_probs, make_generator
 from specviz.engine.siblings import TreeVerdict, walk_point_masses, without
@@ -59,8 +59,8 @@ def tree_generate(pair, prompt_ids: list[int], config, *, prompt_cache: PromptCa
     width than the default (tests); `rule`: only the proof's negative controls pass another."""
     device, greedy = pair.device, config.sampling.greedy
     gen = make_generator(device, config.seed)
-    drafter = drafter or TreeDrafter(pair.draft, config.sampling, pair.vocab_size, prompt_cache=prompt_cache,
-                                     cut=config.cut)
+    sizes = model_vocab(pair.target), pair.vocab_size  # the target's embedding rows, and the vocabulary worked in
+    drafter = drafter or TreeDrafter(pair.draft, config.sampling, sizes[1], prompt_cache=prompt_cache, cut=config.cut)
     pieces = Pieces(pair.tokenizer)
     ids = torch.tensor([prompt_ids], dtype=torch.long, device=device)
     generated: list[int] = []
@@ -75,7 +75,7 @@ def tree_generate(pair, prompt_ids: list[int], config, *, prompt_cache: PromptCa
         tree = drafter.grow(ids, min(config.k, config.max_new_tokens - len(generated) - 1), config.tree_budget)
         phases.mark()
         nodes = torch.tensor([tree.tokens], dtype=torch.long, device=device)
-        logits = _read_tree(pair, ids, cache, tree, nodes)
+        logits = _read_tree(pair, ids, cache, tree, nodes, sizes)
         p = logits_to_probs(logits, config.sampling)
         host = to_host(**_node_stats(tree, nodes[0], logits, p, gen, config))
         verdict, tried = rule(tree.parents, host["p_at"], tree.q, host["u"])
@@ -102,16 +102,19 @@ def tree_generate(pair, prompt_ids: list[int], config, *, prompt_cache: PromptCa
             return
 
 
-def _read_tree(pair, ids: torch.Tensor, cache, tree: DraftTree, nodes: torch.Tensor) -> torch.Tensor:
+def _read_tree(pair, ids: torch.Tensor, cache, tree: DraftTree, nodes: torch.Tensor,
+               sizes: tuple[int, int]) -> torch.Tensor:
     """The target's one forward over the committed tokens its cache lacks and then every node (`tree_mask`): its
-    logits, row 0 after the committed tokens (the root's children), row 1 + i after node i."""
+    logits, row 0 after the committed tokens (the root's children), row 1 + i after node i. `sizes`: the target's
+    embedding rows and the vocabulary the run works in."""
     past = cache.get_seq_length()
     pending = ids.shape[1] - past
-    feed = torch.cat([ids[:, past:], fit_ids(nodes, model_vocab(pair.target))], dim=1)
+    rows, vocab = sizes
+    feed = torch.cat([ids[:, past:], fit_ids(nodes, rows)], dim=1)
     out = forward(pair.target, feed, cache, tree.n + 1,
                   attention_mask=tree_mask(tree.parents, pending, past, model_dtype(pair.target), pair.device),
                   position_ids=tree_positions(tree.parents, pending, past, pair.device))
-    return pad_vocab(out.logits[0, -(tree.n + 1):].float(), pair.vocab_size)
+    return pad_vocab(out.logits[0, -(tree.n + 1):].float(), vocab)
 
 
 def _after_path(p: torch.Tensor, tree: DraftTree, verdict: TreeVerdict, tried: list[int]) -> tuple[int, torch.Tensor]:
