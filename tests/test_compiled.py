@@ -22,7 +22,7 @@ from specviz.models.compiled import MAX_LEN, SIZES, CompileCounts, StaticKV, is_
 from specviz.models.static_cache import static_mask
 from specviz.models.step_timing import StepTimes
 from specviz.models.loading import load_spec
-from specviz.models.steps import InUse, Probe, checked_in_use, with_steps
+from specviz.models.steps import InUse, Probe, checked_in_use, inductor_cache, with_steps
 from specviz.serving.session import Session
 from specviz.models.synthetic import prompt_ids, synthetic_pair
 from specviz.models.tiny import tiny_pair
@@ -345,6 +345,49 @@ def test_a_quantized_target_is_not_compiled():
         load_spec(spec, loader=lambda *a, **k: tiny_pair())
 
 
+class ForeignCache:
+    """A compile that fails while torch's compile caches are read (code another process cached, for vector
+    instructions this one's check did not find) and works with them off: FakeMeasure's times, once they are off."""
+
+    def __init__(self):
+        self.tries = []
+
+    def __call__(self, *args):
+        self.tries.append(torch.compiler.config.force_disable_caches)
+        if not self.tries[-1]:
+            raise RuntimeError("backend='inductor' raised:\nCppCompileError: C++ compile error\n(pages)")
+        return FakeMeasure()(*args)
+
+
+@torch.compiler.config.patch(force_disable_caches=False)  # (and put back after: the retry turns them off)
+def test_a_compile_failed_by_torchs_cache_is_compiled_again_without_it(tmp_path, monkeypatch):
+    """The probe's compile fails with torch's caches and is tried once more without them: the draft's step is
+    measured and compiled as it would have been, the sentence names the cache's folder, and the caches stay off for
+    the process (a width compiled later meets the same entry). --step compiled is tried again the same way."""
+    loaded = synthetic_pair(*MINI, device="cpu")
+    measure, lines = ForeignCache(), []
+    pair = with_steps(loaded, loaded, PairSpec(*MINI, step="auto"), status=lines.append,
+                      probe=Probe(measure, as_probed, tmp_path))
+    assert is_compiled(pair.draft) and not is_compiled(pair.target)  # FakeMeasure's verdicts: the draft's won
+    assert measure.tries == [False, True, True]  # once more for the draft, then the caches stayed off
+    assert torch.compiler.config.force_disable_caches
+    said = [line for line in lines if "succeeded without them" in line]
+    assert len(said) == 1 and "(BackendCompilerFailed" not in said[0] and "raised: CppCompileError" in said[0]
+    assert str(inductor_cache()) in said[0]
+
+    torch.compiler.config.force_disable_caches = False
+    timed = []
+
+    def step_timed(*args, **kwargs):
+        timed.append(torch.compiler.config.force_disable_caches)
+        if not timed[-1]:
+            raise RuntimeError("a bad cache entry")
+
+    monkeypatch.setattr("specviz.models.steps.time_step", step_timed)
+    both = with_steps(loaded, loaded, PairSpec(*MINI, step="compiled"), probe=Probe(folder=tmp_path))
+    assert is_compiled(both.draft) and is_compiled(both.target) and timed == [False, True, True]
+
+
 def test_a_step_that_cannot_compile_here_runs_eager_under_auto_and_is_one_sentence_when_asked_for(tmp_path,
                                                                                                    monkeypatch):
     """Compiling needs a working compiler toolchain (Triton needs a C compiler); without one, auto keeps the eager
@@ -358,7 +401,7 @@ def test_a_step_that_cannot_compile_here_runs_eager_under_auto_and_is_one_senten
     pair = with_steps(loaded, loaded, PairSpec(*MINI, step="auto"), status=lines.append,
                       probe=Probe(broken, folder=tmp_path))
     assert not is_compiled(pair.draft) and not is_compiled(pair.target)
-    assert any("cannot be compiled here (RuntimeError: Failed to find C compiler" in line for line in lines)
+    assert any("cannot be compiled here (RuntimeError: Failed to find C compiler" in line for line in lines), lines
     assert not list(tmp_path.glob("**/step-*.json"))  # nothing kept: the next start tries again
     monkeypatch.setattr("specviz.models.steps.time_step", broken)
     with pytest.raises(ModelLoadError, match="could not be compiled here .*use --step eager or auto"):

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
+from typing import TypeVar
 
 import torch
 from torch import nn
@@ -31,6 +32,7 @@ from specviz.models.pair import ModelLoadError, ModelPair, PairSpec
 from specviz.models.synthetic import prompt_ids
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 Measure = Callable[[nn.Module, nn.Module, list[list[int]]], StepTimes]
 ROLES = ("draft", "target")
@@ -98,7 +100,8 @@ def measured_steps(eager: nn.Module, compiled: nn.Module, device: torch.device, 
 
     def measured() -> dict:
         status("timing its eager and its compiled one-token step on this machine (once; cached)…")
-        return {"times": asdict(measure(eager, compiled, [probe_ids(compiled, n) for n in PROBE_LENGTHS]))}
+        probes = [probe_ids(compiled, n) for n in PROBE_LENGTHS]
+        return {"times": asdict(afresh_on_failure(lambda: measure(eager, compiled, probes), status))}
     try:  # (unsaved: used all the same)
         return StepTimes.of(kept_or_measured(path, key, "The step timings", measured, log.warning)[0]["times"])
     except Exception as e:  # noqa: BLE001 - whatever stops compiling here (no C compiler for Triton, an op it lacks)
@@ -106,18 +109,49 @@ def measured_steps(eager: nn.Module, compiled: nn.Module, device: torch.device, 
         return None
 
 
+def afresh_on_failure(compile_: Callable[[], T], status: Callable[[str], None]) -> T:
+    """`compile_()`; where it fails, once more with torch's compile caches off. torch keeps compiled graphs in one
+    folder for every process of the user (/tmp/torchinductor_$USER), not keyed on the vector instructions the
+    process found usable: where its check of them fails (on this project's Zen 4 VM, 2026-11-27, the check's child
+    Python started in a folder holding a `re.py` that hid the standard library's), the process takes vectorised
+    kernel code another process cached and compiles it without the vector flags, and every compile of both embedded
+    models' steps failed. Compiled afresh, it succeeds (as the code this process would run, which the probe then
+    times). Where that second try succeeds, the caches stay off for the rest of this process (a width compiled later
+    in a run would meet the same entry), said in one sentence; where it fails too, the second failure is raised."""
+    try:
+        return compile_()
+    except Exception as first:  # noqa: BLE001 - see measured_steps
+        if torch.compiler.config.force_disable_caches:
+            raise
+        with torch.compiler.config.patch(force_disable_caches=True):
+            result = compile_()
+        torch.compiler.config.force_disable_caches = True
+        status(f"compiling failed with torch's compile caches ({failure(first)}) and succeeded without them: this "
+               f"process compiles without them (clearing {inductor_cache()} lets them serve again).")
+        return result
+
+
+def inductor_cache() -> str:
+    """The folder torch's compile caches are kept in."""
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    return cache_dir()
+
+
 def failure(e: Exception) -> str:
-    """An exception's first line, short: compilers raise pages."""
-    line = (str(e).strip().splitlines() or [""])[0]
-    return f"{type(e).__name__}: {line[:160]}"
+    """An exception's first line, short: compilers raise pages. A line that ends in a colon is followed by the next
+    (torch's wrapper of a backend's error says only "backend='inductor' raised:", the next line says what)."""
+    lines = [line.strip() for line in str(e).strip().splitlines() if line.strip()] or [""]
+    said = " ".join(lines[:2]) if lines[0].endswith(":") else lines[0]
+    return f"{type(e).__name__}: {said[:160]}"
 
 
-def compiled_now(model: nn.Module, role: str) -> nn.Module:
+def compiled_now(model: nn.Module, role: str, status: Callable[[str], None] = log.info) -> nn.Module:
     """`model` (a compiled step) compiled at once, so that a failure is a sentence at load, not a broken run; the
     seconds it took kept as `model.compile_s` (`specviz costs` reports them)."""
     t0 = time.perf_counter()
     try:
-        time_step(model, probe_ids(model), reps=1, warmup=0)
+        afresh_on_failure(lambda: time_step(model, probe_ids(model), reps=1, warmup=0), status)
     except Exception as e:  # noqa: BLE001 - see measured_steps
         raise ModelLoadError(f"the {role}'s one-token step could not be compiled here ({failure(e)}): use --step "
                              "eager or auto.") from e
@@ -184,7 +218,7 @@ def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Call
                                       widths=VERIFY_WIDTHS if target else ())
         if spec.step == "compiled":
             status(f"Compiling the {role}'s one-token step…")
-            compiled_now(compiled, role)
+            compiled_now(compiled, role, status)
         elif not kept_by_probe(compiled, plain, role, loaded.device, probe, status):
             continue
         status(f"The {role}'s one-token step runs compiled.")
