@@ -384,8 +384,10 @@ def test_a_compile_failed_by_torchs_cache_is_compiled_again_without_it(tmp_path,
             raise RuntimeError("a bad cache entry")
 
     monkeypatch.setattr("specviz.models.steps.time_step", step_timed)
-    both = with_steps(loaded, loaded, PairSpec(*MINI, step="compiled"), probe=Probe(folder=tmp_path))
+    lines.clear()
+    both = with_steps(loaded, loaded, PairSpec(*MINI, step="compiled"), status=lines.append, probe=Probe(folder=tmp_path))
     assert is_compiled(both.draft) and is_compiled(both.target) and timed == [False, True, True]
+    assert [line for line in lines if "succeeded without them" in line][0].startswith("The draft: compiling failed")
 
 
 def test_a_step_that_cannot_compile_here_runs_eager_under_auto_and_is_one_sentence_when_asked_for(tmp_path,

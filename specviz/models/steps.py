@@ -218,7 +218,7 @@ def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Call
                                       widths=VERIFY_WIDTHS if target else ())
         if spec.step == "compiled":
             status(f"Compiling the {role}'s one-token step…")
-            compiled_now(compiled, role, status)
+            compiled_now(compiled, role, lambda line: status(f"The {role}: {line}"))
         elif not kept_by_probe(compiled, plain, role, loaded.device, probe, status):
             continue
         status(f"The {role}'s one-token step runs compiled.")
