@@ -385,7 +385,8 @@ def test_a_compile_failed_by_torchs_cache_is_compiled_again_without_it(tmp_path,
 
     monkeypatch.setattr("specviz.models.steps.time_step", step_timed)
     lines.clear()
-    both = with_steps(loaded, loaded, PairSpec(*MINI, step="compiled"), status=lines.append, probe=Probe(folder=tmp_path))
+    both = with_steps(loaded, loaded, PairSpec(*MINI, step="compiled"), status=lines.append,
+                      probe=Probe(folder=tmp_path))
     assert is_compiled(both.draft) and is_compiled(both.target) and timed == [False, True, True]
     assert [line for line in lines if "succeeded without them" in line][0].startswith("The draft: compiling failed")
 
