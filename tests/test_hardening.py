@@ -537,3 +537,37 @@ def test_prepare_converts_two_models_at_once_only_with_two_cores_and_the_memory_
     monkeypatch.setattr(prepare, "at_once", lambda cpus, free: 1)
     assert prepare.cmd_prepare(Namespace(requirements=False, verify=False)) == 0
     assert seen == ["target", "draft", "smollm2"]
+
+
+def test_prepare_converters_draw_no_bars_and_leave_this_process_as_it_was():
+    """The spawned converters have tqdm's switch set before they import anything (transformers' GGUF reader draws
+    bars of its own); this process's environment is not touched."""
+    import os
+    import subprocess
+    import sys
+
+    from specviz.commands import prepare
+
+    before = os.environ.get("TQDM_DISABLE")
+    with prepare.converters(1) as pool:
+        assert pool.submit(os.getenv, "TQDM_DISABLE").result() == "1"
+    assert os.environ.get("TQDM_DISABLE") == before
+    # what a converter imports before its switch is set (this module, to unpickle it) imports no tqdm
+    check = "import sys, specviz.commands.prepare; print('tqdm' in sys.modules)"
+    imported = subprocess.run([sys.executable, "-c", check], capture_output=True, text=True, check=True).stdout.strip()
+    assert imported == "False"
+
+
+def test_a_converters_line_is_one_write(monkeypatch):
+    """Two converters share the terminal: each line goes out in one write, newline included, so lines may interleave
+    but never their halves (print writes the newline apart)."""
+    import io
+
+    from specviz.commands import prepare
+
+    writes = []
+    out = io.StringIO()
+    monkeypatch.setattr(out, "write", writes.append)
+    monkeypatch.setattr("sys.stdout", out)
+    prepare.say("draft (float32): /cache/converted/draft")
+    assert writes == ["draft (float32): /cache/converted/draft\n"]

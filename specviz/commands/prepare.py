@@ -6,7 +6,6 @@ import multiprocessing
 import os
 import sys
 from concurrent.futures import ProcessPoolExecutor
-from unittest.mock import patch
 
 
 def register(sub) -> None:
@@ -56,23 +55,38 @@ def prepare_one(folder: str, progress: bool = True) -> None:
 
     model = next(m for m in EMBEDDED_MODELS if m.folder == folder)
     for dtype in dtypes():
-        print(f"{model.folder} ({str(dtype).removeprefix('torch.')}): "
-              f"{prepare_embedded(model, status=print, progress=progress, dtype=dtype)}", flush=True)
+        path = prepare_embedded(model, status=say, progress=progress, dtype=dtype)
+        say(f"{model.folder} ({str(dtype).removeprefix('torch.')}): {path}")
+
+
+def say(line: str) -> None:
+    """One line in one write: two converters' lines may interleave, never their halves (print writes the newline
+    apart)."""
+    sys.stdout.write(f"{line}\n")
+    sys.stdout.flush()
 
 
 def prepare_all(folders: list[str], workers: int) -> None:
-    """Every model ready; with two workers, the largest first, in processes of their own (spawned: no torch state
-    forked), without progress bars (two would overwrite each other's line): each phase says one line."""
+    """Every model ready, in the order given; with two workers, in processes of their own (`converters`)."""
     if workers == 1:
         for folder in folders:
             prepare_one(folder)
         return
-    # transformers' GGUF reader draws bars of its own, under tqdm's switch: read from the environment as tqdm is
-    # imported, so the workers are spawned with it set (and this process's environment is set back after)
-    with patch.dict(os.environ, TQDM_DISABLE="1"), \
-            ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    with converters(workers) as pool:
         for done in [pool.submit(prepare_one, folder, False) for folder in folders]:
             done.result()  # a model's failure is raised here, as it would be in this process
+
+
+def converters(workers: int) -> ProcessPoolExecutor:
+    """Spawned processes (no torch state forked) that draw no progress bars: two would overwrite each other's line,
+    and each phase says one line instead."""
+    return ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn"), initializer=without_bars)
+
+
+def without_bars() -> None:
+    """A converter's first act: tqdm's switch (transformers' GGUF reader draws bars of its own), set before anything
+    imports tqdm, which reads it once; this module imports nothing that does."""
+    os.environ["TQDM_DISABLE"] = "1"
 
 
 def cmd_prepare(args) -> int:
