@@ -83,6 +83,19 @@ def embedded_pair():
     return load_pair("embedded", "embedded", device="cpu", dtype="float32", progress=False)
 
 
+@pytest.fixture(scope="session")
+def llamacpp_pair():
+    """(speculative URL, plain URL, "real" or "replay"): the real llama-server pair where this machine has llama.cpp's
+    build and the embedded GGUF files, else the replay (`test_engines.pair_for_this_machine`). Started once per pytest
+    process (the real pair takes seconds) for test_engines.py's race and test_engines_ui.py's browser race; every
+    request to it is one at a time and each test reads the counters' difference around its own requests, so what ran
+    on it before does not enter a test's figures."""
+    from test_engines import pair_for_this_machine
+
+    with pair_for_this_machine() as urls:
+        yield urls
+
+
 @pytest.fixture(scope="module")
 def open_client():
     """`open_client(url)`: a gradio_client.Client, a session of its own like a separate browser or script (the load

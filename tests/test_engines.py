@@ -16,7 +16,7 @@ import re
 import socket
 import threading
 import time
-from contextlib import ExitStack, contextmanager
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -580,27 +580,6 @@ def pair_for_this_machine():
     with llama_server.llama_servers(llama_server.LlamaSettings(port=free_port_pair(), k=4, threads=1, ctx=2048)) \
             as servers:
         yield servers.spec_url, servers.plain_url, "real"
-
-
-STARTED: dict[str, tuple[str, str, str]] = {}
-
-
-def shared_pair(config: pytest.Config) -> tuple[str, str, str]:
-    """`pair_for_this_machine`, started by the first test of this pytest process that asks (the race end to end
-    here, the Engines tab in a browser in test_engines_ui.py) and stopped as the process ends: the real pair takes
-    seconds to start. Every request to it is one at a time, and each test reads the counters' difference around
-    its own requests, so what ran on the pair before does not enter its figures."""
-    if "pair" not in STARTED:
-        stack = ExitStack()
-        STARTED["pair"] = stack.enter_context(pair_for_this_machine())
-        config.add_cleanup(stack.close)
-    return STARTED["pair"]
-
-
-@pytest.fixture
-def llamacpp_pair(request) -> tuple[str, str, str]:
-    """(speculative URL, plain URL, "real" or "replay"): the pair this pytest process shares (`shared_pair`)."""
-    return shared_pair(request.config)
 
 
 def race_against(spec_url: str, plain_url: str, out: Path, capsys, engine: str = "llamacpp",

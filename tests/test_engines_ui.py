@@ -7,7 +7,7 @@ import shutil
 
 import gradio as gr
 import pytest
-from test_engines import VLLM_REAL, replay_pair, shared_pair
+from test_engines import VLLM_REAL, replay_pair
 
 from specviz.remote.policy import EnginePolicy
 from specviz.models import PairSpec
@@ -56,12 +56,6 @@ def test_an_engine_not_allowed_or_none_allowed_is_one_sentence():
         with pytest.raises(gr.Error, match="must be between"):
             list(race_engines(EnginePolicy(allowed=(spec, plain)), Limits(), spec, plain, "hi", 0, 0.0))
     assert "--allow-engine" in NO_ENGINE
-
-
-@pytest.fixture
-def llamacpp_pair(request) -> tuple[str, str, str]:
-    """The real llama-server pair (else the replay) that test_engines.py's race shares: started once per process."""
-    return shared_pair(request.config)
 
 
 @pytest.mark.browser
