@@ -17,6 +17,7 @@ import torch
 
 from specviz.engine import DecodeConfig
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, round_from_dict
+from specviz.settings.limits import budget
 
 # Where the engine's tests run their pairs: cpu and float32 unless set. On a lent GPU scripts/gpu_check.sh runs
 # them with SPECVIZ_TEST_DEVICE=cuda, once in float32 and once with SPECVIZ_TEST_DTYPE=bfloat16.
@@ -154,3 +155,19 @@ def deprecations_said() -> Iterator[list[str]]:
     said += [f"{w.category.__name__}: {w.message}" for w in caught if issubclass(
         w.category, (FutureWarning, DeprecationWarning)) and not str(w.message).startswith("`torch.")]
     said += [line for line in lines.lines if "deprecated" in line]
+
+
+def slow_target(session, monkeypatch, module, seconds: float) -> list[float]:
+    """Each target forward costs `seconds` of a fake clock, and the budget `module` gives a request reads that
+    clock: the budget ends a run after the same forwards on any machine, however loaded (no sleeps, no wall
+    clock). Returns the clock, [now]."""
+    now = [0.0]
+    forward = session.pair.target.forward
+
+    def slow(*args, **kwargs):
+        now[0] += seconds
+        return forward(*args, **kwargs)
+
+    monkeypatch.setattr(session.pair.target, "forward", slow)
+    monkeypatch.setattr(module, "budget", lambda limit: budget(limit, clock=lambda: now[0]))
+    return now

@@ -237,8 +237,8 @@ def test_one_address_cannot_fill_the_queue_by_naming_new_sessions(serve, monkeyp
 def test_a_run_whose_client_left_frees_the_model_at_once_for_the_next(serve, monkeypatch, open_client):
     """A browser tab closed mid-run, as the server sees it: the queue's event stream dropped after a few streamed
     rounds (raw HTTP, Gradio's own join/data protocol). The run stops (no forward after the model is freed) and
-    frees the model within 2 s of the disconnect (measured here; 0.06 s on a 2-core Zen 5), and the next visitor's
-    run is served."""
+    frees the model within a few forwards of the disconnect (1 forward, 0.06 s on a 2-core Zen 4 and Zen 5), and
+    the next visitor's run is served."""
     import inspect
 
     import httpx
@@ -267,10 +267,14 @@ def test_a_run_whose_client_left_frees_the_model_at_once_for_the_next(serve, mon
                 if rounds >= 3:
                     break
         assert session.lock.locked()  # mid-run when the tab went away
-    left = time.monotonic()
-    freed = until(lambda: not session.lock.locked(), 2.0, "the model freed after the client left")
+    left, at_left = time.monotonic(), len(calls)
+    freed = until(lambda: not session.lock.locked(), 30, "the model freed after the client left")
     made = len(calls)
     time.sleep(0.3)
     assert len(calls) == made  # the run stopped: no forward after it let the model go
-    print(f"freed {freed:.2f} s after the disconnect ({time.monotonic() - left:.2f} s with the check)")
+    print(f"freed {freed:.2f} s after the disconnect ({time.monotonic() - left:.2f} s with the check), "
+          f"{made - at_left} forwards after it")
+    # counted in forwards, not seconds (a busy machine stretches seconds): the run stopped within a few rounds, not
+    # the ~100 rounds it had left
+    assert made - at_left <= 20
     assert client.predict(PROMPT, 4, 8, api_name="/generate")["event"] == "done"  # the next visitor is served

@@ -68,15 +68,18 @@ def test_a_run_that_stopped_advancing_is_stopped_and_the_next_in_line_served():
 
 def test_a_slow_consumer_that_keeps_advancing_is_not_stopped():
     session = tiny_session()
-    session.turns.stall_seconds = 0.5
+    now = [0.0]  # the watchdog's clock: 0.3 s between rounds on any machine (a busy one stretched real sleeps)
+    session.turns.stall_seconds, session.turns.clock, session.turns.refresh = 0.5, lambda: now[0], 0.01
     run = rounds(session)
     got = [next(run)]
     thread, out = in_thread(lambda: list(quietly(rounds(session))))
-    for event in run:  # 0.3 s between rounds: slow, never stalled
+    for event in run:  # slow, 1.5 s holding the model in all, never stalled
         got.append(event)
-        time.sleep(0.3)
-        if len(got) == 4:
+        now[0] += 0.3
+        time.sleep(0.05)  # real time for the waiter's checks (every 0.01 s) to look at the clock
+        if len(got) == 6:
             break
+    assert len(got) == 6 and not isinstance(next(run), Waiting)  # not stopped: it gives its next round still
     assert thread.is_alive() and "result" not in out  # still waiting behind the slow run
     run.close()
     thread.join(timeout=30)

@@ -447,14 +447,16 @@ def test_a_warm_up_race_holding_the_model_yields_to_a_visitor_and_is_recorded_la
     settings = SETTINGS | {"max_new_tokens": 48}
     thread = record_examples(session, Limits(), prompts, settings, log=lines.append, calibrate=False)
     assert started.wait(30)
-    clicked = time.monotonic()
+    clicked, at_click = time.monotonic(), len(calls)
     states = racing.race(session, Limits(), "a visitor's own prompt", settings, owner=Owner("10.0.0.5", "v"))
     first = next(s for s in states if not isinstance(s, Waiting))
-    waited = time.monotonic() - clicked
+    waited, forwards = time.monotonic() - clicked, len(calls) - at_click
     visitor = final(states)
     thread.join(120)
     assert not thread.is_alive() and visitor.spec.finished == "length"
-    assert waited < 2.0, f"the visitor's first event came {waited:.2f} s after the click"
+    # counted in forwards, not seconds (a busy machine stretches seconds): the visitor's first event came after
+    # at most one event's worth of the warm-up's forwards and its own prefill (3 here; 69 without the yield)
+    assert forwards <= 10, f"the visitor's first event came {forwards} forwards ({waited:.2f} s) after the click"
     assert len(lines) == 1 and lines[0].startswith("recorded 2 of 2 examples in ")
     assert len(session.recordings) == 3  # both examples (one raced again after the cut) and the visitor's run
 

@@ -12,6 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from helpers import slow_target
 from transformers import Qwen2Config
 
 from specviz.api import messages
@@ -134,22 +135,6 @@ def test_a_budget_counts_from_its_creation():
     assert stop() is None
     now[0] = 105.0
     assert stop() == "budget"
-
-
-def slow_target(session, monkeypatch, module, seconds: float) -> list[float]:
-    """Each target forward costs `seconds` of a fake clock, and the budget `module` gives a request reads that
-    clock: the budget ends a run after the same forwards on any machine, however loaded (no sleeps, no wall
-    clock). Returns the clock, [now]."""
-    now = [0.0]
-    forward = session.pair.target.forward
-
-    def slow(*args, **kwargs):
-        now[0] += seconds
-        return forward(*args, **kwargs)
-
-    monkeypatch.setattr(session.pair.target, "forward", slow)
-    monkeypatch.setattr(module, "budget", lambda limit: budget(limit, clock=lambda: now[0]))
-    return now
 
 
 def test_a_run_past_its_budget_ends_as_budget_and_keeps_its_rounds(monkeypatch):

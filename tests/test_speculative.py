@@ -520,13 +520,13 @@ def test_a_rounds_phases_add_up_to_its_wall_time_and_each_is_the_time_between_it
     phases = Phases(TEST_DEVICE)  # (on an idle GPU an event is reached as soon as it is recorded)
     t0 = time.perf_counter()
     phases.mark()
-    for pause in (0.02, 0.0, 0.03):
+    for pause in (0.2, 0.0, 0.3):  # pauses far apart: a busy machine's preemption (ms) cannot blur them
         time.sleep(pause)
         phases.mark()
     wall = time.perf_counter() - t0
     spans = phases.seconds()
-    assert len(spans) == 3 and spans[1] < 0.01
-    assert spans[0] >= 0.02 and spans[2] >= 0.03 and sum(spans) <= wall
+    assert len(spans) == 3 and spans[1] < 0.1
+    assert spans[0] >= 0.2 and spans[2] >= 0.3 and sum(spans) <= wall
 
 
 def test_every_round_reports_its_phases(tiny):

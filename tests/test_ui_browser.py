@@ -16,6 +16,7 @@ from specviz.models.tiny import tiny_pair
 from specviz.settings.limits import Limits
 from specviz.serving.pacing import Pace
 from specviz.serving.session import Session
+from specviz.serving.turns import BACKGROUND
 from specviz.server import build_server, launch
 from specviz.ui.handlers import Options
 
@@ -365,8 +366,9 @@ def test_a_visitor_without_the_key_cannot_present(browser_page, room_url):
 def test_the_first_click_streams_while_the_app_records_its_examples(browser_page):
     """As `specviz serve` starts: the app records its examples in the background (here a tiny target slowed to
     100 ms a forward, so each example's race holds the model for many seconds), and a visitor's first Run, on the
-    first example, clicked as soon as the page is there, shows a coloured round within 5 s: the warm-up yields.
-    (Before: this test timed out at 5 s; on a 2-core Zen 4 the first round came 20.4 s after the click.)"""
+    first example, clicked as soon as the page is there, shows a coloured round after at most one event's worth of
+    the warm-up's forwards: the warm-up yields. Counted in forwards, not seconds: a busy machine stretches the
+    browser's seconds. (Before: the first round came 20.4 s after the click on a 2-core Zen 4, ~200 forwards.)"""
     from specviz.engine import DecodeConfig
     from specviz.serving.recorded import Recordings
     from specviz.runs.room import record_examples
@@ -374,9 +376,11 @@ def test_the_first_click_streams_while_the_app_records_its_examples(browser_page
     from specviz.ui.examples import EXAMPLES
 
     session = Session(tiny_pair(), PairSpec("tiny", "tiny"), recordings=Recordings(2**24))
-    forward = session.pair.target.forward
+    forward, background = session.pair.target.forward, []
 
     def slow(*args, **kwargs):
+        holder = session.turns.queue[0] if session.turns.queue else None
+        background.append(holder is not None and holder.owner == BACKGROUND)
         time.sleep(0.1)
         return forward(*args, **kwargs)
 
@@ -391,12 +395,12 @@ def test_the_first_click_streams_while_the_app_records_its_examples(browser_page
         page.wait_for_selector("#sv-run", timeout=60_000)
         assert thread.is_alive() and session.lock.locked()  # the recording holds the model as the visitor arrives
         page.fill("#sv-prompt textarea", prompts[0])
-        clicked = time.monotonic()
+        clicked, at_click = time.monotonic(), len(background)
         page.click("#sv-run")
-        page.wait_for_selector("#sv-live-spec .sv-round", timeout=5_000)
-        seen = time.monotonic() - clicked
-        print(f"first coloured round {seen:.2f} s after the click, the examples recording in the background")
-        assert seen < 5.0
+        page.wait_for_selector("#sv-live-spec .sv-round", timeout=60_000)  # bounds a hang only
+        seen, warm_up = time.monotonic() - clicked, sum(background[at_click:])
+        print(f"first coloured round {seen:.2f} s after the click, after {warm_up} of the warm-up's forwards")
+        assert warm_up <= 10
     finally:
         # the page leaves first: closing the app waits (up to Gradio's 5 s) for an open stream, here the
         # visitor's run, still going on the slowed target
