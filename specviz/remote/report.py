@@ -25,18 +25,17 @@ def rounded(obj, digits: int = 4):
     return obj
 
 
-STATS_FIELDS = ("drafted", "accepted", "rounds", "acceptance", "mean_accepted_length", "accepted_per_position",
-                "source", "note")
+# the report's run fields from an engine's statistics: field -> `SpecStats` attribute
+STATS_FIELDS = {"drafted": "drafted", "accepted": "accepted", "rounds": "drafts", "acceptance": "acceptance",
+                "mean_accepted_length": "mean_accepted_length", "accepted_per_position": "accepted_per_position",
+                "source": "source", "note": "note"}
 
 
 def stats_record(s: SpecStats | None) -> dict:
     """One request's engine statistics as the report's run fields (every one None where the engine told none)."""
-    if s is None:
-        return dict.fromkeys(STATS_FIELDS)
-    return {"drafted": s.drafted, "accepted": s.accepted, "rounds": s.drafts, "acceptance": s.acceptance,
-            "mean_accepted_length": s.mean_accepted_length,
-            "accepted_per_position": list(s.accepted_per_position) if s.accepted_per_position else None,
-            "source": s.source, "note": s.note}
+    record = {field: getattr(s, attr, None) for field, attr in STATS_FIELDS.items()}
+    record["accepted_per_position"] = list(record["accepted_per_position"] or []) or None  # none told: None
+    return record
 
 
 def run_record(run: Run) -> dict:
