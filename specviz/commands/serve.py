@@ -10,8 +10,6 @@ pair is fixed unless --allow-pair-switch; remote model code only for the pair na
 from __future__ import annotations
 
 import argparse
-import atexit
-import gc
 import os
 from dataclasses import dataclass
 
@@ -124,10 +122,6 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from specviz.ui.examples import EXAMPLES
     from specviz.ui.handlers import Options
 
-    # the interpreter's last garbage collection walks every object of torch, transformers and gradio: skipped, the
-    # memory goes back to the system anyway (SIGTERM to exit on a 2-core Zen 4: 4.1 s -> 1.3 s serving the embedded
-    # pair). Registered first, so it runs after every exit handler registered later (they all still run)
-    atexit.register(gc.freeze)
     s = served(args)
     recordings = Recordings(s.room.recorded_mb * 2**20) if s.room.recorded else None
     session = Session(spec=s.spec, allow_switch=args.allow_pair_switch, allow_any_model=allow_any_model(args),
