@@ -82,7 +82,7 @@ def served(tmp_path_factory):
         wait_until_up(proc, url, log)
         yield SimpleNamespace(url=url, pid=proc.pid, log=log)
     finally:
-        proc.kill()  # nothing here tests its shutdown, which on SIGTERM spends 3-9 s in the interpreter's final GC
+        proc.kill()  # nothing here tests its shutdown
         proc.wait(10)
 
 
