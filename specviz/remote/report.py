@@ -25,16 +25,16 @@ def rounded(obj, digits: int = 4):
     return obj
 
 
-# the report's run fields from an engine's statistics: field -> `SpecStats` attribute
-STATS_FIELDS = {"drafted": "drafted", "accepted": "accepted", "rounds": "drafts", "acceptance": "acceptance",
-                "mean_accepted_length": "mean_accepted_length", "accepted_per_position": "accepted_per_position",
-                "source": "source", "note": "note"}
+STATS_FIELDS = ("drafted", "accepted", "drafts", "acceptance", "mean_accepted_length", "accepted_per_position",
+                "source", "note")  # `SpecStats`' own names, in the report's order
+REPORTED_AS = {"drafts": "rounds"}
 
 
 def stats_record(s: SpecStats | None) -> dict:
     """One request's engine statistics as the report's run fields (every one None where the engine told none)."""
-    record = {field: getattr(s, attr, None) for field, attr in STATS_FIELDS.items()}
-    record["accepted_per_position"] = list(record["accepted_per_position"] or []) or None  # none told: None
+    record = {REPORTED_AS.get(name, name): getattr(s, name, None) for name in STATS_FIELDS}
+    per_position = record["accepted_per_position"]
+    record["accepted_per_position"] = list(per_position) if per_position else None
     return record
 
 
