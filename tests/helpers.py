@@ -17,6 +17,7 @@ import torch
 
 from specviz.engine import DecodeConfig
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, round_from_dict
+from specviz.serving.turns import BACKGROUND
 from specviz.settings.limits import budget
 
 # Where the engine's tests run their pairs: cpu and float32 unless set. On a lent GPU scripts/gpu_check.sh runs
@@ -171,3 +172,10 @@ def slow_target(session, monkeypatch, module, seconds: float) -> list[float]:
     monkeypatch.setattr(session.pair.target, "forward", slow)
     monkeypatch.setattr(module, "budget", lambda limit: budget(limit, clock=lambda: now[0]))
     return now
+
+
+def warm_up_while_a_visitor_waits(turns) -> bool:
+    """Is the model's holder the app's own warm-up while a visitor's job waits? Read from the queue itself, not
+    from `Turns.visitor_waiting`: that is the product's answer the warm-up yields by, which the tests check."""
+    queue = list(turns.queue)
+    return bool(queue) and queue[0].owner == BACKGROUND and any(t.owner != BACKGROUND for t in queue)

@@ -11,6 +11,7 @@ from dataclasses import replace
 
 import gradio as gr
 import pytest
+from helpers import warm_up_while_a_visitor_waits
 from gradio_client.utils import Status
 
 from specviz.api import messages
@@ -437,8 +438,7 @@ def test_a_warm_up_race_holding_the_model_yields_to_a_visitor_and_is_recorded_la
     forward, calls, started = session.pair.target.forward, [], threading.Event()
 
     def slow(*args, **kwargs):  # a warm-up of seconds, however fast the machine
-        queue = list(session.turns.queue)  # a warm-up forward taken while a visitor waits
-        calls.append(bool(queue) and queue[0].owner == WARM_UP and any(t.owner != WARM_UP for t in queue))
+        calls.append(warm_up_while_a_visitor_waits(session.turns))
         started.set()
         time.sleep(0.02)
         return forward(*args, **kwargs)

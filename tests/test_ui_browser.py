@@ -10,13 +10,13 @@ import shutil
 import time
 
 import pytest
+from helpers import warm_up_while_a_visitor_waits
 
 from specviz.models import PairSpec
 from specviz.models.tiny import tiny_pair
 from specviz.settings.limits import Limits
 from specviz.serving.pacing import Pace
 from specviz.serving.session import Session
-from specviz.serving.turns import BACKGROUND
 from specviz.server import build_server, launch
 from specviz.ui.handlers import Options
 
@@ -379,9 +379,8 @@ def test_the_first_click_streams_while_the_app_records_its_examples(browser_page
     session = Session(tiny_pair(), PairSpec("tiny", "tiny"), recordings=Recordings(2**24))
     forward, background = session.pair.target.forward, []
 
-    def slow(*args, **kwargs):  # notes each warm-up forward taken while a visitor's job waits for the model
-        queue = list(session.turns.queue)
-        background.append(bool(queue) and queue[0].owner == BACKGROUND and any(t.owner != BACKGROUND for t in queue))
+    def slow(*args, **kwargs):
+        background.append(warm_up_while_a_visitor_waits(session.turns))
         time.sleep(0.1)
         return forward(*args, **kwargs)
 
