@@ -118,6 +118,7 @@ def open_client():
 def serve(open_client):
     """Launch apps in-process on loopback (Gradio picks a free port): `demo, client = serve(session, limits)`.
     Every app started is closed when the module's tests are done."""
+    from helpers import NO_WAIT
     from specviz.serving.pacing import Pace
     from specviz.server import build_server, launch
     from specviz.ui.handlers import Options
@@ -125,7 +126,7 @@ def serve(open_client):
     demos = []
 
     def start(session, limits):
-        demo = build_server(session, limits, Options(Pace(0.0, 0.0)))
+        demo = build_server(session, limits, Options(Pace(0.0, 0.0, NO_WAIT)))
         _, url, _ = launch(demo, host="127.0.0.1", port=None, prevent_thread_lock=True, quiet=True)
         demos.append(demo)
         return demo, open_client(url)

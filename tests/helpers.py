@@ -17,6 +17,7 @@ import torch
 
 from specviz.engine import DecodeConfig
 from specviz.engine.events import ACCEPTED, BONUS, CORRECTION, NOT_VERIFIED, REJECTED, round_from_dict
+from specviz.serving.quiet import Quiet
 from specviz.serving.turns import BACKGROUND
 from specviz.settings.limits import budget
 
@@ -26,6 +27,8 @@ TEST_DEVICE = torch.device(os.environ.get("SPECVIZ_TEST_DEVICE", "cpu"))
 TEST_DTYPE = getattr(torch, os.environ.get("SPECVIZ_TEST_DTYPE", "float32"))
 EXACT = TEST_DTYPE == torch.float32  # two computations of one token agree to rounding: greedy outputs are equal
 
+# the tests' pace: a shown view's page work is not waited for (a test of that wait sets its own)
+NO_WAIT = Quiet(cap=0.0)
 
 NEAR_TIE = 0.25  # a top-2 logit gap bf16's rounding (~3 significant digits over ~30 layers of sums) can close
 

@@ -19,6 +19,8 @@ from specviz.server import build_server, launch
 from specviz.ui.engines import NO_ENGINE, race_engines
 from specviz.ui.handlers import Options
 
+from helpers import NO_WAIT
+
 CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking"]
 
 
@@ -67,7 +69,7 @@ def test_the_engines_tab_races_the_llamacpp_pair_in_a_browser(llamacpp_pair):
 
     spec, plain, mode = llamacpp_pair
     session = Session(tiny_pair(), PairSpec("tiny", "tiny"))
-    demo = build_server(session, Limits(), Options(Pace(0.05, 0.0), engines=(spec, plain)))
+    demo = build_server(session, Limits(), Options(Pace(0.05, 0.0, NO_WAIT), engines=(spec, plain)))
     _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
     try:
         with sync_playwright() as p:

@@ -36,13 +36,15 @@ from specviz.ui import handlers as h
 from specviz.ui import decode as ui_decode
 from specviz.ui import replay as ui_replay
 
+from helpers import NO_WAIT
+
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ROOT / "specviz" / "data" / "traces" / "trace_embedded_code.json"
 PROMPT = "the man said that it was good and"
 LIMITS = Limits(max_prompt_chars=6000, max_prompt_tokens=500, max_new_tokens=64, max_k=8, max_samples=100)
 # sampled: the text depends on every draw (K and adaptive given: the defaults were K=4, fixed)
 GOOD = {"k": 4, "max_new_tokens": 8, "temperature": 0.8, "seed": 11, "adaptive": "fixed"}
-FAST = h.Options(Pace(0.0, 0.0))
+FAST = h.Options(Pace(0.0, 0.0, NO_WAIT))
 
 
 def engine_text(pair, prompt=PROMPT, *, k, max_new_tokens, temperature, seed, adaptive) -> str:

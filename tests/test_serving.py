@@ -12,7 +12,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import slow_target
+from helpers import NO_WAIT, slow_target
 from transformers import Qwen2Config
 
 from specviz.api import messages
@@ -39,7 +39,7 @@ from specviz.ui.decode import main_view
 from specviz.ui.race import race_view
 
 PROMPT = "the man said that it was good and"
-FAST = h.Options(Pace(0.0, 0.0))
+FAST = h.Options(Pace(0.0, 0.0, NO_WAIT))
 SETTINGS = {"k": 4, "max_new_tokens": 40, "adaptive": "fixed"}
 SHIPPED = "trace_embedded_code.json"
 

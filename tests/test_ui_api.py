@@ -13,6 +13,8 @@ from specviz.serving.session import Session
 from specviz.server import build_server, launch
 from specviz.ui.handlers import Options
 
+from helpers import NO_WAIT
+
 PROMPT = "Write a Python function that returns the square of a number."
 NEW = 8  # tokens per run: the API's contract on the real pair, not its exactness (test_embedded_e2e)
 ENDPOINTS = {"/generate", "/race", "/replay", "/share_html", "/same_distribution", "/info"}  # no /load_pair: the
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.embedded
 @pytest.fixture(scope="module")
 def client(embedded_pair, open_client):
     session = Session(embedded_pair, PairSpec("embedded", "embedded", dtype="float32"))
-    demo = build_server(session, Limits(), Options(Pace(0.0, 0.0)))
+    demo = build_server(session, Limits(), Options(Pace(0.0, 0.0, NO_WAIT)))
     _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
     try:
         yield open_client(url)

@@ -10,7 +10,7 @@ import shutil
 import time
 
 import pytest
-from helpers import warm_up_while_a_visitor_waits
+from helpers import NO_WAIT, warm_up_while_a_visitor_waits
 
 from specviz.models import PairSpec
 from specviz.models.tiny import tiny_pair
@@ -33,7 +33,7 @@ CHROMIUM_ARGS = ["--headless", "--no-sandbox", "--disable-gpu", "--no-first-run"
 def app_url():
     # its own pair, switching allowed: the load test replaces it
     session = Session(tiny_pair(), PairSpec("tiny", "tiny"), allow_switch=True)
-    demo = build_server(session, Limits(), Options(Pace(0.05, 0.0)))
+    demo = build_server(session, Limits(), Options(Pace(0.05, 0.0, NO_WAIT)))
     _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
     try:
         yield url
@@ -274,7 +274,7 @@ def room_url():
         return forward(*args, **kwargs)
 
     session.pair.target.forward = slow
-    demo = build_server(session, Limits(), Options(Pace(0.05, 0.0)), presenter_key=KEY)
+    demo = build_server(session, Limits(), Options(Pace(0.05, 0.0, NO_WAIT)), presenter_key=KEY)
     _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
     try:
         yield url
@@ -385,7 +385,7 @@ def test_the_first_click_streams_while_the_app_records_its_examples(browser_page
         return forward(*args, **kwargs)
 
     session.pair.target.forward = slow
-    demo = build_server(session, Limits(), Options(Pace(0.05, 0.0)))
+    demo = build_server(session, Limits(), Options(Pace(0.05, 0.0, NO_WAIT)))
     _, url, _ = launch(demo, port=None, prevent_thread_lock=True, quiet=True)
     try:
         prompts = [prompt for _, prompt in EXAMPLES]

@@ -26,8 +26,10 @@ from specviz.ui import decode, distribution, exports, figures, live, pair, repla
 from specviz.ui.decode import main_view
 from specviz.ui.handlers import Options
 
+from helpers import NO_WAIT
+
 PROMPT = "the man said that it was good and"
-FAST = Options(Pace(0.0, 0.0))
+FAST = Options(Pace(0.0, 0.0, NO_WAIT))
 SHIPPED = "trace_embedded_code.json"
 CONFIG = DecodeConfig(k=4, max_new_tokens=24, adaptive="fixed")  # what `settings()` asks for
 

@@ -22,6 +22,8 @@ from specviz.ui import handlers as h
 from specviz.ui import decode as ui_decode
 from specviz.ui.whatif import fill, prefill, whatif_view
 
+from helpers import NO_WAIT
+
 # 0.73² = 0.5329, 0.73³ = 0.389017, 0.73⁴ = 0.28398241, 0.73⁵ = 0.2073071593
 E_073_4 = 1 + 0.73 + 0.5329 + 0.389017 + 0.28398241  # = 2.93589941 = (1 - 0.2073071593) / 0.27
 PROMPT = "the man said that it was good and"
@@ -170,7 +172,7 @@ def acceptance_of(rounds) -> float:
 
 def test_prefill_from_a_run_without_the_target_alone(session):
     record = list(ui_decode.run(session, Limits(), PROMPT, {"k": 4, "max_new_tokens": 24, "adaptive": "fixed"},
-                        options=h.Options(Pace(0.0, 0.0))))[-1].record
+                        options=h.Options(Pace(0.0, 0.0, NO_WAIT))))[-1].record
     a, k, c, r, tps = prefill(record)
     later = drafting(record.rounds)
     verify = statistics.fmean(x.verify_time for x in later)

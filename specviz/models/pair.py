@@ -7,13 +7,16 @@ import dataclasses
 import gc
 import traceback
 from dataclasses import field
-from typing import Literal, get_args
+from typing import TYPE_CHECKING, Literal, get_args
 
 import torch
 from pydantic import Field
 from pydantic.dataclasses import dataclass
 
 from specviz.compat import model_vocab
+
+if TYPE_CHECKING:
+    from specviz.models.step_timing import StepReference
 
 EMBEDDED = "embedded"
 TINY = "tiny"  # the in-process random pair (specviz.models.tiny): no files, for quick looks and tests
@@ -121,6 +124,9 @@ class ModelPair:
     # the same pair on its eager one-token steps, where a step runs compiled (`steps.with_steps`): what a compiled
     # step that does not hold in use falls back to (its weights are shared: it costs no memory)
     eager_steps: ModelPair | None = None
+    # each model's one-token step timed warm after the load (`step_timing.reference_steps`; None until then): what a
+    # race's lanes are checked against
+    reference: StepReference | None = None
 
     @property
     def vocab_size(self) -> int:

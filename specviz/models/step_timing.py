@@ -111,6 +111,27 @@ def measure_step(eager: nn.Module, compiled: nn.Module, prompts: list[list[int]]
     return replace(times, verify=verify)
 
 
+@dataclass(frozen=True)
+class StepReference:
+    """Each model's one-token step as timed warm right after a load, in seconds (None: no draft model): what a
+    race's lanes should take a token when nothing else uses the machine (`runs.race.stray_note`)."""
+
+    target_s: float
+    draft_s: float | None = None
+
+
+REFERENCE_CONTEXT = 64  # tokens before the timed steps: a prompt just read, as a race's first steps see it
+
+
+def reference_steps(target: nn.Module, draft: nn.Module | None, reps: int = 5) -> StepReference:
+    """Both models' one-token steps (median of `reps`, after two untimed), on the path a run takes (what a step
+    costs does not depend on the ids it reads)."""
+    def step(model: nn.Module) -> float:
+        vocab = model.config.get_text_config().vocab_size
+        return time_step(model, [(7 + 31 * i) % vocab for i in range(REFERENCE_CONTEXT)], reps=reps, warmup=2)
+    return StepReference(step(target), step(draft) if draft is not None else None)
+
+
 def consecutive_step(model: nn.Module, prompt_ids: list[int], steps: int = 16) -> float:
     """Median seconds of one-token forwards one after another, the cache growing, as a run makes them (the probe
     crops each back off): a compiled step is re-checked this way before it is kept."""

@@ -14,6 +14,7 @@ events in the same order, each charged the seconds its lane was charged then, at
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
@@ -24,6 +25,7 @@ from specviz.analysis.stats import RunStats, ratio, run_stats
 from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
 from specviz.engine.events import Finish, round_from_dict, step_from_dict
 from specviz.models.compiled import CompileCounts
+from specviz.models.step_timing import StepReference
 from specviz.runs.job import prepare
 from specviz.settings.limits import Limits, budget
 from specviz.serving.pacing import pacer
@@ -251,12 +253,39 @@ def raced(session: Session, limits: Limits, job, key, owner: str | None, first_i
 
 
 def timing_note(compiled: CompileCounts, session: Session, pair, state: RaceState) -> str | None:
-    """Why a finished race's speed is not reported, in one sentence (None: it is): torch compiled during it, or
-    the target's compiled step did not hold in use (`Session.check_steps`, judged only on a race free of
-    compiles). Such a race is not recorded either."""
+    """Why a finished race's speed is not reported, in one sentence (None: it is): torch compiled during it, the
+    target's compiled step did not hold in use (`Session.check_steps`, judged only on a race free of compiles), or
+    a lane ran slower than its steps did after the load (`stray_note`). Such a race is not recorded either."""
     if (why := compiled.sentence()) is not None:
         return f"This race's speed is not a measure: {why}; the next race runs on what was compiled."
-    return session.check_steps(pair, state.ar.events, state.shared_cpu)
+    return session.check_steps(pair, state.ar.events, state.shared_cpu) or stray_note(pair.reference, state)
+
+
+# A lane whose median forward took more than this times the same step timed warm after the load is not a measure:
+# something else used the machine while it was timed. On a 2-core Zen 4 VM whose memory bandwidth wandered 21-41 GB/s
+# from minute to minute (a shared host), races with nothing else running took 0.9-1.34x the load's steps; with a
+# browser rendering each update on the same cores, before `serving.quiet`, the target alone took 1.4-1.7x.
+STRAY = 1.3
+MIN_JUDGED = 4  # forwards a lane must make before its median judges it
+MIN_REFERENCE_S = 0.005  # a step shorter than this is mostly the host's own overhead: its noise judges nothing
+
+
+def stray_note(reference: StepReference | None, state: RaceState) -> str | None:
+    """One sentence where a finished race's lane ran slower than its model's step timed after the load
+    (`ModelPair.reference`) by more than `STRAY`: the target alone's one-token steps, or the speculative lane's draft
+    steps (a round's drafting over its drafted tokens); None where both held, or nothing to judge by."""
+    if reference is None:
+        return None
+    lanes = [("the target alone's steps", [s.time for s in state.ar.events], reference.target_s),
+             ("the speculative lane's draft steps", [r.draft_time / r.k for r in state.spec.events if r.k],
+              reference.draft_s)]
+    for name, times, expected in lanes:
+        if expected and expected >= MIN_REFERENCE_S and len(times) >= MIN_JUDGED and \
+                (took := statistics.median(times)) > STRAY * expected:
+            return (f"This race's speed is not a measure: {name} took {1e3 * took:.0f} ms each, {took / expected:.2f}x "
+                    f"what they took after the load ({1e3 * expected:.0f} ms): something else used this machine "
+                    "while they ran. It is not recorded; run it again.")
+    return None
 
 
 def beside(session: Session, states: Iterator) -> Iterator:

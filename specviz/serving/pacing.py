@@ -11,6 +11,8 @@ from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass
 
+from specviz.serving.quiet import Quiet
+
 MAX_REPLAY_SECONDS = 300.0  # however slow a trace says it was, a replay holds a worker no longer than this
 
 
@@ -20,11 +22,14 @@ class Pace:
 
     min_interval: float = 0.15  # seconds between streamed updates (fast devices make many events)
     stage_delay: float = 0.7  # step mode: pause between the draft, verify and accept stages
+    quiet: Quiet = Quiet()  # after a shown view, the next timed forward waits for the page's work (tests: cap 0)
 
 
-def paced(events: Iterator, min_interval: float, clock: Callable[[], float] = time.monotonic) -> Iterator[tuple]:
+def paced(events: Iterator, min_interval: float, clock: Callable[[], float] = time.monotonic,
+          settle: Callable[[], object] = lambda: None) -> Iterator[tuple]:
     """(event, show) pairs: show is True at most every min_interval seconds, and for the last event
-    (one whose `finished` is set)."""
+    (one whose `finished` is set). After a shown event, once the consumer asks for the next (the view handed on),
+    `settle()` runs before the next event is made: a timed run waits there for the page's work (`Quiet.settle`)."""
     last = None
     with closing(events):  # closing the pacer (Stop) closes the run it paces
         for event in events:
@@ -33,6 +38,8 @@ def paced(events: Iterator, min_interval: float, clock: Callable[[], float] = ti
             if show:
                 last = now
             yield event, show
+            if show:
+                settle()
 
 
 def pacer(speed, budget: float = MAX_REPLAY_SECONDS, sleep: Callable[[float], None] = time.sleep

@@ -26,6 +26,7 @@ from specviz.models.memory import check_fits
 from specviz.models.pair import OUT_OF_MEMORY, release_memory
 from specviz.models.presets import PRESETS
 from specviz.models.compiled import warm_sizes
+from specviz.models.step_timing import reference_steps
 from specviz.models.steps import checked_in_use
 from specviz.settings.errors import InputError
 from specviz.serving.model_thread import ModelThread
@@ -53,17 +54,20 @@ def clean_source(value, role: str, *, optional: bool = False) -> str | None:
     return value
 
 
-def warm_up(pair: ModelPair) -> None:
+def warm_up(pair: ModelPair) -> ModelPair:
     """A few tokens through both lanes right after a load, interleaved as a race runs them (both lanes' caches
     held at once), and a compiled step on every cache size and buffer set a race can use (`warm_sizes`). A
     process's first forwards pay one-time costs (allocations, kernel selection, weights paged in, compiling);
-    without this they land on the first click and slow the first race's lanes unequally."""
+    without this they land on the first click and slow the first race's lanes unequally. Then each model's
+    one-token step, timed warm: the pair returned carries it (`ModelPair.reference`), what a race's lanes are
+    checked against (`runs.race.stray_note`)."""
     warm_sizes(pair.target, sets=2)  # a race's two lanes
     warm_sizes(pair.draft)
     ids = pair.tokenizer("Hello, world", add_special_tokens=False)["input_ids"] or [0]
     config = DecodeConfig(k=2, max_new_tokens=3, adaptive="fixed", drafter="model" if pair.draft else "lookup")
     for _ in itertools.zip_longest(speculative_generate(pair, ids, config), autoregressive_generate(pair, ids, config)):
         pass
+    return replace(pair, reference=reference_steps(pair.target, pair.draft))
 
 
 def let_go(done: Future, worker: ModelThread) -> None:
@@ -291,8 +295,7 @@ class Session:
             with self.beside.job():
                 pair = load_spec(spec, loader=self.loader, status=status, progress=False)
                 status("Warming up (a few tokens through both lanes)…")
-                warm_up(pair)
-                return pair
+                return warm_up(pair)
 
         done = worker.submit(work)
         try:

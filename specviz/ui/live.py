@@ -55,6 +55,17 @@ CSS = """
 .sv-presenter .sv-live-nums, .sv-presenter .sv-live-why { font-size: 17px !important; }
 """
 
+# Gradio's page keeps an elapsed-time counter for each output of a pending event and redraws it every animation frame,
+# even where its progress is hidden: 60 frames a second of the browser's work on the cores a race is timing (a fifth of
+# a core in headless Chromium on a 2-core Zen 4, measured with Chrome's tracing). Here those counters tick once a second.
+HEAD = """<script>
+(() => {
+  const frame = window.requestAnimationFrame.bind(window);
+  window.requestAnimationFrame = tick => /statustracker/.test(new Error().stack || "")
+    ? setTimeout(() => tick(performance.now()), 1000) : frame(tick);
+})();
+</script>"""
+
 
 @dataclass
 class LiveView:
@@ -117,16 +128,18 @@ def latest_drafted(rounds: list) -> object:
     return next((r for r in reversed(rounds) if r.drafted), rounds[-1])
 
 
-def live_view(state: RaceState, plot: bool = True, tokens_html=render.rounds_html) -> LiveView:
+def live_view(state: RaceState, plot: bool = True, tokens_html=render.rounds_html,
+              steps_html=render.steps_html) -> LiveView:
     """The four parts after an event of either lane. `plot=False` keeps the p/q plot as it is: the caller
     rebuilds it only when a new round arrived (a plotly figure costs tens of ms, and the target-alone
-    lane moves one token at a time)."""
+    lane moves one token at a time). `tokens_html`, `steps_html`: a live run's renderers, each token rendered once
+    (`render.RoundsHtml`, `render.StepsHtml`)."""
     rounds = state.spec.events
     return LiveView(
         speed=speed_html(state),
         spec=lane_box(state.spec, tokens_html(rounds, state.greedy, empty="waiting for the first round…"))
         + latest_tree_html(rounds, state.greedy),  # tree rounds: below the lane, where it has room
-        ar=lane_box(state.ar, render.steps_html(state.ar.events)),
+        ar=lane_box(state.ar, steps_html(state.ar.events)),
         pq=figures.pq_figure(latest_drafted(rounds), state.greedy, height=PQ_HEIGHT) if plot and rounds else gr.skip(),
     )
 
@@ -176,24 +189,24 @@ def live(session: Session, limits: Limits, prompt, settings: dict, options: Opti
     states = racing.race(session, limits, prompt, settings, owner=owner, first=broadcast is not None)
     if broadcast is not None:
         states = broadcast.publishing(states)
-    with closing(paced(states, options.pace.min_interval)) as events:
+    with closing(paced(states, options.pace.min_interval, settle=options.pace.quiet.settle)) as events:
         yield from live_updates(events)
 
 
 def live_updates(events: Iterator[tuple]) -> Iterator[LiveUpdate]:
     """(state or Waiting, show) pairs as the Live view's updates, each round rendered once."""
     plotted = 0  # rounds the p/q plot has seen
-    tokens_html = render.RoundsHtml()
+    tokens_html, steps_html = render.RoundsHtml(), render.StepsHtml()
     for state, show in events:
         if isinstance(state, Waiting):
             yield LiveUpdate(waiting_view(state))
         elif show:
-            yield live_update(state, tokens_html, plot=len(state.spec.events) > plotted)
+            yield live_update(state, tokens_html, plot=len(state.spec.events) > plotted, steps_html=steps_html)
             plotted = len(state.spec.events)
 
 
-def live_update(state: racing.RaceState, tokens_html, plot: bool = True) -> LiveUpdate:
-    view = live_view(state, plot=plot, tokens_html=tokens_html)
+def live_update(state: racing.RaceState, tokens_html, plot: bool = True, steps_html=render.steps_html) -> LiveUpdate:
+    view = live_view(state, plot=plot, tokens_html=tokens_html, steps_html=steps_html)
     if not state.done:
         return LiveUpdate(view)
     details = race_view(state)
@@ -224,11 +237,19 @@ class LiveOutputs:
 
     @property
     def outputs(self) -> list:
-        return list(dict.fromkeys([*outputs(self.live, LiveView), *self.race.outputs, *self.decode.outputs]))
+        return list(dict.fromkeys([*outputs(self.live, LiveView), *self.details]))
+
+    @property
+    def details(self) -> list:
+        """The Race and Decode tabs' components, each once (they share the record)."""
+        return list(dict.fromkeys([*self.race.outputs, *self.decode.outputs]))
 
     def updates(self, u: LiveUpdate) -> dict:
-        details = {**shown(self.race, u.race), **shown(self.decode, u.main)} if u.race else {}
-        return {**shown(self.live, u.live), **details}  # one record for both detail tabs
+        return {**shown(self.live, u.live), **self.detail_updates(u)}
+
+    def detail_updates(self, u: LiveUpdate | None) -> dict:
+        """The Race and Decode tabs once the race is over (one record for both); nothing before."""
+        return {**shown(self.race, u.race), **shown(self.decode, u.main)} if u is not None and u.race else {}
 
 
 def live_tab() -> LiveTab:
@@ -248,15 +269,23 @@ def live_tab() -> LiveTab:
 
 def wire(page: Page, out: LiveOutputs, area: PromptArea, broadcast: Broadcast | None) -> list:
     """Run and the prompt's Enter race both lanes (the model's queue); the presenter's runs are broadcast
-    (`broadcast`: None where nobody presents). Returns the events Stop cancels."""
-    def on_live(request: gr.Request, presenting, text, *values):
-        yield {page.tabs: gr.Tabs(selected="live"), **shown(out.live, live_blank(starting=True))}
-        yield from stream(live(page.session, page.limits, text, page.settings_of(values), page.options,
-                               owner=Owner.of(request), broadcast=broadcast if presenting else None), out.updates)
+    (`broadcast`: None where nobody presents). The race streams into the Live tab's parts only; once it is over,
+    a second event fills the Race and Decode tabs from it. Returns the events Stop cancels."""
+    last = gr.State(None)  # the race's last update, for the detail tabs
 
-    # no loading overlay: the four parts show progress themselves, and on a laptop that also runs the browser, an
-    # overlay's animation takes CPU from the two lanes being timed. "multiple": a second Run while the first waits
-    # is sent, and takes its place in the queue (serving.turns)
-    return [trigger(on_live, [out.live.presenting, page.prompt, *page.settings.values()], [page.tabs, *out.outputs],
-                    api_visibility="private", show_progress="hidden", trigger_mode="multiple", **page.model_queue)
-            for trigger in (area.run.click, page.prompt.submit)]
+    def on_live(request: gr.Request, presenting, text, *values):
+        yield {page.tabs: gr.Tabs(selected="live"), **shown(out.live, live_blank(starting=True)), last: None}
+        yield from stream(live(page.session, page.limits, text, page.settings_of(values), page.options,
+                               owner=Owner.of(request), broadcast=broadcast if presenting else None),
+                          lambda u: {**shown(out.live, u.live), **({last: u} if u.race else {})})
+
+    # Few outputs while the race runs, and no loading overlay: Gradio's page runs a timer every frame for each
+    # output of a pending event (shown or not), and on a laptop that also runs the browser that work takes CPU
+    # from the two lanes being timed. "multiple": a second Run while the first waits is sent, and takes its place in
+    # the queue (serving.turns)
+    runs = [trigger(on_live, [out.live.presenting, page.prompt, *page.settings.values()],
+                    [page.tabs, *outputs(out.live, LiveView), last], api_visibility="private", show_progress="hidden",
+                    trigger_mode="multiple", **page.model_queue) for trigger in (area.run.click, page.prompt.submit)]
+    for run in runs:
+        run.then(out.detail_updates, [last], out.details, api_visibility="private", queue=False)
+    return runs

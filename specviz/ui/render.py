@@ -138,13 +138,33 @@ class RoundsHtml:
         return rounds_html(rounds, greedy, done=self.done, **options)
 
 
-def steps_html(steps: list[Step], diverge_at: int | None = None) -> str:
-    """The target-alone lane: one span per token, the first divergent one outlined."""
+def step_span(s: Step, diverge: bool = False) -> str:
+    return token_span(s.token.text, TARGET, emitted_tip(s.token), " sv-diverge" if diverge else "")
+
+
+def steps_html(steps: list[Step], diverge_at: int | None = None, done: list[str] | None = None) -> str:
+    """The target-alone lane: one span per token, the first divergent one outlined. `done`: the spans of the first
+    steps, already rendered (`StepsHtml`)."""
     if not steps:
         return '<div class="sv-text"><span class="sv-empty">waiting…</span></div>'
-    spans = [token_span(s.token.text, TARGET, emitted_tip(s.token), " sv-diverge" if i == diverge_at else "")
-             for i, s in enumerate(steps)]
+    done = done or []
+    spans = done + [step_span(s, i == diverge_at) for i, s in enumerate(steps[len(done):], len(done))]
     return f'<div class="sv-text">{"".join(spans)}</div>'
+
+
+class StepsHtml:
+    """`steps_html` for one growing target-alone lane (live): each step is rendered once, so an update costs the new
+    steps, not the whole lane again."""
+
+    def __init__(self):
+        self.first: Step | None = None  # the lane being rendered, known by its first step
+        self.done: list[str] = []
+
+    def __call__(self, steps: list[Step]) -> str:
+        if not steps or steps[0] is not self.first or len(self.done) > len(steps):
+            self.first, self.done = (steps[0] if steps else None), []  # another run: start over
+        self.done += [step_span(s) for s in steps[len(self.done):]]
+        return steps_html(steps, done=self.done)
 
 
 def spec_lane_html(rounds: list[Round], greedy: bool, diverge_at: int | None = None) -> str:
