@@ -12,7 +12,7 @@ from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate
 from specviz.models import PairSpec, load_spec
 from specviz.models import auto_dtype
 from specviz.models import kernels as K
-from specviz.models import streamed
+from specviz.kernels import streamed
 from specviz.models.draft.quantized import DraftQuant, Int4Linear, Int8Linear
 from specviz.models.kernels import TunedLinear, tune
 from specviz.models.plans import BUCKETS, Choice, LeanChoice, choose, lean_plans, lookup

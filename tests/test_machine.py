@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from specviz.models.kernel_table import cpu_fields
+from specviz.kernels.build import cpu_fields
 from specviz.bench.machine import described
 
 ZEN5 = """processor\t: 0

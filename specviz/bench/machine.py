@@ -11,7 +11,7 @@ import time
 
 import psutil
 
-from specviz.models.kernel_table import cpu_fields
+from specviz.kernels.build import cpu_fields
 
 # the instruction sets that decided which kernels were fast on this project's CPUs, as /proc/cpuinfo names them
 FEATURES = (("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"), ("amx_tile", "AMX"))

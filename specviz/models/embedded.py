@@ -18,7 +18,7 @@ from pathlib import Path
 from tqdm.auto import tqdm
 
 from specviz.models import pair
-from specviz.models.cache import cache_dir
+from specviz.cache import cache_dir
 from specviz.models.converted import complete, sha256_of
 
 

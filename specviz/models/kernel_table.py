@@ -21,28 +21,14 @@ import psutil
 import torch
 from filelock import FileLock, Timeout
 
-from specviz.models.cache import cache_dir
+from specviz.cache import cache_dir
+from specviz.kernels.build import cpu_fields
 
 Costs = dict[str, dict[int, float]]  # kernel -> rows -> seconds
 MEASURE_WAIT = 900.0  # seconds a process waits for another measuring the same item (a kernel table takes minutes)
 # other processes' CPU, in cores, a measurement tolerates beyond the cores its threads leave free: an idle VM's own
 # daemons stay far below it; one other busy process on a core this process times on does not
 SPARE_CORES = 0.25
-
-
-def cpu_fields(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
-    """The first processor's fields in /proc/cpuinfo (empty where there is none)."""
-    try:
-        lines = Path(cpuinfo).read_text().splitlines()
-    except OSError:
-        return {}
-    fields: dict[str, str] = {}
-    for line in lines:
-        if not line.strip():
-            break
-        name, _, value = line.partition(":")
-        fields[name.strip()] = value.strip()
-    return fields
 
 
 def cpu_fingerprint(cpuinfo: str = "/proc/cpuinfo") -> str:

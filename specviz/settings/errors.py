@@ -78,7 +78,7 @@ def sigterm_as_interrupt() -> Iterator[None]:
 
 def os_fault(e: OSError) -> str:
     """An I/O failure in a clause: what failed, where, and for the cache what to do."""
-    from specviz.models.cache import cache_dir
+    from specviz.cache import cache_dir
 
     where = f" ({e.filename})" if e.filename else ""
     cache = cache_dir()

@@ -1,12 +1,12 @@
 // y = x W^T (+ bias), the weight read once from memory whatever the number of rows.
 //
-// The weight is laid out for it once (specviz/models/streamed.py `pack`): blocks of 16 outputs, and in each block
+// The weight is laid out for it once (specviz/kernels/streamed.py `pack`): blocks of 16 outputs, and in each block
 // the inputs in order, so one 64-byte load holds the next weight of 16 outputs (bf16: the next two, as AVX512-BF16's
 // dot product takes pairs). Each row's input is broadcast against it: a register accumulates 16 outputs of one row,
 // with no horizontal sums, and R blocks x N rows of them stay in registers while the weight streams past.
 // Sums are float32 (bf16 products are exact in float32); bf16 outputs are rounded to nearest even, as torch does.
 // Threads: the process's OpenMP runtime, torch's own (it loaded libgomp.so.1 before this library), so torch's
-// thread count holds. Built at first use by specviz/models/streamed.py and called through ctypes.
+// thread count holds. Built at first use by specviz/kernels/streamed.py and called through ctypes.
 #include <immintrin.h>
 #include <stdint.h>
 

@@ -17,21 +17,12 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
-import logging
-import os
-import shutil
-import subprocess
-import tempfile
 from pathlib import Path
 
 import torch
-from filelock import FileLock
 
-from specviz.models.cache import cache_dir
-from specviz.models.kernel_table import cpu_fields
-
-log = logging.getLogger(__name__)
+from specviz.kernels.build import cpu_flags
+from specviz.kernels import build
 
 SOURCE = Path(__file__).with_name("streamed.cpp")
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")
@@ -39,51 +30,16 @@ LANES = 16  # outputs in a block (streamed.cpp)
 NEEDS = {torch.float32: {"avx512f"}, torch.bfloat16: {"avx512f", "avx512_bf16"}}
 
 
-def cpu_flags() -> set[str]:
-    return set(cpu_fields().get("flags", "").split())
-
-
-def build(folder: Path, compiler: str) -> Path:
-    """The shared library for this source, compiler and flags: compiled once into `folder` (under a lock; written
-    whole, then moved in place) and reused."""
-    version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    digest = hashlib.sha256("\n".join([SOURCE.read_text(), version, *FLAGS]).encode()).hexdigest()[:16]
-    path = folder / f"streamed-{digest}.so"
-    folder.mkdir(parents=True, exist_ok=True)
-    with FileLock(str(path) + ".lock", timeout=300):
-        if not path.exists():
-            fd, tmp = tempfile.mkstemp(dir=folder, suffix=".so.tmp")
-            os.close(fd)
-            try:
-                subprocess.run([compiler, *FLAGS, str(SOURCE), "-o", tmp], capture_output=True, text=True, check=True,
-                               timeout=300)
-                os.replace(tmp, path)
-            finally:
-                Path(tmp).unlink(missing_ok=True)
-    return path
-
-
 @functools.cache  # built and loaded once per process; a missing compiler said once
 def library() -> ctypes.CDLL | None:
     """The loaded kernels, or None (said once) where they cannot be had here."""
-    missing = NEEDS[torch.float32] - cpu_flags()
-    compiler = shutil.which(os.environ.get("CXX", "g++"))
-    why = (f"this CPU lacks {', '.join(sorted(missing))}" if missing else
-           "no C++ compiler was found (set CXX, or install g++)" if compiler is None else None)
-    if why is None:
-        try:
-            lib = ctypes.CDLL(str(build(cache_dir() / "kernels", compiler)))
-        except (OSError, subprocess.SubprocessError) as e:
-            detail = e.stderr.strip().splitlines()[-1] if isinstance(e, subprocess.CalledProcessError) and e.stderr \
-                else str(e)
-            why = f"it could not be built or loaded ({detail})"
-        else:
-            for fn in (lib.linear_bf16, lib.linear_f32):
-                fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3
-                fn.restype = None
-            return lib
-    log.warning(f"The few-row kernel is not used: {why}; the other kernels serve every row count.")
-    return None
+    lib = build.library(SOURCE, FLAGS, NEEDS[torch.float32], "The few-row kernel (the other kernels serve every row "
+                        "count)")
+    if lib is not None:
+        for fn in (lib.linear_bf16, lib.linear_f32):
+            fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3
+            fn.restype = None
+    return lib
 
 
 def applies(weight: torch.Tensor) -> bool:
