@@ -149,6 +149,39 @@ def test_greedy_tree_speculation_equals_the_target_alone(served_pair, ar_runs, h
     assert any(n.status == REJECTED for n in nodes) and any(n.status == ACCEPTED for n in nodes)
 
 
+# bfloat16, what `--dtype auto` serves: the verify's rows computed as the one-token steps compute them (`kernels.rows`)
+STORY = "Write a short story about a lighthouse keeper who finds a message in a bottle."
+
+
+@pytest.fixture(scope="module")
+def served_bf16():
+    """The real pair in bfloat16 as `specviz serve` loads it (the eager steps: this proves the verify, not the compiled
+    step's choice; the int4 draft's kernel table is the float32 pair's, measured above)."""
+    from specviz.models import load_spec
+
+    pair = load_spec(PairSpec(dtype="bfloat16", step="eager"), progress=False)
+    assert pair.dtype == torch.bfloat16 and pair.not_invariant is None
+    return pair
+
+
+def test_bf16_verify_rows_equal_the_one_token_steps_bit_for_bit(served_bf16):
+    from specviz.runs.row_check import row_check
+
+    for prompt, width in ((PROMPTS[0], 9), (STORY, 17)):
+        check = row_check(served_bf16.target, encode_prompt(served_bf16.tokenizer, prompt), width)
+        assert check.identical, (prompt, check.logits, check.kv)
+
+
+@pytest.mark.parametrize("drafter", ["model", "tree"])
+def test_bf16_greedy_speculation_equals_the_target_alone(served_bf16, drafter):
+    config = DecodeConfig(k=8, max_new_tokens=24, sampling=SamplingParams(0.0), drafter=drafter)
+    for prompt in [*PROMPTS, STORY]:
+        ids = encode_prompt(served_bf16.tokenizer, prompt)
+        steps = list(autoregressive_generate(served_bf16, ids, config))
+        rounds = list(speculative_generate(served_bf16, ids, config))
+        assert spec_tokens(rounds) == [s.token.id for s in steps], (prompt, first_divergence(rounds, steps))
+
+
 def test_a_real_trace_roundtrips(embedded_pair, ar_runs, tmp_path):
     config = DecodeConfig(k=4, max_new_tokens=12, sampling=SamplingParams(0.0), adaptive="fixed")
     t = trace.record(embedded_pair, PROMPTS[2], config)  # the target alone already ran: ar_runs

@@ -38,7 +38,7 @@ def tuned_target(spec: PairSpec, status: Status, progress: bool = True) -> tuple
 
     loaded = load_spec(replace(spec, draft_quant="none", draft_vocab=0, kernels="plain", step="eager"),
                        progress=progress)
-    pair, tuning = with_target(loaded, "none", spec.kernels, status=status)
+    pair, tuning = with_target(loaded, "none", spec.kernels, status=status, invariant=spec.invariant)
     return loaded, pair, tuning
 
 

@@ -51,6 +51,9 @@ from specviz.models.plans import MAX_PAD_ROWS, Choice, form_of, lean_plans, look
 log = logging.getLogger(__name__)
 
 PACK_HINT = 16  # the batch size oneDNN packs a weight for (its packed kernel serves any row count)
+# kernels whose every row's sums run in one order whatever the number of rows (streamed.cpp says how): a target that
+# must verify as its one-token steps compute (`tune(invariant=True)`) is planned on these alone
+INVARIANT = frozenset({"streamed"})
 GROUP_BYTES = 64 * 2**20  # time a shape over enough of its linears to leave the caches, as the model does
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]  # 2-D input rows -> 2-D output rows, bias included
@@ -246,13 +249,17 @@ class Tuning:
     cached: bool
     path: Path | None
     one_copy_cost: dict[str, float] = field(default_factory=dict)  # per shape: `LeanChoice.extra`
+    variant: tuple[str, ...] = ()  # asked to be invariant: the shapes no invariant kernel serves here
 
 
 def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_group, folder: Path | None = None,
-         cpu: str | None = None, status: Callable[[str], None] = log.info) -> tuple[nn.Module, Tuning]:
+         cpu: str | None = None, status: Callable[[str], None] = log.info, invariant: bool = False
+         ) -> tuple[nn.Module, Tuning]:
     """A copy of `model` whose linears dispatch each row count to the kernel measured fastest here (its weights
     shared, the original untouched), and the measurements. The table comes from the cache when this machine,
-    torch, the thread count and the model's shapes are those it was measured with."""
+    torch, the thread count and the model's shapes are those it was measured with. `invariant`: every row count
+    of a shape an invariant kernel serves goes to the fastest of those (`INVARIANT`; all candidates are still timed,
+    so the table is the same either way)."""
     device = next(model.parameters()).device
     # copy the module tree only: every tensor stays shared with the original
     fast = copy.deepcopy(model, memo={id(t): t for t in [*model.parameters(), *model.buffers()]})
@@ -286,12 +293,20 @@ def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_
 
     data, cached = kept_or_measured(path, key, "The kernel timings", measure, log.warning)
     costs = table_costs(data)
-    lean = lean_plans(costs, {shape: (len(members), module_bytes(members[0][2])) for shape, members in groups.items()},
+    planned = {shape: invariant_costs(per) for shape, per in costs.items()} if invariant else costs
+    lean = lean_plans(planned, {shape: (len(members), module_bytes(members[0][2])) for shape, members in groups.items()},
                       max_rows)
     plans = {shape: choice.plan for shape, choice in lean.items()}
     for parent, name, module, kernels in candidates:
         setattr(parent, name, TunedLinear(module, plans[shape_key(module)], kernels))
-    return fast.eval(), Tuning(costs, plans, cached, path, {shape: choice.extra for shape, choice in lean.items()})
+    variant = tuple(shape for shape, per in costs.items() if invariant and not INVARIANT & set(per))
+    return fast.eval(), Tuning(costs, plans, cached, path, {shape: choice.extra for shape, choice in lean.items()},
+                               variant)
+
+
+def invariant_costs(costs: Costs) -> Costs:
+    """A shape's costs on its invariant kernels alone (all of them where it has none)."""
+    return {kernel: per for kernel, per in costs.items() if kernel in INVARIANT} or costs
 
 
 def release_unused_dense(model: nn.Module) -> int:

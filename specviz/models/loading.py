@@ -318,5 +318,5 @@ def with_speedups(pair: ModelPair, spec: PairSpec, status: Status = log.info, re
     if release and isinstance(pair.draft, LeanDraft):
         release_replaced(loaded.draft)
         release_memory()  # before the target's packed copy is made: the peak
-    pair, _ = with_target(pair, spec.target_quant, spec.kernels, status)
+    pair, _ = with_target(pair, spec.target_quant, spec.kernels, status, invariant=spec.invariant)
     return with_steps(loaded, pair, spec, status, roles=("target",))

@@ -68,6 +68,12 @@ class PairSpec:
                                          "kernel; padded to more rows) and send each to the fastest, for both "
                                          "lanes, keeping one copy of each weight (once per machine, cached); "
                                          "plain = as loaded")
+    invariant: bool = Field(True, title="invariant verify",
+                            description="on CPU, compute the target's verify a row at a time in one fixed order "
+                                        "(specviz's few-row linear and row attention): each verified row's logits "
+                                        "and K/V bit-identical to a one-token step's, so greedy speculation gives "
+                                        "the target alone's text in bfloat16 too; --no-invariant lets every kernel "
+                                        "compete")
     step: Step = Field("auto", title="one-token step",
                        description="compiled = each model's one-token step compiled (torch.compile, CUDA graphs on "
                                    "a GPU) on a static KV cache; eager = as the kernels above run it; auto = "
@@ -127,6 +133,8 @@ class ModelPair:
     # each model's one-token step timed warm after the load (`step_timing.reference_steps`; None until then): what a
     # race's lanes are checked against
     reference: StepReference | None = None
+    # why the target's verify rows may round unlike its one-token steps (None: they cannot: `target.with_target`)
+    not_invariant: str | None = "it was not loaded with invariant kernels"
 
     @property
     def vocab_size(self) -> int:

@@ -226,7 +226,9 @@ def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Call
     if not chosen:
         return eager
     names = {f"{role}_name": f"{getattr(eager, f'{role}_name')} [compiled step]" for role in chosen}
-    return replace(eager, **chosen, **names, eager_steps=eager)
+    variant = {"not_invariant": "its one-token step runs compiled (torch.compile's own kernels)"} \
+        if "target" in chosen else {}
+    return replace(eager, **chosen, **names, **variant, eager_steps=eager)
 
 
 def kept_by_probe(compiled: nn.Module, plain: nn.Module, role: str, device: torch.device, probe: Probe,

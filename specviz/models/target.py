@@ -19,6 +19,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from specviz.kernels import rows
 from specviz.models.draft.quantized import DraftQuant, quantize_linear
 from specviz.models.kernels import Tuning, tune
 
@@ -43,9 +44,11 @@ def quantize_target(model: nn.Module, quant: DraftQuant) -> nn.Module:
 
 
 def with_target(pair, quant: str = "none", kernels: str = "tuned", status: Callable[[str], None] = log.info,
-                **tune_kw) -> tuple[object, Tuning | None]:
+                invariant: bool = False, **tune_kw) -> tuple[object, Tuning | None]:
     """`pair` with its target at the precision and on the kernels asked for (the loaded model untouched, its
-    weights shared where they are not quantized), named so, and the kernel measurements (None: not tuned)."""
+    weights shared where they are not quantized), named so, and the kernel measurements (None: not tuned).
+    `invariant`: its verify's rows computed as its one-token steps compute them (`row_invariant`), where this
+    machine can; where it cannot, why, said once and kept (`ModelPair.not_invariant`)."""
     from specviz.models.pair import ModelLoadError
 
     target, name = pair.target, pair.target_name
@@ -57,9 +60,32 @@ def with_target(pair, quant: str = "none", kernels: str = "tuned", status: Calla
         target, name = quantize_target(target, DraftQuant.named(quant)), f"{name} [{quant} weights]"
     tuning = None
     if kernels == "tuned" and tunable(pair.device):
-        target, tuning = tune(target, status=status, **tune_kw)
+        target, tuning = tune(target, status=status, invariant=invariant, **tune_kw)
         name = f"{name} [tuned kernels]"
-    return replace(pair, target=target, target_name=name), tuning
+    why = variant_reason(pair, quant, tuning) if invariant else "it was not asked for (--no-invariant)"
+    if why is None:
+        rows.register()
+        target.config._attn_implementation = rows.ROWS  # (a copy's own config: the loaded model keeps SDPA)
+    elif invariant:
+        status(f"The target's verify is not made row-invariant here: {why}; greedy speculation may then part from "
+               "the target alone at a near-tie.")
+    return replace(pair, target=target, target_name=name, not_invariant=why), tuning
+
+
+def variant_reason(pair, quant: str, tuning: Tuning | None) -> str | None:
+    """Why the target's verify rows cannot be computed as its one-token steps are here (None: they can): every
+    linear on an invariant kernel (`kernels.INVARIANT`) and attention a row at a time (`kernels.rows`)."""
+    if not tunable(pair.device):
+        return f"on {pair.device.type} the loaded model's own kernels run (cuBLAS, SDPA), not specviz's CPU kernels"
+    if quant != "none":
+        return f"the {quant} target's kernels (torch's weight-only ones) do not keep a row's sums in one order"
+    if tuning is None:
+        return "its kernels are torch's own (--kernels plain)"
+    if tuning.variant:
+        return f"no invariant kernel serves its {', '.join(tuning.variant)} linears (the few-row kernel is not built)"
+    if not rows.available(pair.dtype):
+        return f"the row-invariant attention cannot run in {str(pair.dtype).removeprefix('torch.')} here"
+    return None
 
 
 def with_tuned_draft(pair, status: Callable[[str], None] = log.info, **tune_kw):

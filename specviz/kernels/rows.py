@@ -1,0 +1,101 @@
+"""Attention whose every query row is computed alone, in one fixed order: the target's verify row-invariant.
+
+A verify scores K + 1 rows in one forward where the target alone scores one; torch's attention for many rows (a
+flash kernel splitting the keys into blocks whose size depends on the row and key counts, then rescaling) adds the
+same terms in another order than for one row, and in bfloat16 a near-tie between the two likeliest tokens can flip:
+greedy speculation then parts from the target alone (measured on the embedded pair: the first difference of a
+verify's row from the step at its position was in layer 0's attention, every linear bit-identical). `rows.cpp`
+attends each (head, row) over the keys it sees in one order that depends on nothing else (its header says which);
+with specviz's few-row linear (`streamed`, the same property) the verify's rows and the K/V they write are the
+one-token steps', bit for bit.
+
+`attention` has transformers' attention-function signature; `register` adds it as the implementation
+`ROWS` (`models.target` switches a target to it). A forward reading a prompt into an empty cache (both lanes read
+it alike) or wider than `MAX_ROWS` goes to torch's SDPA, as does anything the kernel does not take (another
+device, dtype or head size, a batch, a soft cap).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from specviz.kernels import build
+
+SOURCE = Path(__file__).with_name("rows.cpp")
+FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
+         "-mavx512bf16")
+NEEDS = {torch.float32: {"avx512f"}, torch.bfloat16: {"avx512f", "avx512_bf16"}}
+ROWS = "specviz_rows"  # the attention implementation's name in transformers' registry
+MAX_ROWS = 256  # the widest verify taken (K <= 255): a prompt read into a cache that holds some is wider
+
+
+@functools.cache  # built and loaded once per process; why not said once
+def library() -> ctypes.CDLL | None:
+    lib = build.library(SOURCE, FLAGS, NEEDS[torch.float32], "The row-invariant attention (a verify's rows then "
+                        "round as the one-token steps do not, and greedy texts may part at a near-tie)")
+    if lib is not None:
+        for fn in (lib.attend_bf16, lib.attend_f32):
+            fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 5 + [ctypes.c_float]
+            fn.restype = None
+    return lib
+
+
+def available(dtype: torch.dtype) -> bool:
+    """Can this machine run the kernel in `dtype` (instructions and a build)?"""
+    return dtype in NEEDS and NEEDS[dtype] <= build.cpu_flags() and library() is not None
+
+
+def allowed_keys(mask: torch.Tensor | None, n: int, slots: int) -> torch.Tensor | None:
+    """Which key slots each of the n rows sees, as bytes [n, slots] (None: causal, row i seeing slots up to
+    slots - n + i). transformers hands a boolean mask, or a tree's additive one (0 seen, the dtype's minimum not)."""
+    if mask is None:
+        return None
+    rows = mask[0, 0, -n:, :slots]
+    seen = rows if rows.dtype == torch.bool else rows > torch.finfo(rows.dtype).min / 2
+    return seen.to(torch.uint8).contiguous()
+
+
+def takes(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> bool:
+    n, slots = query.shape[2], key.shape[2]
+    return (query.device.type == "cpu" and query.shape[0] == 1 and query.dtype in NEEDS and query.shape[-1] % 16 == 0
+            and query.dtype == key.dtype and slots > n and n <= MAX_ROWS and kwargs.get("softcap") is None
+            and kwargs.get("sliding_window") is None and available(query.dtype))
+
+
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None,
+           scale: float) -> torch.Tensor:
+    """query [1, heads, n, d], key/value [1, kv_heads, slots, d] -> [1, n, heads, d]."""
+    _, heads, n, d = query.shape
+    kv_heads, slots = key.shape[1], key.shape[2]
+    q, k, v = (t[0].contiguous() for t in (query, key, value))
+    out = torch.empty(1, n, heads, d, dtype=query.dtype)
+    fn = library().attend_bf16 if query.dtype == torch.bfloat16 else library().attend_f32
+    fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), None if allowed is None else allowed.data_ptr(), out.data_ptr(),
+       heads, kv_heads, n, slots, d, scale)
+    return out
+
+
+def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
+              **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: each row alone (`rows.cpp`) for a verify or a step; SDPA for a
+    prompt read into an empty cache and whatever the kernel does not take."""
+    if not takes(query, key, kwargs):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return attend(query, key, value, allowed_keys(attention_mask, query.shape[2], key.shape[2]), scale), None
+
+
+def register() -> None:
+    """`ROWS` in transformers' registries: this attention, given SDPA's masks (None where causal needs none)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ROWS, attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ROWS, sdpa_mask)

@@ -1,0 +1,122 @@
+"""The invariant verify: every row a verify scores, and the K/V it writes, bit-identical to the one-token step at its
+position (`kernels.rows`, the invariant linears of `models.kernels`), for every row count a verify presents; so
+greedy speculation gives the target alone's text in bfloat16 too. A mutant dispatcher that sends one row count to
+another kernel, or attention back to SDPA, is caught."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch.nn import functional as F
+
+from helpers import spec_tokens
+from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
+from specviz.kernels import rows
+from specviz.models import encode_prompt
+from specviz.models.kernels import Choice, TunedLinear
+from specviz.models.target import with_target
+from specviz.models.tiny import tiny_pair
+from specviz.runs.row_check import row_check
+
+pytestmark = pytest.mark.skipif(not rows.available(torch.float32), reason="no row-invariant attention here")
+DTYPES = [torch.float32, torch.bfloat16]
+PROMPT = [3, 5, 7, 11, 13, 2, 8, 9, 4]
+WIDTHS = range(1, 18)  # a chain's K + 1 (K up to 16) and a tree of 16 nodes
+
+
+def qkv(dtype, n=17, heads=12, kv_heads=2, slots=300, d=128, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    return [torch.randn(shape, generator=gen).to(dtype)
+            for shape in ((1, heads, n, d), (1, kv_heads, slots, d), (1, kv_heads, slots, d))]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_each_row_attends_alike_whatever_the_rows_beside_it(dtype):
+    q, k, v = qkv(dtype)
+    scale = q.shape[-1] ** -0.5
+    together = rows.attend(q, k, v, None, scale)
+    for n in WIDTHS:  # the last n rows of the 17, at the same positions
+        alone = rows.attend(q[:, :, -n:], k, v, None, scale)
+        assert torch.equal(alone, together[:, -n:]), n
+    d = q.shape[-1]
+    seen = torch.ones(17, k.shape[2], dtype=torch.bool).tril(k.shape[2] - 17)
+    exact = torch.nn.functional.scaled_dot_product_attention(
+        q.double(), k.double().repeat_interleave(6, 1), v.double().repeat_interleave(6, 1), attn_mask=seen)
+    tolerance = 1e-5 if dtype == torch.float32 else 4e-3  # bf16: its output's rounding
+    assert float((together.double() - exact.transpose(1, 2)).abs().max()) < tolerance * d ** 0.5
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_tree_node_attends_as_the_step_at_its_position_though_its_keys_are_scattered(dtype):
+    """A node sees the prompt and its ancestors among siblings' slots; the same keys side by side give the same
+    row: the sums run over the keys it sees in order, 16 at a time by rank, not by slot."""
+    q, k, v = qkv(dtype, n=1, slots=40)
+    keep = [*range(30), 32, 35, 39]  # its ancestors at slots 32, 35, 39 (the siblings at the others)
+    mask = torch.zeros(1, 1, 1, 40, dtype=torch.bool)
+    mask[..., keep] = True
+    scattered = rows.attend(q, k, v, rows.allowed_keys(mask, 1, 40), 0.1)
+    packed = rows.attend(q, k[:, :, keep], v[:, :, keep], None, 0.1)
+    assert torch.equal(scattered, packed)
+    additive = torch.where(mask, 0.0, torch.finfo(dtype).min).to(dtype)  # the tree's own mask, as transformers hands it
+    assert torch.equal(rows.attend(q, k, v, rows.allowed_keys(additive, 1, 40), 0.1), packed)
+
+
+def test_a_prompt_into_an_empty_cache_goes_to_sdpa_and_a_step_to_the_rows():
+    q, k, v = qkv(torch.float32, n=8, slots=8)
+    assert not rows.takes(q, k, {})  # a prompt: both lanes read it alike
+    assert rows.takes(q[:, :, -1:], k, {}) and rows.takes(q, *qkv(torch.float32, n=8, slots=20)[1:2], {})
+    assert not rows.takes(q[:, :, -1:], k, {"softcap": 30.0})
+
+
+@pytest.fixture(scope="module", params=DTYPES, ids=["float32", "bfloat16"])
+def invariant(request, tmp_path_factory):
+    pair, _ = with_target(tiny_pair(dtype=request.param), "none", "tuned", invariant=True,
+                          folder=tmp_path_factory.mktemp("kernels"))
+    assert pair.not_invariant is None and pair.target.config._attn_implementation == rows.ROWS
+    return pair
+
+
+def test_every_verify_width_equals_the_one_token_steps_bit_for_bit(invariant):
+    for width in WIDTHS:
+        check = row_check(invariant.target, PROMPT, width)
+        assert check.identical, (width, check.logits, check.kv)
+
+
+def split_k(linear: torch.nn.Linear):
+    """A kernel that sums each row's products in two halves and adds them (split-K, as GEMMs do for some shapes):
+    the same product, another order."""
+    half = linear.in_features // 2
+    w = linear.weight
+    return lambda x: F.linear(x[:, :half], w[:, :half]) + F.linear(x[:, half:], w[:, half:], linear.bias)
+
+
+def test_a_dispatcher_that_sends_one_row_count_elsewhere_is_caught(invariant, monkeypatch):
+    """The mutant: nine rows (a verify at K = 8) go to a split-K kernel instead of the invariant one."""
+    for module in invariant.target.modules():
+        if isinstance(module, TunedLinear):
+            kernels = {**module.kernels, "split": split_k(module.inner)}
+            mutant = TunedLinear(module.inner, {**module.plan, 9: Choice("split", 9)}, kernels)
+            monkeypatch.setattr(module, "by_rows", mutant.by_rows)
+    assert not row_check(invariant.target, PROMPT, 9).identical
+    assert row_check(invariant.target, PROMPT, 8).identical  # the other widths still are
+
+
+def test_attention_back_on_sdpa_is_caught(invariant, monkeypatch):
+    monkeypatch.setattr(invariant.target.config, "_attn_implementation", "sdpa")
+    assert not all(row_check(invariant.target, PROMPT, width).identical for width in (2, 9, 17))
+
+
+@pytest.mark.parametrize("drafter", ["model", "tree"])
+def test_greedy_speculation_is_the_target_alones_text(invariant, drafter):
+    config = DecodeConfig(k=6, max_new_tokens=40, sampling=SamplingParams(0.0), adaptive="fixed", drafter=drafter)
+    for prompt in ("the man said that it was good and", "she had not been there for", "which one of them would"):
+        ids = encode_prompt(invariant.tokenizer, prompt)
+        alone = [s.token.id for s in autoregressive_generate(invariant, ids, config)]
+        assert spec_tokens(speculative_generate(invariant, ids, config)) == alone, prompt
+
+
+def test_where_the_verify_cannot_be_invariant_it_says_why():
+    pair = tiny_pair()
+    assert "int4 target's kernels" in with_target(pair, "int4", "tuned", invariant=True)[0].not_invariant
+    assert "--kernels plain" in with_target(pair, "none", "plain", invariant=True)[0].not_invariant
+    assert "--no-invariant" in with_target(pair, "none", "plain", invariant=False)[0].not_invariant
