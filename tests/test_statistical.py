@@ -618,3 +618,40 @@ def test_negative_control_cut_once(pair, monkeypatch):
     stats = statistics(cut_once_samples(pair, CUT_CONTROL_RUNS), joint)
     print("always accept, cut once a round", stats)
     assert detected(stats, 1e-3, tv_bound(joint, CUT_CONTROL_RUNS)), stats
+
+
+BF16_RUNS = 1_000
+BF16_CONTROL_RUNS = 125  # the compiled pair's models, rounded to bfloat16: its control's size (see above)
+
+
+@pytest.fixture(scope="module")
+def bf16_pair(tmp_path_factory) -> ModelPair:
+    """The compiled pair's tiny Qwen2 target and noisy draft in bfloat16, the target on the invariant verify
+    (`--dtype auto`'s precision, the served default): what a user runs, sampled exactly."""
+    from specviz.models.target import with_target
+
+    target = tiny_model(3, V)
+    pair = ModelPair(draft=noisy_copy(target, 0.4, seed=2).to(torch.bfloat16), target=target.to(torch.bfloat16),
+                     tokenizer=tiny_tokenizer(), device=torch.device("cpu"), dtype=torch.bfloat16,
+                     eos_token_ids=frozenset({EOS_ID}))
+    invariant, _ = with_target(pair, "none", "tuned", invariant=True, folder=tmp_path_factory.mktemp("kernels"))
+    assert invariant.not_invariant is None
+    return invariant
+
+
+@CPU_KERNELS
+def test_bf16_on_the_invariant_verify_samples_the_target_distribution(bf16_pair):
+    """1,000 runs in bfloat16 (the exact distribution from the same target's plain forwards, in bfloat16): the TV
+    bound 1,000 perfect samples stay under 999 times in 1,000."""
+    stats = end_to_end_stats(bf16_pair, BF16_RUNS)
+    bound = tv_bound(exact_joint(tables(bf16_pair.target, TEMPERATURE_1)), BF16_RUNS)
+    print("bfloat16, invariant verify", stats, "TV bound", bound)
+    assert consistent(stats, 1e-3, bound), stats
+
+
+@CPU_KERNELS
+def test_negative_control_bf16(bf16_pair, monkeypatch):
+    always_accept(monkeypatch)
+    stats = end_to_end_stats(bf16_pair, BF16_CONTROL_RUNS)
+    print("always accept, bfloat16", stats)
+    assert detected(stats, 1e-3, tv_bound(exact_joint(tables(bf16_pair.target, TEMPERATURE_1)), BF16_RUNS)), stats
