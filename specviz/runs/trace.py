@@ -35,6 +35,9 @@ class RunMeta:
     prompt: str
     prompt_tokens: int
     config: DecodeConfig
+    # why the target's verify rows may round unlike its one-token steps (None: they cannot; `ModelPair.not_invariant`);
+    # a trace from before the invariant verify says nothing
+    not_invariant: str | None = "this trace predates the invariant verify"
 
     @property
     def greedy(self) -> bool:
@@ -47,7 +50,7 @@ class RunMeta:
     @staticmethod
     def of(pair: ModelPair, prompt: str, prompt_ids: list[int], config: DecodeConfig) -> RunMeta:
         return RunMeta(pair.draft_name, pair.target_name, str(pair.device), str(pair.dtype).removeprefix("torch."),
-                       prompt, len(prompt_ids), config)
+                       prompt, len(prompt_ids), config, pair.not_invariant)
 
     @staticmethod
     def from_dict(d: dict) -> RunMeta:

@@ -47,14 +47,22 @@ def race_result(state: RaceState) -> str:
             lines.append("Greedy texts are **identical**." if state.identical else
                          "Greedy texts agree on their common length (one lane stopped earlier).")
         else:
-            lines.append(
-                f"⚠ Greedy texts **differ from token {d.position + 1}** (outlined). The target's top-2 logit gap "
-                f"there is {gap(d.target_top2_gap)} (target alone) / {gap(d.spec_top2_gap)} (verify pass): a "
-                "near-tie that low precision can flip when the target scores K+1 tokens at once instead of one. "
-                "The rule is exact; the arithmetic of a batched forward is not bit-identical.")
+            lines.append(divergence_note(d, state.meta.not_invariant))
     lines += [teach.recorded_note(state.recorded_at)] if state.recorded_at is not None else []
     lines += teach.race_caveats(state.shared_cpu, (state.ar.finished, state.spec.finished), state.timing_note)
     return "\n\n".join(lines)
+
+
+def divergence_note(d, not_invariant: str | None) -> str:
+    """Why greedy texts parted: where the verify was not made row-invariant, a near-tie rounded another way (and
+    why it was not made so); where it was, something that should not happen."""
+    where = (f"⚠ Greedy texts **differ from token {d.position + 1}** (outlined). The target's top-2 logit gap there "
+             f"is {gap(d.target_top2_gap)} (target alone) / {gap(d.spec_top2_gap)} (verify pass)")
+    if not_invariant is None:
+        return (f"{where}, though this target's verify computes each row as its one-token step does, bit for bit: "
+                "that should not happen. Please report it with the exported trace.")
+    return (f"{where}: a near-tie that low precision can flip when the target scores K+1 tokens at once instead of "
+            f"one. The rule is exact; this verify is not row-invariant here ({not_invariant}).")
 
 
 def race_view(state: RaceState, source: str = "Race") -> RaceView:
