@@ -13,14 +13,14 @@ import gc
 import logging
 import sys
 
-from specviz.commands import atlas, bench, costs, engines, loadtest, prepare, prove, serve, trace, whatif
+from specviz.commands import atlas, bench, costs, engines, loadtest, prepare, prove, rows, serve, trace, whatif
 from specviz.models import ModelLoadError
 from specviz.models.pair import OUT_OF_MEMORY
 from specviz.remote.policy import EngineError
 from specviz.runs.outputs import output_problem
 from specviz.settings.errors import INTERRUPTED, MACHINE_FAULT, InputError, os_fault, sigterm_as_interrupt
 
-COMMANDS = (prepare, trace, serve, atlas, bench, costs, prove, whatif, loadtest, engines)  # `specviz --help`'s order
+COMMANDS = (prepare, trace, serve, atlas, bench, costs, prove, rows, whatif, loadtest, engines)  # `specviz --help`'s order
 FAULTS = (InputError, EngineError, ModelLoadError, KeyboardInterrupt, *OUT_OF_MEMORY, OSError)
 
 

@@ -120,3 +120,20 @@ def test_where_the_verify_cannot_be_invariant_it_says_why():
     assert "int4 target's kernels" in with_target(pair, "int4", "tuned", invariant=True)[0].not_invariant
     assert "--kernels plain" in with_target(pair, "none", "plain", invariant=True)[0].not_invariant
     assert "--no-invariant" in with_target(pair, "none", "plain", invariant=False)[0].not_invariant
+
+
+def test_specviz_rows_shows_the_verify_row_by_row_both_ways(tmp_path, capsys):
+    """The lesson as a command: on the tiny pair, the invariant verify is bit-identical (exit 0) and SDPA is not."""
+    import json
+
+    from specviz import cli
+
+    out = tmp_path / "rows.json"
+    assert cli.main(["rows", "--draft", "tiny", "--target", "tiny", "--prompt", "the man said that it was good and",
+                     "--width", "5", "--tokens", "12", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    invariant, sdpa = report["ways"]
+    assert invariant["attention"] == rows.ROWS and not any(invariant["rows"]["logits"]) and invariant["identical_text"]
+    assert sdpa["attention"] == "sdpa" and any(sdpa["rows"]["logits"]) and len(sdpa["texts"]) == 5
+    assert "verify of 5 rows" in capsys.readouterr().out
+    assert cli.main(["rows", "--draft", "tiny", "--target", "tiny", "--width", "0"]) == 2  # one sentence, exit 2

@@ -57,6 +57,9 @@ def settings_text(report: dict) -> str:
     if "wait_s" in report:
         return (f"{report['users']} simulated visitors against `{meta['server']['command']}`, "
                 f"{report['seconds']:.0f} s")
+    if "ways" in report:  # `specviz rows`
+        return (f"{meta['pair']} in {meta['dtype']}; a verify of {len(report['ways'][0]['rows']['tokens'])} rows after "
+                f"the prompt \"{report['prompt']}\", each way's greedy texts over {meta['tokens']} tokens")
     if "example" in report:
         return f"one race of the shipped example \"{report['example']}\" in the app, as the screenshot shows it"
     if "engines" in report:
