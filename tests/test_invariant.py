@@ -129,8 +129,8 @@ def test_specviz_rows_shows_the_verify_row_by_row_both_ways(tmp_path, capsys):
     from specviz import cli
 
     out = tmp_path / "rows.json"
-    assert cli.main(["rows", "--draft", "tiny", "--target", "tiny", "--prompt", "the man said that it was good and",
-                     "--width", "5", "--tokens", "12", "--json", str(out)]) == 0
+    assert cli.main(["rows", "--draft", "tiny", "--target", "tiny", "--step", "eager", "--prompt",
+                     "the man said that it was good and", "--width", "5", "--tokens", "12", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     invariant, sdpa = report["ways"]
     assert invariant["attention"] == rows.ROWS and not any(invariant["rows"]["logits"]) and invariant["identical_text"]

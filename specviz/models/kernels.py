@@ -42,7 +42,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specviz.kernels import streamed
+from specviz.kernels import streamed, w4a8
 from specviz.models.draft.quantized import DENSE_ABOVE, Int4Linear, Int8Linear, QuantLinear
 from specviz.models.kernel_table import Costs, KernelKey, kept_or_measured, table_costs, table_path
 from specviz.models.fused import fused_bytes
@@ -75,7 +75,10 @@ def kernels_of(module: nn.Module) -> dict[str, Kernel]:
     """The candidate kernels for one linear-like module, each computing its product from its own weights."""
     if isinstance(module, QuantLinear):
         bias = module.bias
-        return {kind_of(module): module.matmul if bias is None else (lambda x: module.matmul(x) + bias)}
+        kernels = {kind_of(module): module.matmul}
+        if getattr(module, "w4a8_packed", None) is not None and (lib := w4a8.library()) is not None:
+            kernels["w4a8"] = w4a8.W4A8(module.w4a8_packed, module.out_features, module.in_features, lib)
+        return kernels if bias is None else {k: with_bias(f, bias) for k, f in kernels.items()}
     weight, bias = module.weight, module.bias
     kernels: dict[str, Kernel] = {"dense": lambda x: F.linear(x, weight, bias)}
     if onednn_applies(weight):
@@ -84,6 +87,10 @@ def kernels_of(module: nn.Module) -> dict[str, Kernel]:
     if streamed.applies(weight) and (lib := streamed.library()) is not None:
         kernels["streamed"] = streamed.Streamed(weight, bias, lib)
     return kernels
+
+
+def with_bias(kernel: Kernel, bias: torch.Tensor) -> Kernel:
+    return lambda x: kernel(x) + bias
 
 
 class WithoutOneDNN:
@@ -253,13 +260,13 @@ class Tuning:
 
 
 def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_group, folder: Path | None = None,
-         cpu: str | None = None, status: Callable[[str], None] = log.info, invariant: bool = False
-         ) -> tuple[nn.Module, Tuning]:
+         cpu: str | None = None, status: Callable[[str], None] = log.info, invariant: bool = False,
+         exclude: frozenset[str] = frozenset()) -> tuple[nn.Module, Tuning]:
     """A copy of `model` whose linears dispatch each row count to the kernel measured fastest here (its weights
     shared, the original untouched), and the measurements. The table comes from the cache when this machine,
     torch, the thread count and the model's shapes are those it was measured with. `invariant`: every row count
     of a shape an invariant kernel serves goes to the fastest of those (`INVARIANT`; all candidates are still timed,
-    so the table is the same either way)."""
+    so the table is the same either way). `exclude`: kernels planned on nowhere (the same table)."""
     device = next(model.parameters()).device
     # copy the module tree only: every tensor stays shared with the original
     fast = copy.deepcopy(model, memo={id(t): t for t in [*model.parameters(), *model.buffers()]})
@@ -293,7 +300,8 @@ def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_
 
     data, cached = kept_or_measured(path, key, "The kernel timings", measure, log.warning)
     costs = table_costs(data)
-    planned = {shape: invariant_costs(per) for shape, per in costs.items()} if invariant else costs
+    planned = {shape: {k: per for k, per in (invariant_costs(c) if invariant else c).items() if k not in exclude}
+               for shape, c in costs.items()}
     lean = lean_plans(planned, {shape: (len(members), module_bytes(members[0][2])) for shape, members in groups.items()},
                       max_rows)
     plans = {shape: choice.plan for shape, choice in lean.items()}
@@ -331,8 +339,25 @@ def release_unused_dense(model: nn.Module) -> int:
     return released
 
 
+def uses(model: nn.Module, kernel: str) -> bool:
+    return any(kernel in m.kernels for m in model.modules() if isinstance(m, TunedLinear))
+
+
+def release_unused_codes(model: nn.Module) -> None:
+    """One copy of a 4-bit linear's codes: each keeps the packing of the kernel its plan uses (`Int4Linear.keep_only`);
+    one no plan serves (kernels as loaded) keeps torch's, which its own forward calls. Any model sharing those linears
+    with another plan must not run afterwards."""
+    planned = {id(m.inner): set(m.kernels) for m in model.modules() if isinstance(m, TunedLinear)}
+    for m in model.modules():
+        if isinstance(m, Int4Linear):
+            m.keep_only(planned.get(id(m), {"int4"}))
+
+
 def module_bytes(module: nn.Module) -> int:
-    """A linear's own weights (a quantized one's packed weights and scales; not a dense copy it keeps)."""
+    """A linear's own weights (a quantized one's packed weights and scales; not a dense copy it keeps, nor a second
+    packing of its codes)."""
+    if isinstance(module, Int4Linear):
+        return module.codes_bytes() + (0 if module.bias is None else module.bias.numel() * module.bias.element_size())
     return sum(t.numel() * t.element_size() for t in [*module.parameters(recurse=False), *module.buffers(recurse=False)])
 
 

@@ -302,6 +302,7 @@ def with_speedups(pair: ModelPair, spec: PairSpec, status: Status = log.info, re
     from specviz.models.cut_head import draft_vocab_ids
     from specviz.models.draft.lean import LeanDraft, release_replaced
     from specviz.models.steps import with_steps
+    from specviz.models.kernels import release_unused_codes
     from specviz.models.target import with_target, with_tuned_draft
 
     loaded = pair
@@ -314,6 +315,8 @@ def with_speedups(pair: ModelPair, spec: PairSpec, status: Status = log.info, re
         pair = with_cheaper_draft(pair, DraftQuant.named(spec.draft_quant),
                                   vocab_ids=draft_vocab_ids(pair, spec.draft_vocab))
     pair = with_tuned_draft(pair, status) if spec.kernels == "tuned" else pair
+    if pair.draft is not None and isinstance(pair.draft, torch.nn.Module):
+        release_unused_codes(pair.draft)  # (kernels as loaded: torch's int4 packing only)
     pair = with_steps(loaded, pair, spec, status, roles=("draft",))
     if release and isinstance(pair.draft, LeanDraft):
         release_replaced(loaded.draft)

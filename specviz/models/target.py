@@ -21,7 +21,7 @@ from torch import nn
 
 from specviz.kernels import rows
 from specviz.models.draft.quantized import DraftQuant, quantize_linear
-from specviz.models.kernels import Tuning, tune
+from specviz.models.kernels import Tuning, release_unused_codes, tune, uses
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,7 @@ def with_target(pair, quant: str = "none", kernels: str = "tuned", status: Calla
     tuning = None
     if kernels == "tuned" and tunable(pair.device):
         target, tuning = tune(target, status=status, invariant=invariant, **tune_kw)
+        release_unused_codes(target)  # (a 4-bit target: the packing of the kernel its plan uses)
         name = f"{name} [tuned kernels]"
     why = variant_reason(pair, quant, tuning) if invariant else "it was not asked for (--no-invariant)"
     if why is None:
@@ -88,9 +89,39 @@ def variant_reason(pair, quant: str, tuning: Tuning | None) -> str | None:
     return None
 
 
-def with_tuned_draft(pair, status: Callable[[str], None] = log.info, **tune_kw):
-    """`pair` with its draft's linears (a lean draft's quantized ones, or the loaded draft's) on tuned kernels."""
+StepTimer = Callable[[nn.Module, nn.Module], tuple[float, float]]
+
+
+def time_steps(a: nn.Module, b: nn.Module, rounds: int = 3) -> tuple[float, float]:
+    """Both models' one-token steps (median seconds), timed in turn `rounds` times: a slow spell falls on both."""
+    import statistics
+
+    from specviz.models.step_timing import forward_times
+
+    vocab = a.config.get_text_config().vocab_size
+    ids = [(7 + 31 * i) % vocab for i in range(64)]
+    times = ([], [])
+    for _ in range(rounds):
+        for model, kept in zip((a, b), times):
+            kept.extend(forward_times(model, ids, reps=5, warmup=2))
+    return statistics.median(times[0]), statistics.median(times[1])
+
+
+def with_tuned_draft(pair, status: Callable[[str], None] = log.info, step_timer: StepTimer = time_steps,
+                     **tune_kw):
+    """`pair` with its draft's linears (a lean draft's quantized ones, or the loaded draft's) on tuned kernels. Where
+    the plan uses the 4-bit x 8-bit kernel, the draft's whole step is timed with it and without it (the same table),
+    and the faster kept: a kernel faster alone can be slower in the step (its activation quantization, the caches),
+    said in one sentence either way."""
     if pair.draft is None or not tunable(pair.device) or not isinstance(pair.draft, nn.Module):
         return pair
     draft, _ = tune(pair.draft, status=status, **tune_kw)
+    if uses(draft, "w4a8"):
+        plain, _ = tune(pair.draft, status=status, exclude=frozenset({"w4a8"}), **tune_kw)
+        with_it, without = step_timer(draft, plain)
+        keep = with_it < without
+        status(f"The draft's step on the 4-bit x 8-bit kernel: {1e3 * with_it:.1f} ms, on torch's int4 kernel "
+               f"{1e3 * without:.1f} ms: {'kept' if keep else 'dropped'}.")
+        draft = draft if keep else plain
+    release_unused_codes(draft)
     return replace(pair, draft=draft)

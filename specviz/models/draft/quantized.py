@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from specviz.kernels import w4a8
+
 DENSE_ABOVE = 4  # rows (tokens) above which a forward uses the dense weights
 QUANT_ROWS = 8192  # rows quantized at a time (a 151,936-row head at once took 1.6 GB of float32 temporaries)
 
@@ -90,6 +92,24 @@ class Int4Linear(QuantLinear):
         self.register_buffer("scales_and_zeros", torch.cat([scale, zero], -1).transpose(0, 1).contiguous()
                              .to(torch.bfloat16))  # [k / group, n, 2]
         self.group_size = group_size
+        # the same codes for the 4-bit x 8-bit kernel where this CPU has one: the dispatcher keeps the copy it uses
+        # (`keep_only`)
+        packed = w4a8.pack(q, scale[..., 0], lo[..., 0]) \
+            if w4a8.applies(n, k, group_size, dense.weight.dtype) else None
+        self.register_buffer("w4a8_packed", packed, persistent=False)
+
+    def codes_bytes(self) -> int:
+        """The bytes a product reads: torch's packing, or the 4-bit x 8-bit one where that alone is kept."""
+        kept = (self.qweight, self.scales_and_zeros) if self.qweight.numel() else (self.w4a8_packed,)
+        return sum(t.numel() * t.element_size() for t in kept)
+
+    def keep_only(self, kernels: set[str]) -> None:
+        """Drop the packed copy of the kernel not in `kernels` ("int4": torch's, "w4a8"): one copy of the codes."""
+        if "w4a8" not in kernels:
+            self.w4a8_packed = None
+        if "int4" not in kernels and self.w4a8_packed is not None:
+            self.qweight, self.scales_and_zeros = (torch.empty(0, dtype=t.dtype) for t in
+                                                   (self.qweight, self.scales_and_zeros))
 
     def matmul(self, x2: torch.Tensor) -> torch.Tensor:
         y = torch.ops.aten._weight_int4pack_mm_for_cpu(x2.to(torch.bfloat16), self.qweight, self.group_size,

@@ -1,0 +1,76 @@
+"""The draft's linear at its bandwidth bound: 4-bit weights times 8-bit activations on the integer dot-product units.
+
+The draft's int4 weights are a quarter of its bytes, but torch's int4 kernel (`_weight_int4pack_mm_for_cpu`) turns
+every weight back into floating point before multiplying: at one row that is compute-bound on cores that run
+512-bit operations as two halves, and the draft's step read its bytes at a third of the bandwidth (issue 61's
+measure on a 2-core Zen 4). `w4a8.cpp` keeps the codes as bytes, quantizes each activation row to 8 bits per block
+of 32 (as llama.cpp's Q8 blocks) and multiplies with vpdpbusd, 8 outputs at a time, applying a group's scale and its
+low (through the block's sum) once per 32 weights. A row's result differs from the float kernel's by the 8-bit
+activations' rounding (tested against a float reference of the same codes); exactness does not depend on the draft.
+
+`pack` lays out an `Int4Linear`'s codes for it (`Int4Linear` keeps this copy beside torch's while the dispatcher
+chooses between them, then drops the one not chosen). Where the CPU lacks AVX512-VNNI or there is no compiler,
+`library()` says so once and torch's int4 kernel serves.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+from pathlib import Path
+
+import torch
+
+from specviz.kernels import build
+
+SOURCE = Path(__file__).with_name("w4a8.cpp")
+FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512vnni",
+         "-mavx512bf16", "-mf16c", "-mfma")
+NEEDS = {torch.float32: {"avx512f", "avx512vl", "avx512_vnni"},
+         torch.bfloat16: {"avx512f", "avx512vl", "avx512_vnni", "avx512_bf16"}}
+OUTS, GROUP = 8, 32  # outputs in a block; inputs in a group (w4a8.cpp)
+
+
+@functools.cache  # built and loaded once per process; why not said once
+def library() -> ctypes.CDLL | None:
+    lib = build.library(SOURCE, FLAGS, NEEDS[torch.float32], "The 4-bit x 8-bit draft kernel (torch's int4 kernel "
+                        "serves the draft)")
+    if lib is not None:
+        for fn in (lib.w4a8_bf16, lib.w4a8_f32):
+            fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
+            fn.restype = None
+    return lib
+
+
+def applies(out_features: int, in_features: int, group_size: int, dtype: torch.dtype) -> bool:
+    return (group_size == GROUP and out_features % OUTS == 0 and in_features % GROUP == 0 and dtype in NEEDS
+            and NEEDS[dtype] <= build.cpu_flags() and library() is not None)
+
+
+def pack(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
+    """codes [out, in] (0..15), scale and low [out, in / 32] -> w4a8.cpp's layout (the header says which)."""
+    out, width = codes.shape
+    blocks, groups = out // OUTS, width // GROUP
+    c = codes.to(torch.uint8).reshape(blocks, OUTS, groups, 4, 2, 4)  # (block, o, group, t, half, j)
+    c = c.permute(0, 2, 3, 1, 5, 4)  # (block, group, t, o, j, half)
+    nibbles = (c[..., 0] | (c[..., 1] << 4)).reshape(blocks, groups, 128)
+
+    def halves(t: torch.Tensor) -> torch.Tensor:  # [out, groups] -> (block, group, 16 bytes of 8 fp16)
+        return t.to(torch.float16).reshape(blocks, OUTS, groups).permute(0, 2, 1).contiguous().view(torch.uint8)
+    return torch.cat([nibbles, halves(scale), halves(low)], -1).reshape(-1).contiguous()
+
+
+class W4A8:
+    """The product on a packed weight: x [n, in] in the model's dtype -> [n, out]."""
+
+    def __init__(self, packed: torch.Tensor, out_features: int, in_features: int, lib: ctypes.CDLL):
+        self.packed, self.out, self.width = packed, out_features, in_features
+        self.lib = lib
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = torch.bfloat16 if x.dtype == torch.bfloat16 else torch.float32
+        x = x.to(dtype).contiguous()
+        y = torch.empty(x.shape[0], self.out, dtype=dtype)
+        fn = self.lib.w4a8_bf16 if dtype == torch.bfloat16 else self.lib.w4a8_f32
+        fn(x.data_ptr(), self.packed.data_ptr(), y.data_ptr(), x.shape[0], self.width, self.out)
+        return y

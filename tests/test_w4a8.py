@@ -1,0 +1,106 @@
+"""The draft's 4-bit x 8-bit kernel (`kernels/w4a8`): against a float reference of the same codes (within the 8-bit
+activations' rounding), every shape of the embedded draft and odd ones, both threads' halves of the blocks, one copy
+of the codes once the dispatcher has chosen, and torch's int4 kernel where the CPU lacks VNNI."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from specviz.kernels import build, w4a8
+from specviz.models import kernels as K
+from specviz.models.draft.quantized import Int4Linear
+
+needs_kernel = pytest.mark.skipif(w4a8.library() is None or not w4a8.NEEDS[torch.float32] <= build.cpu_flags(),
+                                  reason="no AVX512-VNNI or no compiler here")
+# the embedded 0.5B draft's linears (q/k/v fused, gate/up fused, o, down) and a cut head; then odd sizes
+SHAPES = [(1152, 896), (896, 896), (9728, 896), (896, 4864), (32000, 896), (16, 32), (48, 96), (80, 160)]
+# the 8-bit activations' rounding: |x - a * xs| <= xs / 2 per input, so a product's relative error stays near 0.5 %
+TOLERANCE = 0.015
+
+
+def linear(out: int, width: int, seed: int = 0) -> nn.Linear:
+    gen = torch.Generator().manual_seed(seed)
+    lin = nn.Linear(width, out, bias=False)
+    with torch.no_grad():
+        lin.weight.copy_(0.05 * torch.randn(out, width, generator=gen))
+    return lin
+
+
+def dequantized(q: Int4Linear) -> torch.Tensor:
+    """The float weights the codes stand for, transposed, read back through torch's int4 kernel (an identity's rows)."""
+    eye = torch.eye(q.in_features, dtype=torch.bfloat16)
+    return q.matmul(eye).float()  # [in, out]: W transposed
+
+
+@needs_kernel
+@pytest.mark.parametrize("out,width", SHAPES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_it_computes_the_codes_product_within_the_activations_rounding(out, width, dtype):
+    q = Int4Linear(linear(out, width).to(dtype), 32, keep_dense=False)
+    kernel = K.kernels_of(q)["w4a8"]
+    x = torch.randn(5, width, generator=torch.Generator().manual_seed(1)).to(dtype)
+    reference = x.float() @ dequantized(q)
+    for n in (1, 2, 3, 4, 5):  # one to four rows at a time, and a fifth after them
+        got = kernel(x[:n]).float()
+        assert got.dtype == torch.float32 and got.shape == (n, out)
+        assert float((got - reference[:n]).norm() / reference[:n].norm()) < TOLERANCE, n
+
+
+@needs_kernel
+def test_both_threads_halves_of_the_blocks_agree_with_one_thread():
+    q = Int4Linear(linear(9728, 896), 32, keep_dense=False)
+    kernel = K.kernels_of(q)["w4a8"]
+    x = torch.randn(2, 896, dtype=torch.bfloat16)
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        one = kernel(x)
+        torch.set_num_threads(2)
+        two = kernel(x)
+    finally:
+        torch.set_num_threads(threads)
+    assert torch.equal(one, two)  # each output block computed whole by one thread, whichever
+
+
+@needs_kernel
+def test_the_dispatcher_keeps_one_copy_of_the_codes():
+    q, r = (Int4Linear(linear(896, 896).to(torch.bfloat16), 32, keep_dense=False) for _ in range(2))
+    held = lambda m: sum(t.numel() * t.element_size() for t in m.buffers())  # noqa: E731
+    both = held(q)
+    K.release_unused_codes(nn.Sequential(K.TunedLinear(q, {1: K.Choice("w4a8", 1)}),
+                                         K.TunedLinear(r, {1: K.Choice("int4", 1)})))
+    assert q.qweight.numel() == 0 and q.w4a8_packed is not None and held(q) < 0.6 * both
+    assert K.module_bytes(q) == held(q)  # what a step reads: the one copy kept
+    assert r.w4a8_packed is None and r.qweight.numel() > 0
+
+
+@needs_kernel
+@pytest.mark.parametrize("faster", [True, False])
+def test_the_step_decides_a_kernel_faster_per_shape(tmp_path, faster):
+    """Where the plan uses the kernel, the whole draft step is timed with it and without it: the slower step's plan
+    is dropped (a fake timer says which is faster), and one copy of the codes stays."""
+    from dataclasses import replace
+
+    from specviz.models.draft.quantized import DraftQuant, quantize_draft
+    from specviz.models.target import with_tuned_draft
+    from specviz.models.tiny import tiny_pair
+
+    pair = tiny_pair()
+    pair = replace(pair, draft=quantize_draft(pair.draft, DraftQuant(4)))
+    cheap = {"w4a8": 0.001, "int4": 1.0}  # the table: the new kernel fastest for every shape and row count
+    costs = lambda group, width, dtype, device, rows: {k: {n: cheap[k] for n in rows} for k in group[0]}  # noqa: E731
+    said = []
+    tuned = with_tuned_draft(pair, said.append, step_timer=lambda a, b: (1.0, 2.0) if faster else (2.0, 1.0),
+                             timer=costs, folder=tmp_path).draft
+    assert K.uses(tuned, "w4a8") == faster and K.uses(tuned, "int4") != faster
+    assert said[-1].endswith("kept." if faster else "dropped.")
+    linears = [m.inner for m in tuned.modules() if isinstance(m, K.TunedLinear)]
+    assert all((m.w4a8_packed is None) != (m.qweight.numel() == 0) for m in linears)
+
+
+def test_without_vnni_torch_int4_kernel_serves(monkeypatch):
+    monkeypatch.setattr(build, "cpu_flags", lambda: {"avx512f", "avx512vl"})
+    q = Int4Linear(linear(896, 896), 32, keep_dense=False)
+    assert q.w4a8_packed is None and set(K.kernels_of(q)) == {"int4"}
