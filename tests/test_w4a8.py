@@ -104,3 +104,54 @@ def test_without_vnni_torch_int4_kernel_serves(monkeypatch):
     monkeypatch.setattr(build, "cpu_flags", lambda: {"avx512f", "avx512vl"})
     q = Int4Linear(linear(896, 896), 32, keep_dense=False)
     assert q.w4a8_packed is None and set(K.kernels_of(q)) == {"int4"}
+
+
+@pytest.fixture(scope="module")
+def lean_tiny(tmp_path_factory):
+    """The tiny pair with the lean int4 draft, its products on the 4-bit x 8-bit kernel (a table that says it is the
+    fastest everywhere, a step timer that says its step is), so that its one-token step is one call."""
+    from specviz.models.draft import DraftQuant, with_cheaper_draft
+    from specviz.models.target import with_tuned_draft
+    from specviz.models.tiny import tiny_pair
+
+    costs = lambda group, width, dtype, device, rows: {k: {n: 1e-6 if k == "w4a8" else 1.0 for n in rows}  # noqa: E731
+                                                        for k in group[0]}
+    pair = with_cheaper_draft(tiny_pair(), DraftQuant(4))
+    return with_tuned_draft(pair, lambda _: None, step_timer=lambda a, b: (1.0, 2.0), timer=costs,
+                            folder=tmp_path_factory.mktemp("kernels"))
+
+
+@needs_kernel
+def test_the_fused_step_computes_what_the_layers_compute(lean_tiny):
+    from transformers import DynamicCache
+
+    from specviz.compat import forward
+
+    draft = lean_tiny.draft
+    assert draft.fused() is not None
+    ids = torch.tensor([[(7 + 31 * i) % 90 for i in range(20)]])
+    with torch.inference_mode():
+        fused, layers = draft.new_cache(8), DynamicCache()  # (8 slots: it grows past them)
+        forward(draft, ids, fused, 1), forward(draft, ids, layers, 1)
+        token = torch.tensor([[5]])
+        for _ in range(6):
+            a, b = (forward(draft, token, c, 1).logits[0, -1].float() for c in (fused, layers))
+            assert float((a - b).norm() / b.norm()) < 0.01 and a.argmax() == b.argmax()  # 8-bit activations: ~1e-3
+            token = b.argmax().view(1, 1)
+        assert fused.get_seq_length() == layers.get_seq_length() == 26 and fused.capacity >= 26
+        fused.crop(-4), layers.crop(-4)
+        a, b = (forward(draft, token, c, 1).logits[0, -1].float() for c in (fused, layers))
+        assert fused.get_seq_length() == 23 and a.argmax() == b.argmax()  # the cut cache is read as cut
+
+
+@needs_kernel
+def test_speculation_on_the_fused_draft_is_the_target_alones_text(lean_tiny):
+    from helpers import spec_tokens
+    from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
+    from specviz.models import encode_prompt
+
+    config = DecodeConfig(k=5, max_new_tokens=30, sampling=SamplingParams(0.0), adaptive="fixed")
+    ids = encode_prompt(lean_tiny.tokenizer, "the man said that it was good and")
+    rounds = list(speculative_generate(lean_tiny, ids, config))
+    assert spec_tokens(rounds) == [s.token.id for s in autoregressive_generate(lean_tiny, ids, config)]
+    assert sum(r.n_accepted for r in rounds) > 0  # the fused draft's guesses are accepted: it drafts as the target

@@ -34,21 +34,24 @@ inline void store8(uint16_t* y, __m256 v) {  // round to nearest even, as torch 
 }
 
 // one row's activations in 8 bits per block of 32: a (as 32-bit quads), the block's scale xs, and xs * sum(a)
+inline __m512 widen16(const float* p) { return _mm512_loadu_ps(p); }
+inline __m512 widen16(const uint16_t* p) {
+    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+}
+
 template <typename T>
 void quantize_row(const T* x, long k, int32_t* quads, float* xs, float* bsum) {
     int8_t* a = (int8_t*)quads;
     for (long g = 0; g < k / GROUP; g++) {
-        float amax = 0.0f;
-        for (long j = 0; j < GROUP; j++) amax = fmaxf(amax, fabsf(to_f32(x[g * GROUP + j])));
+        __m512 lo = widen16(x + g * GROUP), hi = widen16(x + g * GROUP + 16);
+        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
         float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        int sum = 0;
-        for (long j = 0; j < GROUP; j++) {
-            int q = (int)nearbyintf(to_f32(x[g * GROUP + j]) * inv);
-            a[g * GROUP + j] = (int8_t)q;
-            sum += q;
-        }
+        __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(inv)));  // to nearest even
+        __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(inv)));
+        _mm_storeu_si128((__m128i*)(a + g * GROUP), _mm512_cvtsepi32_epi8(qlo));
+        _mm_storeu_si128((__m128i*)(a + g * GROUP + 16), _mm512_cvtsepi32_epi8(qhi));
         xs[g] = scale;
-        bsum[g] = scale * (float)sum;
+        bsum[g] = scale * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
     }
 }
 
@@ -82,14 +85,13 @@ void block_rows(const uint8_t* blk, long groups, const int32_t* const* quads, co
     for (int r = 0; r < N; r++) store8(y[r], acc[r]);
 }
 
+// every block of 8 outputs for n rows already quantized; an orphaned `omp for`: inside a parallel region the threads
+// split the blocks, outside it one thread does them all
 template <typename T>
-void product(const T* x, const uint8_t* w, T* y, long n, long k, long o) {
-    long groups = k / GROUP, blocks = o / OUTS;
-    std::vector<int32_t> quads(n * k / 4);
-    std::vector<float> xs(n * groups), bsum(n * groups);
-    for (long r = 0; r < n; r++) quantize_row(x + r * k, k, &quads[r * k / 4], &xs[r * groups], &bsum[r * groups]);
-#pragma omp parallel for schedule(static)
-    for (long b = 0; b < blocks; b++) {
+void blocks(const int32_t* quads, const float* xs, const float* bsum, const uint8_t* w, T* y, long n, long k, long o) {
+    long groups = k / GROUP, nblocks = o / OUTS;
+#pragma omp for schedule(static)
+    for (long b = 0; b < nblocks; b++) {
         const uint8_t* blk = w + b * groups * BLOCK_BYTES;
         for (long r0 = 0; r0 < n; r0 += 4) {
             const int32_t* q[4];
@@ -97,9 +99,9 @@ void product(const T* x, const uint8_t* w, T* y, long n, long k, long o) {
             T* out[4];
             int rows = n - r0 < 4 ? (int)(n - r0) : 4;
             for (int i = 0; i < rows; i++) {
-                q[i] = &quads[(r0 + i) * k / 4];
-                s[i] = &xs[(r0 + i) * groups];
-                bs[i] = &bsum[(r0 + i) * groups];
+                q[i] = quads + (r0 + i) * k / 4;
+                s[i] = xs + (r0 + i) * groups;
+                bs[i] = bsum + (r0 + i) * groups;
                 out[i] = y + (r0 + i) * o + b * OUTS;
             }
             switch (rows) {
@@ -112,9 +114,179 @@ void product(const T* x, const uint8_t* w, T* y, long n, long k, long o) {
     }
 }
 
+// room for n rows of k activations in 8 bits
+struct Quantized {
+    std::vector<int32_t> quads;
+    std::vector<float> xs, bsum;
+    Quantized(long n, long k) : quads(n * k / 4), xs(n * k / GROUP), bsum(n * k / GROUP) {}
+    template <typename T>
+    void rows(const T* x, long n, long k) {
+        for (long r = 0; r < n; r++)
+            quantize_row(x + r * k, k, &quads[r * k / 4], &xs[r * (k / GROUP)], &bsum[r * (k / GROUP)]);
+    }
+};
+
+template <typename T>
+void product(const T* x, const uint8_t* w, T* y, long n, long k, long o) {
+    Quantized a(n, k);
+    a.rows(x, n, k);
+#pragma omp parallel
+    blocks(a.quads.data(), a.xs.data(), a.bsum.data(), w, y, n, k, o);
+}
+
+// ---- the draft's whole one-token step, layer after layer, in one call: its glue in C++ (not ~30 Python ops a layer),
+// in one parallel region (the products' blocks and the heads split between the threads, the rest done by one)
+
+inline float load_f(const float* p, long i) { return p[i]; }
+inline float load_f(const uint16_t* p, long i) { return to_f32(p[i]); }
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(uint16_t* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v)); }
+
+inline __m512 exp16(__m512 x) {  // e^x, 2^n * p(r) (Cephes' coefficients), x clamped to [-87, 88]
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+void rms_norm(const float* x, const float* w, float* y, long n, float eps) {  // n a multiple of 16
+    __m512 sum = _mm512_setzero_ps();
+    for (long i = 0; i < n; i += 16) sum = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + i), sum);
+    __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(sum) / n + eps));
+    for (long i = 0; i < n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), inv), _mm512_loadu_ps(w + i)));
+}
+
+void rope(float* x, long heads, long d, const float* cos, const float* sin) {  // rotate_half, as Llama/Qwen2
+    long half = d / 2;
+    for (long h = 0; h < heads; h++) {
+        float* v = x + h * d;
+        for (long i = 0; i < half; i++) {
+            float a = v[i], b = v[i + half];
+            v[i] = a * cos[i] - b * sin[i];
+            v[i + half] = b * cos[i + half] + a * sin[i + half];
+        }
+    }
+}
+
+// each head's one query row over the cache's first `len` slots (head h reads kv head h / group); `omp for` over heads
+template <typename C>
+void attend(const float* q, const C* k, const C* v, float* out, long heads, long kv_heads, long len, long capacity,
+            long d, float scale, float* scores) {
+    long group = heads / kv_heads;
+#pragma omp for schedule(static)
+    for (long h = 0; h < heads; h++) {
+        const C* kh = k + (h / group) * capacity * d;
+        const C* vh = v + (h / group) * capacity * d;
+        float* sc = scores + h * len;
+        float m = -INFINITY;
+        for (long j = 0; j < len; j++) {
+            __m512 acc = _mm512_setzero_ps();
+            for (long c = 0; c < d; c += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * d + c), widen16(kh + j * d + c), acc);
+            sc[j] = _mm512_reduce_add_ps(acc) * scale;
+            m = sc[j] > m ? sc[j] : m;
+        }
+        float sum = 0.0f;
+        for (long j = 0; j < len; j++) sum += (sc[j] = expf(sc[j] - m));
+        float inv = 1.0f / sum;
+        float* o = out + h * d;
+        for (long c = 0; c < d; c += 16) {
+            __m512 acc = _mm512_setzero_ps();
+            for (long j = 0; j < len; j++) acc = _mm512_fmadd_ps(_mm512_set1_ps(sc[j]), widen16(vh + j * d + c), acc);
+            _mm512_storeu_ps(o + c, _mm512_mul_ps(acc, _mm512_set1_ps(inv)));
+        }
+    }
+}
+
+struct Shape {
+    long hidden, heads, kv_heads, d, ffn, capacity;
+    float eps, scale;
+};
+
+// per layer, 7 pointers: norm1 (float), qkv codes, qkv bias (float or null), o codes, norm2 (float), gate/up codes,
+// down codes; the cache: per layer its K and V, [kv_heads, capacity, d] in the model's dtype
+template <typename C>
+void lean_step(float* h, long layers, void* const* params, C* const* keys, C* const* values, long pos,
+               const float* cos, const float* sin, const Shape& s) {
+    long q_size = s.heads * s.d, kv_size = s.kv_heads * s.d, len = pos + 1;
+    std::vector<float> x(s.hidden), qkv(q_size + 2 * kv_size), a(q_size), gu(2 * s.ffn), act(s.ffn),
+        proj(s.hidden > s.ffn ? s.hidden : s.ffn), scores(s.heads * len);
+    long widest = s.hidden > s.ffn ? s.hidden : s.ffn;
+    Quantized qa(1, widest > q_size ? widest : q_size);  // room for every product's input
+#pragma omp parallel
+    for (long l = 0; l < layers; l++) {
+        void* const* p = params + 7 * l;
+#pragma omp single
+        {
+            rms_norm(h, (const float*)p[0], x.data(), s.hidden, s.eps);
+            qa.rows(x.data(), 1, s.hidden);
+        }
+        blocks<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[1], qkv.data(), 1, s.hidden,
+                      q_size + 2 * kv_size);
+#pragma omp single
+        {
+            if (p[2]) for (long i = 0; i < q_size + 2 * kv_size; i++) qkv[i] += ((const float*)p[2])[i];
+            float *k = qkv.data() + q_size, *v = k + kv_size;
+            rope(qkv.data(), s.heads, s.d, cos, sin);
+            rope(k, s.kv_heads, s.d, cos, sin);
+            for (long g = 0; g < s.kv_heads; g++)
+                for (long c = 0; c < s.d; c += 16) {
+                    store16(keys[l] + (g * s.capacity + pos) * s.d + c, _mm512_loadu_ps(k + g * s.d + c));
+                    store16(values[l] + (g * s.capacity + pos) * s.d + c, _mm512_loadu_ps(v + g * s.d + c));
+                }
+        }
+        attend(qkv.data(), keys[l], values[l], a.data(), s.heads, s.kv_heads, len, s.capacity, s.d, s.scale,
+               scores.data());
+#pragma omp single
+        qa.rows(a.data(), 1, q_size);
+        blocks<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[3], proj.data(), 1, q_size,
+                      s.hidden);
+#pragma omp single
+        {
+            for (long i = 0; i < s.hidden; i++) h[i] += proj[i];
+            rms_norm(h, (const float*)p[4], x.data(), s.hidden, s.eps);
+            qa.rows(x.data(), 1, s.hidden);
+        }
+        blocks<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[5], gu.data(), 1, s.hidden,
+                      2 * s.ffn);
+#pragma omp single
+        {
+            for (long i = 0; i < s.ffn; i += 16) {  // silu(gate) * up
+                __m512 g = _mm512_loadu_ps(&gu[i]);
+                __m512 sig = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+                _mm512_storeu_ps(&act[i], _mm512_mul_ps(sig, _mm512_loadu_ps(&gu[s.ffn + i])));
+            }
+            qa.rows(act.data(), 1, s.ffn);
+        }
+        blocks<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[6], proj.data(), 1, s.ffn,
+                      s.hidden);
+#pragma omp single
+        for (long i = 0; i < s.hidden; i++) h[i] += proj[i];
+    }
+}
+
 }  // namespace
 
 extern "C" {
+// the draft's one-token step over every layer: h (float, the token's embedding) in, the last layer's output out
+void lean_step_bf16(float* h, long layers, void* const* params, uint16_t* const* keys, uint16_t* const* values,
+                    long pos, const float* cos, const float* sin, long hidden, long heads, long kv_heads, long d,
+                    long ffn, long capacity, float eps, float scale) {
+    lean_step(h, layers, params, keys, values, pos, cos, sin, Shape{hidden, heads, kv_heads, d, ffn, capacity, eps, scale});
+}
+void lean_step_f32(float* h, long layers, void* const* params, float* const* keys, float* const* values, long pos,
+                   const float* cos, const float* sin, long hidden, long heads, long kv_heads, long d, long ffn,
+                   long capacity, float eps, float scale) {
+    lean_step(h, layers, params, keys, values, pos, cos, sin, Shape{hidden, heads, kv_heads, d, ffn, capacity, eps, scale});
+}
 // x: n rows of k (k a multiple of 32); w: o outputs packed (o a multiple of 8); y: n rows of o
 void w4a8_bf16(const uint16_t* x, const uint8_t* w, uint16_t* y, long n, long k, long o) { product(x, w, y, n, k, o); }
 void w4a8_f32(const float* x, const uint8_t* w, float* y, long n, long k, long o) { product(x, w, y, n, k, o); }

@@ -39,6 +39,10 @@ def library() -> ctypes.CDLL | None:
         for fn in (lib.w4a8_bf16, lib.w4a8_f32):
             fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 3
             fn.restype = None
+        for fn in (lib.lean_step_bf16, lib.lean_step_f32):
+            fn.argtypes = [ctypes.c_void_p, ctypes.c_long] + [ctypes.c_void_p] * 3 + [ctypes.c_long] \
+                + [ctypes.c_void_p] * 2 + [ctypes.c_long] * 6 + [ctypes.c_float] * 2
+            fn.restype = None
     return lib
 
 
@@ -74,3 +78,28 @@ class W4A8:
         fn = self.lib.w4a8_bf16 if dtype == torch.bfloat16 else self.lib.w4a8_f32
         fn(x.data_ptr(), self.packed.data_ptr(), y.data_ptr(), x.shape[0], self.width, self.out)
         return y
+
+
+class LeanStep:
+    """A lean draft's whole one-token step in one call (`lean_step` in w4a8.cpp): every layer's norms, products (on
+    this kernel), rotary embedding, K/V written into the cache in place, attention and residuals, in one parallel
+    region. `layers`: per layer (norm1, qkv, qkv bias or None, o, norm2, gate/up, down), the products as packed codes
+    and the rest as float32 tensors, kept here so that the pointers stay valid."""
+
+    def __init__(self, layers: list[tuple], hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int,
+                 eps: float, scale: float, lib: ctypes.CDLL):
+        self.kept = [t for layer in layers for t in layer if t is not None]
+        pointers = [None if t is None else t.data_ptr() for layer in layers for t in layer]
+        self.params = (ctypes.c_void_p * len(pointers))(*pointers)
+        self.layers, self.shape = len(layers), (hidden, heads, kv_heads, head_dim, ffn)
+        self.eps, self.scale, self.lib = eps, scale, lib
+
+    def __call__(self, h: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], position: int,
+                 cos: torch.Tensor, sin: torch.Tensor, capacity: int) -> None:
+        """h: the token's embedding, float32 [hidden], in place the last layer's output; keys/values: per layer
+        [1, kv_heads, capacity, head_dim] in the model's dtype, the token's written at `position`."""
+        fn = self.lib.lean_step_bf16 if keys[0].dtype == torch.bfloat16 else self.lib.lean_step_f32
+        ks = (ctypes.c_void_p * self.layers)(*[k.data_ptr() for k in keys])
+        vs = (ctypes.c_void_p * self.layers)(*[v.data_ptr() for v in values])
+        fn(h.data_ptr(), self.layers, ctypes.addressof(self.params), ctypes.addressof(ks), ctypes.addressof(vs),
+           position, cos.data_ptr(), sin.data_ptr(), *self.shape, capacity, self.eps, self.scale)

@@ -22,6 +22,8 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from specviz.kernels import w4a8
+from specviz.kernels.w4a8 import LeanStep
 from specviz.models.draft.quantized import DraftQuant, quantize_linear, supports
 from specviz.models.draft.vocab import quantize_head
 
@@ -101,12 +103,51 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
     return x * cos + rotated * sin
 
 
+class LeanCache:
+    """The lean draft's KV cache: each layer's keys and values in buffers sized up front ([1, kv_heads, capacity,
+    head_dim], doubled when a run outgrows them), so that its fused step writes a token's K/V in place; read and cut as
+    transformers' caches are (`update`, `get_seq_length`, `crop`)."""
+
+    def __init__(self, layers: int, kv_heads: int, head_dim: int, capacity: int, dtype: torch.dtype):
+        self.keys = [torch.zeros(1, kv_heads, capacity, head_dim, dtype=dtype) for _ in range(layers)]
+        self.values = [torch.zeros_like(k) for k in self.keys]
+        self.lengths = [0] * layers
+
+    @property
+    def capacity(self) -> int:
+        return self.keys[0].shape[2]
+
+    def get_seq_length(self, layer: int = 0) -> int:
+        return self.lengths[layer]
+
+    def crop(self, max_length: int) -> None:
+        """Keep the first `max_length` tokens (negative: drop that many), as DynamicCache.crop."""
+        keep = max_length if max_length >= 0 else self.lengths[0] + max_length
+        self.lengths = [min(n, keep) for n in self.lengths]
+
+    def room(self, tokens: int) -> None:
+        """At least `tokens` slots (a copy into buffers twice as large, where needed)."""
+        if tokens > self.capacity:
+            size = max(tokens, 2 * self.capacity)
+            grow = lambda t: torch.cat([t, t.new_zeros(*t.shape[:2], size - t.shape[2], t.shape[3])], 2)  # noqa: E731
+            self.keys, self.values = [grow(k) for k in self.keys], [grow(v) for v in self.values]
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        start = self.lengths[index]
+        end = start + k.shape[2]
+        self.room(end)
+        self.keys[index][:, :, start:end], self.values[index][:, :, start:end] = k, v
+        self.lengths[index] = end
+        return self.keys[index][:, :, :end], self.values[index][:, :, :end]
+
+
 class LeanDraft(nn.Module):
     """Callable like a Hugging Face causal LM for what the drafter uses:
     `model(ids, cache=cache, use_cache=True, logits_to_keep=1).logits` (or `past_key_values=`, the name before
     transformers 5.24)."""
 
     cache_keyword = "cache"  # what the engine passes it (`compat.cache_keyword`)
+    CAPACITY = 256  # a new cache's slots unless told more (`new_cache`)
 
     def __init__(self, model: nn.Module, spec: DraftQuant, vocab_ids: torch.Tensor | None = None):
         super().__init__()
@@ -122,6 +163,20 @@ class LeanDraft(nn.Module):
     @property
     def device(self) -> torch.device:
         return self.embed.weight.device
+
+    def new_cache(self, tokens: int = 0) -> LeanCache:
+        """The cache the engine gives this draft (`plumbing.new_cache`): room for `tokens` up front."""
+        attn = self.layers[0]
+        return LeanCache(len(self.layers), attn.kv_size // attn.head_dim, attn.head_dim, max(tokens, self.CAPACITY),
+                         self.dtype)
+
+    def fused(self) -> LeanStep | None:
+        """The whole one-token step in one call (`kernels.w4a8.LeanStep`), where every layer's products run on the
+        4-bit x 8-bit kernel for one row (the plan the dispatcher chose: `models.kernels.TunedLinear`); made at its
+        first use, on the draft as tuned. None elsewhere: the layers run one op at a time."""
+        if "_fused" not in self.__dict__:
+            self.__dict__["_fused"] = fused_step(self)
+        return self.__dict__["_fused"]
 
     @property
     def dtype(self) -> torch.dtype:
@@ -139,6 +194,9 @@ class LeanDraft(nn.Module):
             from transformers import DynamicCache
             cache = DynamicCache()
         t = input_ids.shape[1]
+        if t == 1 and attention_mask is None and position_ids is None and isinstance(cache, LeanCache) \
+                and (step := self.fused()) is not None:
+            return self.fused_forward(step, input_ids, cache, logits_to_keep, use_cache)
         past = cache.get_seq_length()
         positions = torch.arange(past, past + t, device=input_ids.device)[None] if position_ids is None else position_ids
         h = self.embed(input_ids)
@@ -150,6 +208,41 @@ class LeanDraft(nn.Module):
             h = layer(h, cos, sin, cache, mask)
         h = F.rms_norm(h[:, -logits_to_keep:] if logits_to_keep else h, (h.shape[-1],), self.norm, self.eps)
         return SimpleNamespace(logits=self.lm_head(h), cache=cache if use_cache else None)
+
+
+    def fused_forward(self, step: LeanStep, input_ids: torch.Tensor, cache: LeanCache, logits_to_keep: int,
+                      use_cache: bool) -> SimpleNamespace:
+        position = cache.get_seq_length()
+        cache.room(position + 1)
+        h = self.embed(input_ids)[0, 0].float().contiguous()
+        cos, sin = (c[0, 0].float().contiguous() for c in self.rotary(h[None, None], torch.tensor([[position]])))
+        step(h, cache.keys, cache.values, position, cos, sin, cache.capacity)
+        cache.lengths = [position + 1] * len(cache.lengths)
+        h = F.rms_norm(h.to(self.dtype)[None, None], (h.shape[-1],), self.norm, self.eps)
+        return SimpleNamespace(logits=self.lm_head(h), cache=cache if use_cache else None)
+
+
+def fused_step(draft: LeanDraft) -> LeanStep | None:
+    """`LeanDraft.fused`'s step, or None where a layer's products do not all run on the 4-bit x 8-bit kernel."""
+    from specviz.models.kernels import TunedLinear
+    from specviz.models.plans import lookup
+
+    lib = w4a8.library()
+    codes = lambda m: m.inner.w4a8_packed if isinstance(m, TunedLinear) and m.plan and \
+        lookup(m.plan, 1).kernel == "w4a8" else None  # noqa: E731 (one row on the kernel: the plan's choice)
+    flat = lambda t: None if t is None else t.detach().float().contiguous()  # noqa: E731
+    layers = []
+    for layer in draft.layers:
+        products = [codes(m) for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
+        if lib is None or any(p is None for p in products) or layer.o.bias is not None or layer.gate_up.bias is not None:
+            return None
+        qkv, o, gate_up, down = products
+        layers.append((flat(layer.norm1), qkv, flat(layer.qkv.bias), o, flat(layer.norm2), gate_up, down))
+    first = draft.layers[0]
+    if any(n % w4a8.GROUP for n in (draft.embed.weight.shape[1], first.q_size, first.ffn)) or first.head_dim % 16:
+        return None  # (the step's vectors: 16 floats; its activations: blocks of 32)
+    return LeanStep(layers, draft.embed.weight.shape[1], first.q_size // first.head_dim, first.kv_size // first.head_dim,
+                    first.head_dim, first.ffn, first.eps, first.scaling, lib)
 
 
 def release_replaced(model: nn.Module) -> int:
