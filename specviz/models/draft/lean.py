@@ -224,12 +224,13 @@ class LeanDraft(nn.Module):
 
 def fused_step(draft: LeanDraft) -> LeanStep | None:
     """`LeanDraft.fused`'s step, or None where a layer's products do not all run on the 4-bit x 8-bit kernel."""
-    from specviz.models.kernels import TunedLinear
     from specviz.models.plans import lookup
 
     lib = w4a8.library()
-    codes = lambda m: m.inner.w4a8_packed if isinstance(m, TunedLinear) and m.plan and \
-        lookup(m.plan, 1).kernel == "w4a8" else None  # noqa: E731 (one row on the kernel: the plan's choice)
+    # a tuned linear (`kernels.TunedLinear`, read by its plan: the dispatcher builds on this module) whose one row the
+    # plan puts on the kernel
+    codes = lambda m: m.inner.w4a8_packed if getattr(m, "plan", None) and \
+        lookup(m.plan, 1).kernel == "w4a8" else None  # noqa: E731
     flat = lambda t: None if t is None else t.detach().float().contiguous()  # noqa: E731
     layers = []
     for layer in draft.layers:
