@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -80,19 +81,34 @@ class W4A8:
         return y
 
 
+@dataclass(frozen=True)
+class LayerShape:
+    """A decoder layer's sizes as `lean_step` reads them (in its argument order), and its norm's epsilon and
+    attention's scale."""
+
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    ffn: int
+    eps: float
+    scale: float
+
+    def sizes(self) -> tuple[int, int, int, int, int]:
+        return self.hidden, self.heads, self.kv_heads, self.head_dim, self.ffn
+
+
 class LeanStep:
     """A lean draft's whole one-token step in one call (`lean_step` in w4a8.cpp): every layer's norms, products (on
     this kernel), rotary embedding, K/V written into the cache in place, attention and residuals, in one parallel
     region. `layers`: per layer (norm1, qkv, qkv bias or None, o, norm2, gate/up, down), the products as packed codes
     and the rest as float32 tensors, kept here so that the pointers stay valid."""
 
-    def __init__(self, layers: list[tuple], hidden: int, heads: int, kv_heads: int, head_dim: int, ffn: int,
-                 eps: float, scale: float, lib: ctypes.CDLL):
+    def __init__(self, layers: list[tuple], shape: LayerShape, lib: ctypes.CDLL):
         self.kept = [t for layer in layers for t in layer if t is not None]
         pointers = [None if t is None else t.data_ptr() for layer in layers for t in layer]
         self.params = (ctypes.c_void_p * len(pointers))(*pointers)
-        self.layers, self.shape = len(layers), (hidden, heads, kv_heads, head_dim, ffn)
-        self.eps, self.scale, self.lib = eps, scale, lib
+        self.layers, self.shape, self.lib = len(layers), shape, lib
 
     def __call__(self, h: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], position: int,
                  cos: torch.Tensor, sin: torch.Tensor, capacity: int) -> None:
@@ -102,4 +118,5 @@ class LeanStep:
         ks = (ctypes.c_void_p * self.layers)(*[k.data_ptr() for k in keys])
         vs = (ctypes.c_void_p * self.layers)(*[v.data_ptr() for v in values])
         fn(h.data_ptr(), self.layers, ctypes.addressof(self.params), ctypes.addressof(ks), ctypes.addressof(vs),
-           position, cos.data_ptr(), sin.data_ptr(), *self.shape, capacity, self.eps, self.scale)
+           position, cos.data_ptr(), sin.data_ptr(), *self.shape.sizes(), capacity, self.shape.eps,
+           self.shape.scale)

@@ -7,7 +7,9 @@ it lands mostly on the target-alone lane's next step and inflates the speedup sh
 race waits until the other tasks on the machine have been runnable a quarter of the time or less for a short window (Linux's
 run queue, /proc/loadavg), at most `cap` seconds. Where the run queue cannot be read (another OS), it does not wait; where the machine stays
 busy past the cap (other work, not the page), the next forward runs all the same, and the race's step check
-(`runs.race.stray_note`) reports a lane its measure did not hold for.
+(`runs.race.stray_note`) reports a lane its measure did not hold for. A run whose waits ran to the cap `patience`
+times in a row stops waiting (`Quiet.for_run`): the machine is busy with other work (a workshop's other visitors),
+which waiting cannot end, and would only make every visitor slower.
 """
 
 from __future__ import annotations
@@ -41,6 +43,7 @@ class Quiet:
     window: float = 0.05  # three 60 Hz frames: a paint waiting for its frame is not missed
     poll: float = 0.001
     busy: float = 0.25
+    patience: int = 2  # waits in a row that ran to the cap, after which a run stops waiting
 
     def settle(self, count: Callable[[], int | None] = runnable, clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep) -> bool:
@@ -56,3 +59,16 @@ class Quiet:
                 return True
             sleep(self.poll)
         return False
+
+    def for_run(self, **machine) -> Callable[[], bool]:
+        """`settle` for one run: after `patience` waits in a row ran to the cap, it returns at once (False) for the
+        rest of the run. `machine`: `settle`'s count, clock and sleep (tests)."""
+        capped = [0]
+
+        def settle() -> bool:
+            if capped[0] >= self.patience:
+                return False
+            quiet = self.settle(**machine)
+            capped[0] = 0 if quiet else capped[0] + 1
+            return quiet
+        return settle

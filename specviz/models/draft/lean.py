@@ -242,8 +242,9 @@ def fused_step(draft: LeanDraft) -> LeanStep | None:
     first = draft.layers[0]
     if any(n % w4a8.GROUP for n in (draft.embed.weight.shape[1], first.q_size, first.ffn)) or first.head_dim % 16:
         return None  # (the step's vectors: 16 floats; its activations: blocks of 32)
-    return LeanStep(layers, draft.embed.weight.shape[1], first.q_size // first.head_dim, first.kv_size // first.head_dim,
-                    first.head_dim, first.ffn, first.eps, first.scaling, lib)
+    shape = w4a8.LayerShape(draft.embed.weight.shape[1], first.q_size // first.head_dim,
+                            first.kv_size // first.head_dim, first.head_dim, first.ffn, first.eps, first.scaling)
+    return LeanStep(layers, shape, lib)
 
 
 def release_replaced(model: nn.Module) -> int:
