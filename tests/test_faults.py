@@ -255,8 +255,9 @@ def test_two_processes_preparing_at_once_convert_once_and_both_load_it(tmp_path,
 
 
 def test_a_half_dtype_copy_holds_what_a_load_in_that_dtype_computes_and_is_written_whole(tmp_path, monkeypatch):
-    """The bf16 copy a bf16 load reads (in shards, not the float32 file mapped whole: the load's peak) has the very
-    weights a bf16 load of the float32 copy gets; it is recorded like the float32 one and made once."""
+    """The bf16 copy a bf16 load reads is made straight from the GGUF (no float32 copy on disk unless a float32 run
+    asks), and has the very weights a bf16 load of the float32 copy gets, as does the copy cast from a cached float32
+    one (in shards, not the float32 file mapped whole: the load's peak); each recorded and made once."""
     from transformers import AutoModelForCausalLM
 
     from specviz.models import loading
@@ -271,9 +272,11 @@ def test_a_half_dtype_copy_holds_what_a_load_in_that_dtype_computes_and_is_writt
     lines = []
     folder = loading.prepare_embedded(model, lines.append, dtype=torch.bfloat16)
     assert folder == converted_dir(model, torch.bfloat16) != converted_dir(model)
-    assert is_converted(model, torch.bfloat16)
+    assert is_converted(model, torch.bfloat16) and not is_converted(model)  # no float32 copy made for it
     assert loading.prepare_embedded(model, lines.append, dtype=torch.bfloat16) == folder
     assert sum("bfloat16 copy" in line for line in lines) == 1  # made once
+    assert loading.prepare_embedded(model, lines.append) == converted_dir(model)  # float32 when first asked for
+    assert is_converted(model) and sum("float32 copy" in line for line in lines) == 1
     sharded = tmp_path / "sharded"
     sharded.mkdir()
     cast_folder(converted_dir(model), sharded, torch.bfloat16, shard_bytes=20_000)
@@ -282,6 +285,24 @@ def test_a_half_dtype_copy_holds_what_a_load_in_that_dtype_computes_and_is_writt
     for copy in (folder, sharded):
         got = AutoModelForCausalLM.from_pretrained(copy, dtype=torch.bfloat16, disable_mmap=True).state_dict()
         assert got.keys() == cast.keys() and all(torch.equal(got[k], cast[k]) for k in cast)
+
+
+def test_a_half_copy_is_cast_from_a_cached_float32_copy_not_converted_again(tmp_path, monkeypatch):
+    from specviz.models import loading
+    from specviz.models.embedded import EmbeddedModel, converted_dir, is_converted
+    from specviz.models.tiny import tiny_model, tiny_tokenizer
+
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
+    model = EmbeddedModel("target", "a test model", (), "1", "m.gguf", 1, "f" * 64)
+    conversions = []
+    monkeypatch.setattr(loading, "assemble", lambda m, progress=True: tmp_path / "m.gguf")
+    monkeypatch.setattr(loading, "_from_pretrained",
+                        lambda *a, **k: conversions.append(1) or (tiny_model(0, 64), tiny_tokenizer()))
+    lines = []
+    loading.prepare_embedded(model, lines.append)
+    assert loading.prepare_embedded(model, lines.append, dtype=torch.bfloat16) == converted_dir(model, torch.bfloat16)
+    assert conversions == [1] and is_converted(model, torch.bfloat16)
+    assert any(line.startswith("Writing a bfloat16 copy") for line in lines)
 
 
 # what a run measures once per machine (kernel tables, the dtype, compiled step probes) is not what these tests are

@@ -491,7 +491,9 @@ def test_the_dockerfile_runs_commands_this_codebase_has():
     assert re.search(r"^USER (?!root)\S+", text, re.MULTILINE)  # the server does not run as root
 
 
-def test_only_an_unconverted_cache_asks_for_the_chunk_packages(tmp_path, monkeypatch, capsys):
+def test_only_a_cache_without_the_verified_gguf_asks_for_the_chunk_packages(tmp_path, monkeypatch, capsys):
+    """setup.sh installs the chunk packages only for a model whose joined, verified GGUF the cache lacks, and
+    uninstalls them after: every copy in any dtype is made from that file."""
     monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))  # empty, as in the image's build or a first setup
     assert main(["prepare", "--requirements"]) == 0
     pins = capsys.readouterr().out.split()
@@ -500,11 +502,36 @@ def test_only_an_unconverted_cache_asks_for_the_chunk_packages(tmp_path, monkeyp
     embedded.converted_dir(draft).mkdir(parents=True)
     (embedded.converted_dir(draft) / "SOURCE_SHA256").write_text(draft.sha256)
     main(["prepare", "--requirements"])
-    # the draft's chunks are never read again
+    assert capsys.readouterr().out.split() == pins  # a converted copy alone: another dtype would need the GGUF
+    path = embedded.gguf_path(draft)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(b"gguf")
+    path.with_name(path.name + ".verified").write_text(embedded._stamp_text(draft, path))
+    main(["prepare", "--requirements"])
     assert capsys.readouterr().out.split() == target.requirements() + other.requirements()
-    (embedded.converted_dir(draft) / "SOURCE_SHA256").write_text("0" * 64)  # converted from another file
+    path.write_bytes(b"changed")  # not the file that was verified
     main(["prepare", "--requirements"])
     assert capsys.readouterr().out.split() == pins
+
+
+def test_prepare_status_lists_the_cache_and_prune_deletes_only_what_auto_does_not_run(tmp_path, monkeypatch, capsys):
+    from specviz.commands import prepare
+
+    monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
+    monkeypatch.setattr(prepare, "dtypes", lambda names=("auto",): (torch.bfloat16,))
+    draft = embedded.EMBEDDED_MODELS[0]
+    for dtype in (torch.float32, torch.bfloat16):
+        folder = embedded.converted_dir(draft, dtype)
+        folder.mkdir(parents=True)
+        (folder / "SOURCE_SHA256").write_text(draft.sha256)
+        (folder / "model.safetensors").write_bytes(b"x" * 1000)
+    assert main(["prepare", "--status"]) == 0
+    out = capsys.readouterr().out
+    assert "draft in float32, optional" in out and "draft in bfloat16, what runs here use" in out
+    assert main(["prepare", "--prune"]) == 0
+    out = capsys.readouterr().out
+    assert "freed 0.00 GB" in out and "float32" not in out.split("freed")[1]
+    assert not embedded.converted_dir(draft).exists() and embedded.is_converted(draft, torch.bfloat16)
 
 
 def test_a_load_warms_both_models_before_the_first_click():
@@ -535,9 +562,10 @@ def test_prepare_converts_two_models_at_once_only_with_two_cores_and_the_memory_
     assert prepare.at_once(2, 12 * gib) == 2 and prepare.at_once(16, 64 * gib) == 2
     assert prepare.at_once(1, 64 * gib) == 1 and prepare.at_once(2, 12 * gib - 1) == 1
     seen = []
-    monkeypatch.setattr(prepare, "prepare_one", seen.append)
+    monkeypatch.setattr(prepare, "prepare_one", lambda folder, names: seen.append(folder))
     monkeypatch.setattr(prepare, "at_once", lambda cpus, free: 1)
-    assert prepare.cmd_prepare(Namespace(requirements=False, verify=False)) == 0
+    monkeypatch.setattr(prepare, "dtypes", lambda names=("auto",): (torch.bfloat16,))
+    assert prepare.cmd_prepare(Namespace(requirements=False, verify=False, status=False, prune=False, dtype=None)) == 0
     assert seen == ["target", "draft", "smollm2"]
 
 

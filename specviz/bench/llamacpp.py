@@ -173,13 +173,15 @@ def chat_text(tokenizer, prompt: str) -> str:
 def target_tokenizer(source: str | None, gguf: Path):
     """The target's tokenizer, for its chat template: the embedded model's converted copy when the cache has one
     (what specviz itself loaded), else read from the GGUF file by transformers."""
+    import torch
     from transformers import AutoTokenizer
 
     from specviz.models.embedded import converted_dir, embedded_model, is_converted
 
     embedded = embedded_model(source, "target")
-    if embedded is not None and is_converted(embedded):
-        return AutoTokenizer.from_pretrained(converted_dir(embedded))
+    for dtype in (None, torch.bfloat16) if embedded is not None else ():
+        if is_converted(embedded, dtype):  # (every copy has the same tokenizer)
+            return AutoTokenizer.from_pretrained(converted_dir(embedded, dtype))
     return AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
 
 

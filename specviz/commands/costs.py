@@ -31,8 +31,10 @@ def register(sub) -> None:
     p.add_argument("--prompt-tokens", type=int, default=128, help="the context every step is measured at")
     p.add_argument("--reps", type=int, default=9, help="timed repetitions per size (the median is kept)")
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the report as JSON")
+    # without --draft/--target: random weights in Qwen2.5 0.5B -> 7B shapes on a GPU, the embedded pair's
+    # (0.5B -> 1.5B) on a CPU, where the 7B's 15 GB in bf16 and a packed copy would not fit a 24 GiB machine
     add_options(p.add_argument_group("models"), PairSpec, several=("step",), defaults={
-        "step": "eager,compiled", "draft": "synthetic:qwen2.5-0.5b", "target": "synthetic:qwen2.5-7b"})
+        "step": "eager,compiled", "draft": None, "target": None})
     p.set_defaults(func=cmd_costs)
 
 
@@ -56,7 +58,13 @@ def cmd_costs(args) -> int:
     from specviz.models.loading import load_pair, with_speedups
     from specviz.models.synthetic import prompt_ids
 
+    from specviz.models.memory import check_fits
+    from specviz.models.pair import resolve_device
+
     steps = several_values(args.step)
+    gpu = resolve_device(args.device).type == "cuda"
+    args.draft = args.draft or "synthetic:qwen2.5-0.5b"
+    args.target = args.target or ("synthetic:qwen2.5-7b" if gpu else "synthetic:qwen2.5-1.5b")
     spec = validate(PairSpec, {**values_of(args, PairSpec), "step": "eager"})
     for s in steps:
         validate(PairSpec, {**values_of(args, PairSpec), "step": s})  # each mode named is a valid one
@@ -66,6 +74,7 @@ def cmd_costs(args) -> int:
     settings = CostSettings(args.max_verify, args.reps, tuple(map(int, several_values(args.forced_k))),
                             args.forced_tokens, args.prompt_tokens)
     status = lambda s: print(s, file=sys.stderr)  # noqa: E731
+    check_fits(spec)  # one sentence before any weight is made, not the OS's kill after
     loaded = load_pair(spec.draft, spec.target, device=spec.device, dtype=spec.dtype, device_map=spec.device_map,
                        trust_remote_code=spec.trust_remote_code, status=status)
     eager = with_speedups(loaded, spec, status)

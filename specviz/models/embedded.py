@@ -73,7 +73,7 @@ def embedded_model(source: str | None, role: str) -> EmbeddedModel | None:
 
 def converted_dir(model: EmbeddedModel, dtype=None) -> Path:
     """The safetensors copy made once from the verified GGUF (see loading.prepare_embedded): float32 (the dequantized
-    values exactly; `dtype` None or float32), or a half dtype's copy cast from it."""
+    values exactly; `dtype` None or float32), or a half dtype's copy of those values cast."""
     name = str(dtype).removeprefix("torch.")
     return cache_dir() / "converted" / (model.folder if dtype is None or name == "float32" else f"{model.folder}-{name}")
 
@@ -129,17 +129,29 @@ def check(model: EmbeddedModel, path: Path, progress: bool = True) -> None:
         )
 
 
+def gguf_path(model: EmbeddedModel) -> Path:
+    """Where `assemble` keeps the joined, verified GGUF file."""
+    return cache_dir() / "embedded" / model.folder / model.filename
+
+
+def has_gguf(model: EmbeddedModel) -> bool:
+    """True when the cache holds the joined GGUF, verified and unchanged since: every copy can be made from it, so
+    the chunk packages are not needed again."""
+    path = gguf_path(model)
+    stamp = path.with_name(path.name + ".verified")
+    return path.exists() and stamp.exists() and stamp.read_text() == _stamp_text(model, path)
+
+
 def assemble(model: EmbeddedModel, progress: bool = True) -> Path:
     """Join the chunks into one verified GGUF file in the cache; reuse it on later starts.
 
     A verified file is marked with a `.verified` stamp holding its sha256, so a second start
     skips the minute-long hash only when the file is unchanged in size and mtime.
     """
-    folder = cache_dir() / "embedded" / model.folder
-    folder.mkdir(parents=True, exist_ok=True)
-    target = folder / model.filename
-    stamp = folder / (model.filename + ".verified")
-    if target.exists() and stamp.exists() and stamp.read_text() == _stamp_text(model, target):
+    target = gguf_path(model)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    stamp = target.with_name(target.name + ".verified")
+    if has_gguf(model):
         return target
     chunks = chunk_files(model)
     partial = target.with_name(f".{target.name}.{os.getpid()}.partial")  # its own name: two processes never share one

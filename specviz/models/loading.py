@@ -106,27 +106,28 @@ def progress_bars(shown: bool) -> Iterator[None]:
 
 def prepare_embedded(model: EmbeddedModel, status: Status = log.info, progress: bool = True,
                      dtype: torch.dtype = torch.float32) -> Path:
-    """Assemble + verify the GGUF, then cache a float32 safetensors copy so later starts take seconds, and for a half
-    `dtype` a copy in it cast from the float32 one (what a load in that dtype would compute; its load maps 3.5 GB
-    instead of the float32 copy's 7 GB: the load's peak memory).
+    """Assemble + verify the GGUF, then cache a safetensors copy in `dtype` (float32 for a dtype without a copy of
+    its own) so later starts take seconds; returns its folder.
 
-    float32 keeps the dequantized GGUF values exactly; any other dtype is cast from it.
-    Returns the folder of the converted copy in `dtype` (float32 for a dtype without a copy of its own).
+    float32 keeps the dequantized GGUF values exactly; a half dtype's copy holds those values cast (what a load in
+    that dtype would compute; its load maps 3.5 GB instead of the float32 copy's 7 GB: the load's peak). The half
+    copy is cast from the float32 one where that is cached, else converted straight from the GGUF: the float32
+    copy, twice the bytes, is made only when a float32 run first asks for it.
     """
-    converted = converted_dir(model)
-    if not is_converted(model):
-        _convert(model, converted, status, progress)
-    if dtype not in (torch.bfloat16, torch.float16):
-        return converted
-    half = converted_dir(model, dtype)
-    if not is_converted(model, dtype):
-        with _staging(half) as staging, FileLock(half.parent / f".{half.name}.lock"):
+    half = dtype in (torch.bfloat16, torch.float16)
+    dest = converted_dir(model, dtype if half else None)
+    if is_converted(model, dtype if half else None):
+        return dest
+    if half and is_converted(model):
+        with _staging(dest) as staging, FileLock(dest.parent / f".{dest.name}.lock"):
             if not is_converted(model, dtype):
                 status(f"Writing a {str(dtype).removeprefix('torch.')} copy of {model.name} once…")
-                cast_folder(converted, staging, dtype)
+                cast_folder(converted_dir(model), staging, dtype)
                 write_manifest(staging, model.sha256)
-                replace_folder(staging, half)
-    return half
+                replace_folder(staging, dest)
+        return dest
+    _convert(model, dest, status, progress, dtype if half else torch.float32)
+    return dest
 
 
 @contextmanager
@@ -140,23 +141,27 @@ def _staging(dest: Path):
         shutil.rmtree(staging, ignore_errors=True)
 
 
-def _convert(model: EmbeddedModel, converted: Path, status: Status, progress: bool) -> None:
-    """The float32 copy, converted from the GGUF; two processes preparing at once: one converts, the other waits and
-    then finds it converted."""
-    with _staging(converted) as staging, FileLock(converted.parent / f".{model.folder}.lock"):
-        if is_converted(model):
+def _convert(model: EmbeddedModel, dest: Path, status: Status, progress: bool, dtype: torch.dtype) -> None:
+    """The copy in `dest`, converted from the GGUF (dequantized in float32, then cast where `dtype` is a half one);
+    two processes preparing at once: one converts, the other waits and then finds it converted."""
+    half = dtype != torch.float32
+    with _staging(dest) as staging, FileLock(dest.parent / f".{dest.name}.lock"):
+        if is_converted(model, dtype if half else None):
             return
         status(f"Assembling and verifying the embedded {model.role} ({model.name})…")
         gguf = assemble(model, progress=progress)
-        status(f"Converting {model.name} from GGUF once (about a minute)…")
+        status(f"Converting {model.name} from GGUF once: a {str(dtype).removeprefix('torch.')} copy "
+               f"(about a minute)…")
         m, tok = _from_pretrained(str(gguf), torch.float32, trust_remote_code=False, progress=progress)
         m.hf_quantizer = None  # the weights are plain float32 now; GGUF was only the container
         m.config.__dict__.pop("quantization_config", None)
         try:  # written whole beside it, recorded file by file, then renamed into place
+            if half:
+                m.to(dtype)  # as a load in that dtype casts the float32 values (and `cast_folder` does)
             m.save_pretrained(staging)
             tok.save_pretrained(staging)
             write_manifest(staging, model.sha256)
-            replace_folder(staging, converted)
+            replace_folder(staging, dest)
         finally:
             del m
             gc.collect()
@@ -268,9 +273,14 @@ def _display(source: str | None, role: str) -> str:
 
 
 def load_spec(spec: PairSpec, *, loader: Callable[..., ModelPair] = load_pair, status: Status = log.info,
-              progress: bool = True) -> ModelPair:
+              progress: bool = True, fits: Callable[[PairSpec], None] | None = None) -> ModelPair:
     """The pair `spec` names, at the target precision (`spec.target_quant`), with the cheaper draft step
-    (`spec.draft_quant`) and each linear on the kernel measured fastest here (`spec.kernels`), where they apply."""
+    (`spec.draft_quant`) and each linear on the kernel measured fastest here (`spec.kernels`), where they apply.
+    Refused in one sentence before any weight is read where its estimate does not fit the memory free
+    (`memory.check_fits`: a process the OS kills for memory says nothing)."""
+    from specviz.models.memory import check_fits
+
+    (fits or check_fits)(spec)
     pair = loader(spec.draft, spec.target, device=spec.device, dtype=spec.dtype,
                   trust_remote_code=spec.trust_remote_code, device_map=spec.device_map, status=status,
                   progress=progress)

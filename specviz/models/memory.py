@@ -58,9 +58,10 @@ def parameter_count(source: str | None, role: str) -> int | None:
         except ModelLoadError:
             return None  # an unknown shape: the load names the known ones
     if (embedded := embedded_model(source, role)) is not None:
-        if not is_converted(embedded):
+        folders = [converted_dir(embedded, d) for d in (None, torch.bfloat16) if is_converted(embedded, d)]
+        if not folders:  # (any copy's config will do: every dtype has the same parameters)
             return None
-        folder, kw = str(converted_dir(embedded)), {}
+        folder, kw = str(folders[0]), {}
     else:
         try:
             folder, kw = locate(source)
