@@ -86,19 +86,24 @@ def live_run(page, prompt: str, long: int) -> float:
     page.locator("#sv-prompt textarea").dispatch_event("input")
     time.sleep(1.0)
     first = page.evaluate(CLICK_TO_FIRST_ROUND) / 1000
-    page.wait_for_function(LIVE_DONE, timeout=long)
+    page.wait_for_function(LIVE_DONE, polling=500, timeout=long)  # (every frame: the page's own load)
     time.sleep(1.5)
     print(f"click -> first round {first:.2f} s | " + page.inner_text("#sv-live-speed").replace("\n", " | "), flush=True)
     return first
 
 
-def caption(speed: str, path: Path) -> None:
+HERO_TRIES = 4
+STRAY = "is not a measure"  # the app's own label on a race whose lanes ran slower than their steps after the load
+
+
+def caption(speed: str, path: Path, attempts: int = 1) -> None:
     """What the hero screenshot shows, for its caption (the README's `_shot.md`): the machine, the date, the example,
     and that one race's numbers as the Live view printed them (one run: the bench's table holds the measured ones)."""
     ratio = re.search(r"(\d+\.\d+)× (faster|slower)", speed)
     rates = [float(x) for x in re.findall(r"(\d+\.\d+) tok/s", speed)]
     meta = run_meta() | {"command": " ".join(["python scripts/screenshots.py", *sys.argv[1:]])}
-    path.write_text(json.dumps({"meta": meta, "example": "Code (high acceptance)", "speed": speed,
+    path.write_text(json.dumps({"meta": meta, "example": "Code (high acceptance)", "speed": speed, "attempts": attempts,
+                                "measure": STRAY not in speed,
                                 "speedup": float(ratio.group(1)) if ratio else None, "tokens_per_s": rates}, indent=1))
     print("wrote", path, flush=True)
 
@@ -181,10 +186,13 @@ def other_family_shot(page, out: Path, long: int) -> None:
 def live_and_race_shots(page, out: Path, long: int) -> None:
     """live.png (and its caption), presenter.png, race.png, then live_long_prompt.png back on the Live tab."""
     live_run(page, STORY, long)  # the Live view: a story, then the code prompt on screen
-    live_run(page, CODE, long)
+    for attempt in range(1, HERO_TRIES + 1):  # a race the app says is not a measure is run again, as it asks
+        live_run(page, CODE, long)
+        if STRAY not in page.inner_text("#sv-live-speed"):
+            break
     page.screenshot(path=str(out / "live.png"))
     print("wrote", out / "live.png", flush=True)
-    caption(page.inner_text("#sv-live-speed"), out / "live.json")
+    caption(page.inner_text("#sv-live-speed"), out / "live.json", attempt)
     page.click("#sv-presenter-btn")
     time.sleep(1.0)
     page.screenshot(path=str(out / "presenter.png"))

@@ -272,9 +272,10 @@ def test_the_readme_headline_is_a_generated_region():
     out = render.with_regions(text, docs="docs/")
     assert "9.99" not in out and out.startswith("intro\n<!-- docs.py: _headline.md -->\n")
     assert out.endswith("<!-- /docs.py -->\nafter\n")
-    summary = json.loads((REPORTS["bench"] / "cpu2_zen5_fp32_lean.json").read_text())["summary"]
+    summary = json.loads((REPORTS["bench"] / "cpu2_zen4_bf16_1128.json").read_text())["summary"]
     low, high = summary["speedup_ci95"]
     assert "(docs/benchmarks.md)" in out and f"**{summary['speedup']:.2f}×** [{low:.2f}, {high:.2f}]" in out
+    assert "(assets/charts/headline.svg)" in out  # the chart, made from the same reports
     assert render.with_regions(out, docs="docs/") == out
 
 
@@ -283,3 +284,38 @@ def test_docs_py_runs_as_a_script():
     out = subprocess.run([sys.executable, str(ROOT / "scripts" / "docs.py"), "--help"],
                          capture_output=True, text=True, check=True).stdout
     assert "--check" in out
+
+
+def cited() -> dict[str, list[Path]]:
+    """Every page's reports: the templates' and the README's generated regions'."""
+    from docsgen.render import REGION
+
+    pages = {t: render.rendered_page(t).reports for t in render.template_pages()}
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    pages["README.md"] = [p for m in REGION.finditer(readme) for p in render.render(m.group("partial"), docs="").reports]
+    return pages
+
+
+def test_no_page_cites_a_bench_run_a_newer_one_of_its_kind_supersedes():
+    """A page shows the newest run of each kind (machine, precision, what was measured), or an older one beside it."""
+    from docsgen.reports import stale_citations
+
+    stale = {page: s for page, used in cited().items() if (s := stale_citations(used))}
+    assert not stale, f"pages citing superseded runs: {stale}"
+
+
+def test_the_staleness_check_catches_a_page_citing_an_older_run_alone(tmp_path):
+    """The negative control: a copy of a cited run dated later makes the original stale, cited alone; beside its
+    newer one it is a before and after."""
+    from docsgen.reports import REPORTS, stale_citations
+
+    name = "cpu2_zen4_bf16_1128.json"
+    report = json.loads((REPORTS["bench"] / name).read_text())
+    (tmp_path / name).write_text(json.dumps(report))
+    newer = tmp_path / "later.json"
+    newer.write_text(json.dumps({**report, "meta": {**report["meta"], "date": "2099-01-01"}}))
+    assert stale_citations([tmp_path / name], tmp_path) == [f"{name} (superseded by later.json)"]
+    assert stale_citations([tmp_path / name, newer], tmp_path) == []
+    other = {**report, "meta": {**report["meta"], "date": "2099-01-01", "args": {**report["meta"]["args"], "k": 4}}}
+    newer.write_text(json.dumps(other))  # another kind (K = 4): not newer of the same
+    assert stale_citations([tmp_path / name], tmp_path) == []

@@ -69,9 +69,9 @@ def test_a_run_stops_waiting_once_the_machine_stays_busy_and_waits_again_only_in
     visitor's run wait the cap (a run of 60 events: 30 s)."""
     busy = FakeMachine({t: 2 for t in range(100_000)})
     machine = {"count": busy.count, "clock": lambda: busy.now, "sleep": busy.sleep}
-    settle = Quiet(cap=0.5, patience=2).for_run(**machine)
+    settle = Quiet(cap=0.5).for_run(**machine)
     assert [settle() for _ in range(60)] == [False] * 60
-    assert busy.now == pytest.approx(1.0, abs=0.01)  # two waits to the cap, then none
+    assert busy.now == pytest.approx(0.5 * Quiet().patience, abs=0.01)  # `patience` waits to the cap, then none
     burst = FakeMachine({t: 2 for t in range(600)} | {t: 2 for t in range(1200, 1800)})  # a slow page, twice
     machine = {"count": burst.count, "clock": lambda: burst.now, "sleep": burst.sleep}
     settle = Quiet(cap=0.5, patience=2).for_run(**machine)

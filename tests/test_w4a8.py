@@ -155,3 +155,17 @@ def test_speculation_on_the_fused_draft_is_the_target_alones_text(lean_tiny):
     rounds = list(speculative_generate(lean_tiny, ids, config))
     assert spec_tokens(rounds) == [s.token.id for s in autoregressive_generate(lean_tiny, ids, config)]
     assert sum(r.n_accepted for r in rounds) > 0  # the fused draft's guesses are accepted: it drafts as the target
+
+
+def test_the_draft_steps_split_accounts_for_the_whole_step(lean_tiny):
+    """`specviz costs`' split of the draft's one-token step: products, attention (the lean draft's own function)
+    and the rest, which together make the step; a draft whose attention is not a function of its own has none."""
+    from specviz.bench.draft_split import draft_split
+    from specviz.models.tiny import tiny_pair
+
+    split = draft_split(lean_tiny.draft, context=16, reps=3)
+    assert split["products_ms"] > 0 and split["attention_ms"] > 0
+    assert split["products_ms"] + split["attention_ms"] + split["rest_ms"] == pytest.approx(split["step_ms"], abs=3e-3)  # (each rounded)
+    plain = draft_split(tiny_pair().draft, context=16, reps=3)
+    assert plain["attention_ms"] is None and plain["products_ms"] > 0
+    assert plain["products_ms"] + plain["rest_ms"] == pytest.approx(plain["step_ms"], abs=2e-3)

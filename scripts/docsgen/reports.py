@@ -60,3 +60,44 @@ def pytest_summary(path: Path) -> str:
     if not lines:
         raise ValueError(f"{path}: no pytest summary line")
     return re.sub(r", \d+ warnings", "", lines[-1].split(" (")[0])
+
+
+# what a bench run measured (beside its machine and precision): runs alike in these are of one kind, and the newer
+# supersedes the older; flags that only add columns (--compare-hf, --also-untuned, --json, ...) are not among them.
+# A flag an older report predates reads as its default.
+KIND_ARGS = {"prompts": None, "limit": None, "k": None, "confidence": None, "adaptive": None, "drafter": None,
+             "draft": None, "target": None, "draft_quant": "int4", "target_quant": "none", "draft_vocab": 0,
+             "kernels": "tuned", "invariant": True, "temperature": 0.0, "max_new_tokens": None, "tree_budget": None,
+             "exit_layer": None, "also_tree": "", "also_adaptive": "", "save_predictor": None}
+
+
+def kind(report: dict) -> tuple | None:
+    """A bench report's kind (None for other reports: only benches supersede each other here)."""
+    if "summary" not in report or "args" not in report.get("meta", {}):
+        return None
+    args = report["meta"]["args"]
+    return (report["meta"].get("machine", {}).get("described"), report["summary"].get("dtype"),
+            *(str(args.get(name, default)) for name, default in KIND_ARGS.items()))
+
+
+def superseded(path: Path, folder: Path = REPORTS["bench"]) -> Path | None:
+    """A newer report of the same kind as the one at `path` (by its date, then its time where both have one), or
+    None."""
+    mine = load_report(path)
+    k = kind(mine)
+    if k is None:
+        return None
+    when = lambda r: (r["meta"].get("date", ""), r["meta"].get("time", ""))  # noqa: E731
+    newer = [p for p in sorted(folder.glob("*.json")) if p != path and kind(other := load_report(p)) == k
+             and when(other) > when(mine) and (when(other)[0] > when(mine)[0] or (when(other)[1] and when(mine)[1]))]
+    return newer[0] if newer else None
+
+
+def stale_citations(used: list[Path], folder: Path = REPORTS["bench"]) -> list[str]:
+    """The reports in `used` that a newer one of their kind supersedes, unless the page reads that newer one too (an
+    older run beside the newer: a before and after), each as "NAME (superseded by NEWER)"."""
+    out = []
+    for path in used:
+        if path.parent == folder and (newer := superseded(path, folder)) is not None and newer not in used:
+            out.append(f"{path.name} (superseded by {newer.name})")
+    return out

@@ -42,5 +42,5 @@ def machine() -> dict:
 def run_meta(described: dict | None = None) -> dict:
     """A report's own account of its run: the machine (`described`, or `machine()`), the date, the command as it was
     typed."""
-    return {"machine": described or machine(), "date": time.strftime("%Y-%m-%d"),
+    return {"machine": described or machine(), "date": time.strftime("%Y-%m-%d"), "time": time.strftime("%H:%M:%S"),
             "command": "specviz " + shlex.join(sys.argv[1:])}

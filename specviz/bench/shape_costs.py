@@ -61,6 +61,7 @@ def step_report(pair, prompt: list[int], settings: CostSettings, bandwidth: floa
     """One step mode's costs, predictions and full-acceptance runs."""
     from specviz.bench.bandwidth import step_bound
     from specviz.bench.costs import measure_costs_once
+    from specviz.bench.draft_split import draft_split
     from specviz.bench.forced import forced_run
     from specviz.models.compiled import warm_sizes
     from specviz.models.kernels import step_bytes
@@ -80,6 +81,7 @@ def step_report(pair, prompt: list[int], settings: CostSettings, bandwidth: floa
         "verify_ratio": [round(r, 4) for r in cost.verify_ratio],
         "bound": {"target": step_bound(step_bytes(pair.target), bandwidth, cost.target_step_s),
                   "draft": step_bound(step_bytes(pair.draft), bandwidth, cost.draft_step_s)},
+        "draft_split": draft_split(pair.draft, settings.prompt_tokens),  # products / attention / rest
         "predicted": predictions(cost),
         "forced": [forced_summary(f) for f in forced],
         # the loop's host reads (aim: at most 2 a round, 1 a token) and what compiled inside the timed loops (aim 0)
@@ -116,6 +118,13 @@ def measure_mode(loaded, eager, spec, prompt: list[int], settings: CostSettings,
         return {"error": failure(e)}
 
 
+def split_text(split: dict | None) -> str:
+    if not split:
+        return "-"
+    attention = "-" if split["attention_ms"] is None else f"{split['attention_ms']:.1f}"
+    return f"{split['products_ms']:.1f}, {attention}, {split['rest_ms']:.1f}"
+
+
 def format_costs(report: dict) -> str:
     """The report side by side, one column per step mode (a failed mode's error below)."""
     modes = [m for m, r in report["steps"].items() if "error" not in r]
@@ -131,6 +140,7 @@ def format_costs(report: dict) -> str:
     row("  of its bound", lambda r: f"{r['bound']['target']['fraction_of_bound']:.2f}")
     row("draft step (ms)", lambda r: f"{r['draft_step_ms']:.2f}")
     row("  of its bound", lambda r: f"{r['bound']['draft']['fraction_of_bound']:.2f}")
+    row("  products, attention, rest (ms)", lambda r: split_text(r.get("draft_split")))
     row("c = draft / T1", lambda r: f"{r['c']:.3f}")
     for n in (2, 5, 9, 17, 33):
         if n <= len(report["steps"][modes[0]]["verify_ratio"]):

@@ -43,7 +43,7 @@ class Quiet:
     window: float = 0.05  # three 60 Hz frames: a paint waiting for its frame is not missed
     poll: float = 0.001
     busy: float = 0.25
-    patience: int = 2  # waits in a row that ran to the cap, after which a run stops waiting
+    patience: int = 4  # waits in a row that ran to the cap, after which a run stops waiting (one page: two seen)
 
     def settle(self, count: Callable[[], int | None] = runnable, clock: Callable[[], float] = time.monotonic,
                sleep: Callable[[float], None] = time.sleep) -> bool:
