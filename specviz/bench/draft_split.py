@@ -4,8 +4,10 @@ cache, residuals, the calls between them: the glue).
 The products are timed alone: every linear the step calls, one row each, one after another (so their weights come
 from memory as in a step). Attention is timed alone where the step's is a function of its own (the lean draft's
 `decode_attention`, once per layer over a cache of the step's context). The rest is the step minus both. A draft
-whose step runs in one call (`kernels.w4a8.LeanStep`) does all of it in C++; its products still time alone, and its
-attention and glue are what remains. Medians of interleaved repetitions.
+whose step runs in one call (`kernels.w4a8.LeanStep`) does all of it in C++ (`"fused": True`): its attention is
+not the function timed apart, so attention and glue are one remainder, and its products timed alone carry a
+Python call each that the fused step does not make (the remainder reads 0 where they cost more than the step).
+Medians of interleaved repetitions.
 """
 
 from __future__ import annotations
@@ -38,8 +40,8 @@ def timed(fn, reps: int) -> float:
 
 @torch.inference_mode()
 def draft_split(draft, context: int = 128, reps: int = 9) -> dict:
-    """{"step_ms", "products_ms", "attention_ms" (None: not a function of its own), "rest_ms"} for `draft`'s
-    one-token step after `context` tokens."""
+    """{"step_ms", "products_ms", "attention_ms" (None: not a function of its own, or fused), "rest_ms", "fused"}
+    for `draft`'s one-token step after `context` tokens."""
     from specviz.models.draft.lean import LeanDraft, decode_attention
 
     linears = linears_of(draft)
@@ -50,8 +52,8 @@ def draft_split(draft, context: int = 128, reps: int = 9) -> dict:
         for m, x in zip(linears, rows):
             m(x)
 
-    attention = None
-    if isinstance(draft, LeanDraft):
+    attention, fused = None, isinstance(draft, LeanDraft) and draft.fused() is not None
+    if isinstance(draft, LeanDraft) and not fused:
         layer = draft.layers[0]
         heads, kv_heads = layer.q_size // layer.head_dim, layer.kv_size // layer.head_dim
         q = torch.randn(1, heads, 1, layer.head_dim, dtype=dtype)
@@ -71,4 +73,4 @@ def draft_split(draft, context: int = 128, reps: int = 9) -> dict:
     attn = statistics.median(attention_s) if attention else None
     return {"step_ms": round(1e3 * step, 3), "products_ms": round(1e3 * prod, 3),
             "attention_ms": None if attn is None else round(1e3 * attn, 3),
-            "rest_ms": round(1e3 * (step - prod - (attn or 0.0)), 3)}
+            "rest_ms": round(1e3 * max(0.0, step - prod - (attn or 0.0)), 3), "fused": fused}
