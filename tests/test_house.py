@@ -57,3 +57,17 @@ def test_each_rule_catches_a_breach(source, breach):
 ])
 def test_what_is_at_the_limit_passes(source):
     assert breaches(source, "x.py") == []
+
+
+def test_every_kernel_source_ships_in_the_package():
+    """A kernel's C++ source is built on the user's machine at first use: an install without it (a wheel, the Docker
+    image) would fall back to torch's kernels in silence. Every source file under specviz/ is package data."""
+    import fnmatch
+    import tomllib
+
+    data = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-data"]
+    sources = [p for ext in ("*.cpp", "*.h") for p in (ROOT / "specviz").rglob(ext)]
+    assert sources
+    for path in sources:
+        package = ".".join(path.parent.relative_to(ROOT).parts)
+        assert any(fnmatch.fnmatch(path.name, pattern) for pattern in data.get(package, [])), path

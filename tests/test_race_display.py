@@ -81,6 +81,16 @@ def test_a_run_stops_waiting_once_the_machine_stays_busy_and_waits_again_only_in
     assert settle() is True and burst.now > 1.84
 
 
+def test_a_run_does_not_wait_while_another_visitor_waits_for_the_model():
+    busy = FakeMachine({t: 2 for t in range(100_000)})
+    machine = {"count": busy.count, "clock": lambda: busy.now, "sleep": busy.sleep}
+    queue = [True]
+    settle = Quiet(cap=0.5).for_run(lambda: queue[0], **machine)
+    assert settle() is False and busy.now == 0.0  # someone waits: no wait at all
+    queue[0] = False
+    assert settle() is False and busy.now == pytest.approx(0.5, abs=0.01)  # alone again: it waits
+
+
 def test_the_run_queue_is_read_where_linux_has_one(tmp_path):
     assert runnable(tmp_path / "missing") is None
     (tmp_path / "loadavg").write_text("0.50 0.40 0.30 3/120 4567\n")

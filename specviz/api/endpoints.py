@@ -120,7 +120,8 @@ def race_stream(session: Session, limits: Limits, values: dict, pace: Pace = Pac
     "recorded_at": when this server ran the same request, whose recording (its events, at their pace, and its
     numbers) answers it; null for a live race."""
     states = race(session, limits, values["prompt"], decode_settings(values), owner=owner)
-    with closing(paced(states, pace.min_interval, settle=pace.quiet.for_run())) as events:
+    settle = pace.quiet.for_run(session.turns.visitor_waiting)
+    with closing(paced(states, pace.min_interval, settle=settle)) as events:
         for state, show in events:
             if isinstance(state, Waiting):
                 yield messages.queued(state)

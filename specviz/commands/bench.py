@@ -178,7 +178,8 @@ def meta_of(args, info: dict, ready: Ready) -> dict:
             "hf_drafts": list(ready.assistants), "prompts": str(args.prompts or "specviz/data/prompts.jsonl"),
             "target_quant": ready.spec.target_quant, "kernels": ready.spec.kernels,
             # when and how it ran: the docs' benchmark pages name both (scripts/docs.py renders the flags as a command)
-            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"), "time": datetime.now(timezone.utc).strftime("%H:%M:%S"),
+            "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+            "time": datetime.now(timezone.utc).strftime("%H:%M:%S"),  # (newer of one day: docs' staleness check)
             "args": {k: v for k, v in vars(args).items() if k != "func"},
             # the raced pair's weights, and the process (which also holds the pair as loaded, for transformers' lanes;
             # `specviz serve` releases the dense weights the tuned target never uses and logs its own), before the runs

@@ -46,7 +46,8 @@ def cpu_flags() -> set[str]:
 def compiled(source: Path, flags: tuple[str, ...], compiler: str, folder: Path) -> Path:
     """The shared library for this source, compiler and flags: compiled once into `folder` and reused."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout
-    digest = hashlib.sha256("\n".join([source.read_text(), version, *flags]).encode()).hexdigest()[:16]
+    headers = [h.read_text() for h in sorted(source.parent.glob("*.h"))]  # what its #include "..." may read
+    digest = hashlib.sha256("\n".join([source.read_text(), *headers, version, *flags]).encode()).hexdigest()[:16]
     path = folder / f"{source.stem}-{digest}.so"
     folder.mkdir(parents=True, exist_ok=True)
     with FileLock(str(path) + ".lock", timeout=300):

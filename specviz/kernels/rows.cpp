@@ -15,6 +15,8 @@
 #include <stdint.h>
 #include <vector>
 
+#include "simd.h"
+
 namespace {
 
 const int LANES = 16;
@@ -26,22 +28,6 @@ inline __m512 load(const uint16_t* p) {  // 16 bf16 values as float32 (exact)
 inline void store(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 inline void store(uint16_t* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v)); }
 
-// e^x for x <= 0 (a score minus the row's maximum): 2^n * p(r), r = x - n ln 2, p a degree-6 polynomial (Cephes'
-// coefficients); below -87 it is 0's neighbour and clamped there
-inline __m512 exp_nonpositive(__m512 x) {
-    x = _mm512_max_ps(x, _mm512_set1_ps(-87.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
 
 template <typename T>
 float dot(const T* q, const T* k, long d) {
@@ -63,7 +49,7 @@ void attend_row(const T* q, const T* k, const T* v, T* out, const std::vector<lo
     }
     __m512 sum = _mm512_setzero_ps(), mv = _mm512_set1_ps(m);
     for (long r = 0; r < padded; r += LANES) {
-        __m512 e = exp_nonpositive(_mm512_sub_ps(load(&w[r]), mv));  // a padding lane: exp(-inf) = 0
+        __m512 e = exp16(_mm512_sub_ps(load(&w[r]), mv));  // a padding lane: exp(-inf) = 0
         store(&w[r], e);
         sum = _mm512_add_ps(sum, e);
     }

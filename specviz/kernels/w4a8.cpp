@@ -17,6 +17,8 @@
 #include <stdint.h>
 #include <vector>
 
+#include "simd.h"
+
 namespace {
 
 const long OUTS = 8, GROUP = 32, BLOCK_BYTES = 160;  // outputs in a block; inputs in a group; bytes a group in a block
@@ -142,20 +144,6 @@ inline float load_f(const uint16_t* p, long i) { return to_f32(p[i]); }
 inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
 inline void store16(uint16_t* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v)); }
 
-inline __m512 exp16(__m512 x) {  // e^x, 2^n * p(r) (Cephes' coefficients), x clamped to [-87, 88]
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.0f)), _mm512_set1_ps(88.0f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)), _MM_FROUND_TO_NEAREST_INT);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
-}
 
 void rms_norm(const float* x, const float* w, float* y, long n, float eps) {  // n a multiple of 16
     __m512 sum = _mm512_setzero_ps();

@@ -4,12 +4,13 @@ A race shown in a browser on the same machine (a laptop projecting the demo) mak
 paint every update, and the server serialise it, on the cores the next forward needs: a forward timed meanwhile
 is slower by what they took, and since the page's heavy work (a new round's p/q figure) follows a speculative round,
 it lands mostly on the target-alone lane's next step and inflates the speedup shown. So after each shown view the
-race waits until the other tasks on the machine have been runnable a quarter of the time or less for a short window (Linux's
-run queue, /proc/loadavg), at most `cap` seconds. Where the run queue cannot be read (another OS), it does not wait; where the machine stays
-busy past the cap (other work, not the page), the next forward runs all the same, and the race's step check
-(`runs.race.stray_note`) reports a lane its measure did not hold for. A run whose waits ran to the cap `patience`
-times in a row stops waiting (`Quiet.for_run`): the machine is busy with other work (a workshop's other visitors),
-which waiting cannot end, and would only make every visitor slower.
+race waits until the other tasks on the machine have been runnable a quarter of the time or less for a short window
+(Linux's run queue, /proc/loadavg), at most `cap` seconds. Where the run queue cannot be read (another OS), it does
+not wait; where the machine stays busy past the cap (other work, not the page), the next forward runs all the same,
+and the race's step check (`runs.race.stray_note`) reports a lane its measure did not hold for. A run does not wait
+while another visitor's job waits for the model, and stops waiting after `patience` waits in a row ran to the cap
+(`Quiet.for_run`): the machine is busy with other work (a workshop), which waiting cannot end, and would only make
+every visitor slower.
 """
 
 from __future__ import annotations
@@ -60,13 +61,15 @@ class Quiet:
             sleep(self.poll)
         return False
 
-    def for_run(self, **machine) -> Callable[[], bool]:
-        """`settle` for one run: after `patience` waits in a row ran to the cap, it returns at once (False) for the
-        rest of the run. `machine`: `settle`'s count, clock and sleep (tests)."""
+    def for_run(self, others_waiting: Callable[[], bool] = lambda: False, **machine) -> Callable[[], bool]:
+        """`settle` for one run: at once (False) while `others_waiting()` (another visitor's job waits for the model:
+        waiting here would delay theirs, and the race's step check labels what the overlap costs this one), and
+        after `patience` waits in a row ran to the cap, for the rest of the run. `machine`: `settle`'s count, clock
+        and sleep (tests)."""
         capped = [0]
 
         def settle() -> bool:
-            if capped[0] >= self.patience:
+            if capped[0] >= self.patience or others_waiting():
                 return False
             quiet = self.settle(**machine)
             capped[0] = 0 if quiet else capped[0] + 1

@@ -293,7 +293,8 @@ class Session:
 
         def work() -> ModelPair:
             with self.beside.job():
-                pair = load_spec(spec, loader=self.loader, status=status, progress=False, fits=lambda _: None)  # (checked above)
+                # (its memory checked above, beside the served pair's)
+                pair = load_spec(spec, loader=self.loader, status=status, progress=False, fits=lambda _: None)
                 status("Warming up (a few tokens through both lanes)…")
                 return warm_up(pair)
 

@@ -132,7 +132,8 @@ def run(session: Session, limits: Limits, prompt, settings: dict, show_rejected:
     """Stream a speculative run round by round (before it, its place in the queue while it waits)."""
     tokens_html = render.RoundsHtml()
     runs = decoding.decode(session, limits, prompt, settings, owner=owner)
-    with closing(paced(runs, options.pace.min_interval, settle=options.pace.quiet.for_run())) as events:
+    settle = options.pace.quiet.for_run(session.turns.visitor_waiting)
+    with closing(paced(runs, options.pace.min_interval, settle=settle)) as events:
         for trace, show in events:
             if isinstance(trace, Waiting):
                 yield waiting_main(trace)
