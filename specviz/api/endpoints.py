@@ -120,8 +120,10 @@ def race_stream(session: Session, limits: Limits, values: dict, pace: Pace = Pac
     "recorded_at": when this server ran the same request, whose recording (its events, at their pace, and its
     numbers) answers it; null for a live race."""
     states = race(session, limits, values["prompt"], decode_settings(values), owner=owner)
-    settle = pace.quiet.for_run(session.turns.visitor_waiting)
-    with closing(paced(states, pace.min_interval, settle=settle)) as events:
+    # no wait for a quiet machine after an event (the app's views do: `serving.quiet`): what reads this stream is
+    # a program parsing JSON, not a page laying out HTML and figures on the model's cores; a workshop's clients
+    # queue here, and a wait per event made every race slower than its estimate
+    with closing(paced(states, pace.min_interval)) as events:
         for state, show in events:
             if isinstance(state, Waiting):
                 yield messages.queued(state)
