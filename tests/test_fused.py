@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from specviz.compat import forward
 from specviz.models.compiled import with_compiled_step
 from specviz.models.fused import fuse_projections
-from specviz.models.kernels import step_bytes
+from specviz.models.resident import step_bytes
 from specviz.models.synthetic import synthetic_pair
 
 

@@ -12,6 +12,7 @@ from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate
 from specviz.models import PairSpec, load_spec
 from specviz.models import auto_dtype
 from specviz.models import kernels as K
+from specviz.models import resident as R
 from specviz.kernels import streamed
 from specviz.models.draft.quantized import DraftQuant, Int4Linear, Int8Linear
 from specviz.models.kernels import TunedLinear, tune
@@ -247,13 +248,13 @@ def test_a_target_packed_for_every_row_count_keeps_one_copy_of_each_weight(tmp_p
     linears = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear))
     packed, _ = tune(model, folder=tmp_path, timer=fake_timer({"dense": {}, "onednn": {n: 0.1 for n in range(1, 129)}}),
                      max_rows=2)
-    reads, ids = K.step_bytes(packed), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
+    reads, ids = R.step_bytes(packed), torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     assert model_bytes(packed) == model_bytes(model) + linears  # two copies, before
-    assert K.release_unused_dense(packed) == linears
+    assert R.release_unused_dense(packed) == linears
     assert model_bytes(packed) == model_bytes(model)  # one copy: the packed linears and the rest, once
-    assert K.step_bytes(packed) == reads
+    assert R.step_bytes(packed) == reads
     torch.testing.assert_close(packed(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
-    assert K.release_unused_dense(packed) == 0  # nothing left to release
+    assert R.release_unused_dense(packed) == 0  # nothing left to release
 
 
 def test_a_lean_draft_holds_its_packed_weights_and_the_embedding_once_and_the_load_frees_the_dense_ones():
@@ -290,13 +291,13 @@ def test_a_weight_a_plan_multiplies_by_or_another_module_holds_is_kept(tmp_path)
     model = tiny_model(0, 64)
     some, _ = tune(model, folder=tmp_path / "a", max_rows=2,
                    timer=fake_timer({"dense": {n: 0.5 for n in BUCKETS}, "onednn": {1: 0.1, 2: 0.1}}))
-    assert K.release_unused_dense(some) == 0  # dense still serves the prompt's row counts
+    assert R.release_unused_dense(some) == 0  # dense still serves the prompt's row counts
     model.lm_head.weight = model.model.embed_tokens.weight  # tied, as in Qwen2.5-0.5B
     tied, _ = tune(model, folder=tmp_path / "b", timer=fake_timer({"onednn": {n: 0.1 for n in range(1, 129)}}),
                    max_rows=2)
     head = model.lm_head.weight.numel() * 4
     linears = sum(m.weight.numel() * 4 for m in model.modules() if isinstance(m, nn.Linear))
-    assert K.release_unused_dense(tied) == linears - head  # the embedding still reads the head's weight
+    assert R.release_unused_dense(tied) == linears - head  # the embedding still reads the head's weight
 
 
 def test_the_memory_estimate_counts_the_packed_copy_and_not_for_a_quantized_target(tmp_path):
@@ -334,7 +335,7 @@ def test_step_bytes_count_each_linear_once_whatever_its_kernels_keep(tmp_path):
     model = tiny_model(0, 64)
     linears = sum(m.weight.numel() * 4 + (m.bias.numel() * 4 if m.bias is not None else 0)
                   for m in model.modules() if isinstance(m, nn.Linear))
-    assert K.step_bytes(model) == linears
+    assert R.step_bytes(model) == linears
     packed, _ = tune(model, folder=tmp_path, timer=fake_timer({"dense": {}, "onednn": {1: 0.1}}), max_rows=2)
-    assert K.step_bytes(packed) == linears
-    assert K.step_bytes(quantize_target(model, DraftQuant.named("int4"))) < linears / 4
+    assert R.step_bytes(packed) == linears
+    assert R.step_bytes(quantize_target(model, DraftQuant.named("int4"))) < linears / 4

@@ -10,6 +10,7 @@ from torch import nn
 from torch.nn import functional as F
 
 from specviz.models import kernels as K
+from specviz.models import resident as R
 from specviz.kernels import build, streamed
 from specviz.models.kernels import TunedLinear, tune
 from specviz.models.plans import Choice
@@ -66,7 +67,7 @@ def test_a_plan_on_the_streamed_copy_alone_lets_the_weights_as_loaded_go(tmp_pat
     fast, tuning = tune(model, folder=tmp_path, timer=timer, max_rows=3)
     assert {c.kernel for plan in tuning.plans.values() for c in plan.values()} == {"streamed"}
     assert model_bytes(fast) == model_bytes(model) + linears  # the streamed copies, made at tuning, beside the loaded
-    assert K.release_unused_dense(fast) == linears
+    assert R.release_unused_dense(fast) == linears
     assert model_bytes(fast) == model_bytes(model)
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     torch.testing.assert_close(fast(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)

@@ -10,6 +10,7 @@ from torch import nn
 
 from specviz.kernels import build, w4a8
 from specviz.models import kernels as K
+from specviz.models import resident as R
 from specviz.models.draft.quantized import Int4Linear
 
 needs_kernel = pytest.mark.skipif(w4a8.library() is None or not w4a8.NEEDS[torch.float32] <= build.cpu_flags(),
@@ -69,7 +70,7 @@ def test_the_dispatcher_keeps_one_copy_of_the_codes():
     q, r = (Int4Linear(linear(896, 896).to(torch.bfloat16), 32, keep_dense=False) for _ in range(2))
     held = lambda m: sum(t.numel() * t.element_size() for t in m.buffers())  # noqa: E731
     both = held(q)
-    K.release_unused_codes(nn.Sequential(K.TunedLinear(q, {1: K.Choice("w4a8", 1)}),
+    R.release_unused_codes(nn.Sequential(K.TunedLinear(q, {1: K.Choice("w4a8", 1)}),
                                          K.TunedLinear(r, {1: K.Choice("int4", 1)})))
     assert q.qweight.numel() == 0 and q.w4a8_packed is not None and held(q) < 0.6 * both
     assert K.module_bytes(q) == held(q)  # what a step reads: the one copy kept
@@ -94,7 +95,7 @@ def test_the_step_decides_a_kernel_faster_per_shape(tmp_path, faster):
     said = []
     tuned = with_tuned_draft(pair, said.append, step_timer=lambda a, b: (1.0, 2.0) if faster else (2.0, 1.0),
                              timer=costs, folder=tmp_path).draft
-    assert K.uses(tuned, "w4a8") == faster and K.uses(tuned, "int4") != faster
+    assert R.uses(tuned, "w4a8") == faster and R.uses(tuned, "int4") != faster
     assert said[-1].endswith("kept." if faster else "dropped.")
     linears = [m.inner for m in tuned.modules() if isinstance(m, K.TunedLinear)]
     assert all((m.w4a8_packed is None) != (m.qweight.numel() == 0) for m in linears)

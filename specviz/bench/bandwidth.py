@@ -48,7 +48,7 @@ def anchors(cost, cost_pair, bandwidth: float, tuning) -> dict:
     target's kernel table came from (`tuning`; None: the kernels as loaded)."""
     from torch import nn
 
-    from specviz.models.kernels import step_bytes
+    from specviz.models.resident import step_bytes
 
     steps = {}
     if cost is not None:  # (a 'self' drafter's step is the target's first layers: no weights of its own)

@@ -64,7 +64,7 @@ def step_report(pair, prompt: list[int], settings: CostSettings, bandwidth: floa
     from specviz.bench.draft_split import draft_split
     from specviz.bench.forced import forced_run
     from specviz.models.compiled import warm_sizes
-    from specviz.models.kernels import step_bytes
+    from specviz.models.resident import step_bytes
 
     # what compiling each step cost (`steps.compiled_now`, at load): neither a step nor a surprise
     compile_s = {role: round(m.compile_s, 2) for role, m in (("draft", pair.draft), ("target", pair.target))

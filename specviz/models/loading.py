@@ -292,7 +292,7 @@ def lean(pair: ModelPair, status: Status = log.info) -> ModelPair:
     loaded, which shares them, is dropped by the caller). A compiled step runs on the loaded model's weights, so
     a pair with one keeps them."""
     from specviz.models.compiled import is_compiled
-    from specviz.models.kernels import release_unused_dense
+    from specviz.models.resident import release_unused_dense
 
     if is_compiled(pair.target) or pair.eager_steps is not None:
         return pair
@@ -312,7 +312,7 @@ def with_speedups(pair: ModelPair, spec: PairSpec, status: Status = log.info, re
     from specviz.models.cut_head import draft_vocab_ids
     from specviz.models.draft.lean import LeanDraft, release_replaced
     from specviz.models.steps import with_steps
-    from specviz.models.kernels import release_unused_codes
+    from specviz.models.resident import release_unused_codes
     from specviz.models.target import with_target, with_tuned_draft
 
     loaded = pair

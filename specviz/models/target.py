@@ -21,7 +21,8 @@ from torch import nn
 
 from specviz.kernels import rows
 from specviz.models.draft.quantized import DraftQuant, quantize_linear
-from specviz.models.kernels import Tuning, release_unused_codes, tune, uses
+from specviz.models.kernels import Tuning, tune
+from specviz.models.resident import release_unused_codes, uses
 
 log = logging.getLogger(__name__)
 
