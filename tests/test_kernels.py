@@ -339,3 +339,19 @@ def test_step_bytes_count_each_linear_once_whatever_its_kernels_keep(tmp_path):
     packed, _ = tune(model, folder=tmp_path, timer=fake_timer({"dense": {}, "onednn": {1: 0.1}}), max_rows=2)
     assert R.step_bytes(packed) == linears
     assert R.step_bytes(quantize_target(model, DraftQuant.named("int4"))) < linears / 4
+
+
+def test_a_cpu_kept_below_avx512_gets_no_packed_bf16_candidate_and_every_candidate_runs():
+    """Under ONEDNN_MAX_CPU_ISA=AVX2 (as on a CPU without AVX-512) oneDNN's packed bf16 linear raises at packing: it
+    is no candidate there, and timing the candidates (the dtype choice of `--dtype auto`) runs to the end."""
+    import os
+    import subprocess
+    import sys
+
+    code = ("import torch; from torch import nn; from specviz.models.kernels import kernels_of; "
+            "m = nn.Linear(64, 64, bias=False, dtype=torch.bfloat16); ks = kernels_of(m); "
+            "x = torch.randn(2, 64, dtype=torch.bfloat16); [k(x) for k in ks.values()]; print(sorted(ks))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, ONEDNN_MAX_CPU_ISA="AVX2", ATEN_CPU_CAPABILITY="avx2"))
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "'dense'" in done.stdout and "onednn" not in done.stdout and "streamed" not in done.stdout

@@ -27,3 +27,40 @@ def test_the_machine_is_described_by_family_model_and_the_instruction_sets_that_
     amx = dict(fields, flags="avx512f amx_tile", **{"model name": "Intel Xeon"})
     assert "AVX-512, no AVX512-BF16, AMX" in described(amx, 2, 8 * 2**30)
     assert described({}, 4, 2**31).endswith(", 4 cores, 2 GiB")  # no /proc/cpuinfo: what platform says
+
+
+def test_torch_or_onednn_kept_below_avx512_keeps_specviz_kernels_and_tables_below_it_too(tmp_path):
+    from specviz.kernels.build import cpu_flags, isa_cap
+    from specviz.models.kernel_table import cpu_fingerprint
+
+    info = tmp_path / "cpuinfo"
+    info.write_text(ZEN5.replace("avx512vl", "avx512vl amx_tile avx512_vnni"))
+    everything = {"fpu", "avx2", "avx512f", "avx512_bf16", "avx512vl", "amx_tile", "avx512_vnni"}
+    assert cpu_flags(str(info), environ={}) == everything
+    assert cpu_flags(str(info), environ={"ATEN_CPU_CAPABILITY": "avx512"}) == everything  # not a cap
+    for env in ({"ATEN_CPU_CAPABILITY": "avx2"}, {"ATEN_CPU_CAPABILITY": "DEFAULT"}, {"ONEDNN_MAX_CPU_ISA": "AVX2"}):
+        assert cpu_flags(str(info), environ=env) == {"fpu", "avx2"}, env
+        assert isa_cap(env) is not None
+    # its own kernel tables and dtype timings: torch's and oneDNN's kernels differ below AVX-512
+    plain = cpu_fingerprint(str(info), environ={})
+    capped = cpu_fingerprint(str(info), environ={"ONEDNN_MAX_CPU_ISA": "avx2"})
+    assert plain == "AMD EPYC | fpu avx2 avx512f avx512_bf16 avx512vl amx_tile avx512_vnni"  # as before: tables kept
+    assert capped == plain + " | ONEDNN_MAX_CPU_ISA=avx2"
+
+
+def test_under_the_cap_no_specviz_kernel_serves_and_the_report_says_why(monkeypatch, caplog):
+    import torch
+
+    from specviz.bench.machine import machine
+    from specviz.kernels import build, rows, streamed, w4a8
+
+    monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
+    weight = torch.empty(64, 64, dtype=torch.bfloat16)
+    kernels = lambda: (streamed.applies(weight), rows.available(torch.bfloat16),  # noqa: E731
+                       w4a8.applies(64, 64, w4a8.GROUP, torch.bfloat16))
+    assert kernels() == (False, False, False)
+    assert machine()["described"].endswith(", run below AVX-512 (ATEN_CPU_CAPABILITY=avx2)")
+    if "avx512f" in build.cpu_flags(environ={}):  # the sentence names the setting, not a CPU that lacks it
+        with caplog.at_level("WARNING"):
+            assert build.library(streamed.SOURCE, streamed.FLAGS, {"avx512f"}, "A kernel") is None
+        assert "A kernel is not used: this process is kept below AVX-512 (ATEN_CPU_CAPABILITY=avx2)." in caplog.text

@@ -11,7 +11,7 @@ import time
 
 import psutil
 
-from specviz.kernels.build import cpu_fields
+from specviz.kernels.build import cpu_fields, isa_cap
 
 # the instruction sets that decided which kernels were fast on this project's CPUs, as /proc/cpuinfo names them
 FEATURES = (("avx512f", "AVX-512"), ("avx512_bf16", "AVX512-BF16"), ("amx_tile", "AMX"))
@@ -34,9 +34,10 @@ def described(fields: dict[str, str], cores: int | None, memory_bytes: int) -> s
 
 
 def machine() -> dict:
-    fields = cpu_fields()
+    fields, cap = cpu_fields(), isa_cap()
+    line = described(fields, os.cpu_count(), psutil.virtual_memory().total)
     return {"cpu": cpu_name(), "cpu_count": os.cpu_count(), "python": platform.python_version(),
-            "described": described(fields, os.cpu_count(), psutil.virtual_memory().total)}
+            "described": line + (f", run below AVX-512 ({cap})" if cap else "")}
 
 
 def run_meta(described: dict | None = None) -> dict:

@@ -39,8 +39,26 @@ def cpu_fields(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
     return fields
 
 
-def cpu_flags() -> set[str]:
-    return set(cpu_fields().get("flags", "").split())
+# Where the operator keeps torch (ATEN_CPU_CAPABILITY) or oneDNN (ONEDNN_MAX_CPU_ISA) below AVX-512, on a CPU that
+# has it, specviz's kernels stay below it too: one setting for the whole process, and a way to run this machine as
+# a CPU without AVX-512 runs (what each is set to, lower-cased, that caps it)
+ISA_CAPS = {"ATEN_CPU_CAPABILITY": {"default", "avx2"}, "ONEDNN_MAX_CPU_ISA": {"sse41", "avx", "avx2", "avx2_vnni",
+                                                                           "avx2_vnni_2"}}
+ABOVE_AVX2 = ("avx512", "amx")  # the flags such a cap leaves out (avx512f, avx512_bf16, amx_tile, ...)
+
+
+def isa_cap(environ=os.environ) -> str | None:
+    """The variable (name=value) that keeps this process below AVX-512, or None."""
+    for name, below in ISA_CAPS.items():
+        if environ.get(name, "").strip().lower() in below:
+            return f"{name}={environ[name].strip()}"
+    return None
+
+
+def cpu_flags(cpuinfo: str = "/proc/cpuinfo", environ=os.environ) -> set[str]:
+    """The CPU's instruction-set flags this process may use: /proc/cpuinfo's, less AVX-512 and AMX under `isa_cap`."""
+    flags = set(cpu_fields(cpuinfo).get("flags", "").split())
+    return {f for f in flags if not f.startswith(ABOVE_AVX2)} if isa_cap(environ) else flags
 
 
 def compiled(source: Path, flags: tuple[str, ...], compiler: str, folder: Path) -> Path:
@@ -68,7 +86,9 @@ def library(source: Path, flags: tuple[str, ...], needs: set[str], what: str) ->
     serves instead). Callers cache the result: one build and one sentence per process."""
     missing = needs - cpu_flags()
     compiler = shutil.which(os.environ.get("CXX", "g++"))
-    why = (f"this CPU lacks {', '.join(sorted(missing))}" if missing else
+    cap = isa_cap() if missing else None
+    why = (f"this process is kept below AVX-512 ({cap})" if cap else
+           f"this CPU lacks {', '.join(sorted(missing))}" if missing else
            "no C++ compiler was found (set CXX, or install g++)" if compiler is None else None)
     if why is None:
         try:

@@ -22,7 +22,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from specviz.cache import cache_dir
-from specviz.kernels.build import cpu_fields
+from specviz.kernels.build import cpu_fields, isa_cap
 
 Costs = dict[str, dict[int, float]]  # kernel -> rows -> seconds
 MEASURE_WAIT = 900.0  # seconds a process waits for another measuring the same item (a kernel table takes minutes)
@@ -31,12 +31,14 @@ MEASURE_WAIT = 900.0  # seconds a process waits for another measuring the same i
 SPARE_CORES = 0.25
 
 
-def cpu_fingerprint(cpuinfo: str = "/proc/cpuinfo") -> str:
-    """The CPU's model name and instruction-set flags (what decides which kernel is fast)."""
+def cpu_fingerprint(cpuinfo: str = "/proc/cpuinfo", environ=os.environ) -> str:
+    """The CPU's model name and instruction-set flags (what decides which kernel is fast), and the setting that keeps
+    this process below AVX-512 where one does (torch's and oneDNN's kernels change with it)."""
     fields = cpu_fields(cpuinfo)
     if not fields:
         return platform.processor() or platform.machine()
-    return f"{fields.get('model name', platform.machine())} | {fields.get('flags', '')}"
+    cap = isa_cap(environ)
+    return f"{fields.get('model name', platform.machine())} | {fields.get('flags', '')}" + (f" | {cap}" if cap else "")
 
 
 @dataclass(frozen=True)

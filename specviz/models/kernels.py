@@ -66,8 +66,13 @@ def run_padded(kernel: Kernel, x2: torch.Tensor, rows: int) -> torch.Tensor:
 
 
 def onednn_applies(weight: torch.Tensor) -> bool:
-    return (weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
-            and torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+    """oneDNN's packed linear serves this weight: its bf16 path needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT, which
+    a CPU without them, or one kept below them (ONEDNN_MAX_CPU_ISA=AVX2), lacks: packing raises there."""
+    if not (weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
+        return False
+    return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16
+                                             and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def kernels_of(module: nn.Module) -> dict[str, Kernel]:
