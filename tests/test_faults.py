@@ -229,7 +229,7 @@ def test_two_processes_preparing_at_once_convert_once_and_both_load_it(tmp_path,
     converted. Neither ever sees a half-written folder."""
     import time
 
-    from specviz.models import loading
+    from specviz.models import preparing
     from specviz.models.embedded import EmbeddedModel, converted_dir, is_converted
     from specviz.models.tiny import tiny_model, tiny_tokenizer
 
@@ -241,10 +241,10 @@ def test_two_processes_preparing_at_once_convert_once_and_both_load_it(tmp_path,
         conversions.append(1)
         time.sleep(0.5)  # long enough for the other to arrive while this one converts
         return tiny_model(0, 64), tiny_tokenizer()
-    monkeypatch.setattr(loading, "assemble", lambda m, progress=True: tmp_path / "m.gguf")
-    monkeypatch.setattr(loading, "_from_pretrained", convert)
+    monkeypatch.setattr(preparing, "assemble", lambda m, progress=True: tmp_path / "m.gguf")
+    monkeypatch.setattr(preparing, "from_pretrained", convert)
     results = []
-    threads = [threading.Thread(target=lambda: results.append(loading.prepare_embedded(model, lambda s: None)))
+    threads = [threading.Thread(target=lambda: results.append(preparing.prepare_embedded(model, lambda s: None)))
                for _ in range(2)]
     for t in threads:
         t.start()
@@ -260,22 +260,22 @@ def test_a_half_dtype_copy_holds_what_a_load_in_that_dtype_computes_and_is_writt
     one (in shards, not the float32 file mapped whole: the load's peak); each recorded and made once."""
     from transformers import AutoModelForCausalLM
 
-    from specviz.models import loading
+    from specviz.models import preparing
     from specviz.models.converted import cast_folder
     from specviz.models.embedded import EmbeddedModel, converted_dir, is_converted
     from specviz.models.tiny import tiny_model, tiny_tokenizer
 
     monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
     model = EmbeddedModel("target", "a test model", (), "1", "m.gguf", 1, "f" * 64)
-    monkeypatch.setattr(loading, "assemble", lambda m, progress=True: tmp_path / "m.gguf")
-    monkeypatch.setattr(loading, "_from_pretrained", lambda *a, **k: (tiny_model(0, 64), tiny_tokenizer()))
+    monkeypatch.setattr(preparing, "assemble", lambda m, progress=True: tmp_path / "m.gguf")
+    monkeypatch.setattr(preparing, "from_pretrained", lambda *a, **k: (tiny_model(0, 64), tiny_tokenizer()))
     lines = []
-    folder = loading.prepare_embedded(model, lines.append, dtype=torch.bfloat16)
+    folder = preparing.prepare_embedded(model, lines.append, dtype=torch.bfloat16)
     assert folder == converted_dir(model, torch.bfloat16) != converted_dir(model)
     assert is_converted(model, torch.bfloat16) and not is_converted(model)  # no float32 copy made for it
-    assert loading.prepare_embedded(model, lines.append, dtype=torch.bfloat16) == folder
+    assert preparing.prepare_embedded(model, lines.append, dtype=torch.bfloat16) == folder
     assert sum("bfloat16 copy" in line for line in lines) == 1  # made once
-    assert loading.prepare_embedded(model, lines.append) == converted_dir(model)  # float32 when first asked for
+    assert preparing.prepare_embedded(model, lines.append) == converted_dir(model)  # float32 when first asked for
     assert is_converted(model) and sum("float32 copy" in line for line in lines) == 1
     sharded = tmp_path / "sharded"
     sharded.mkdir()
@@ -288,19 +288,19 @@ def test_a_half_dtype_copy_holds_what_a_load_in_that_dtype_computes_and_is_writt
 
 
 def test_a_half_copy_is_cast_from_a_cached_float32_copy_not_converted_again(tmp_path, monkeypatch):
-    from specviz.models import loading
+    from specviz.models import preparing
     from specviz.models.embedded import EmbeddedModel, converted_dir, is_converted
     from specviz.models.tiny import tiny_model, tiny_tokenizer
 
     monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
     model = EmbeddedModel("target", "a test model", (), "1", "m.gguf", 1, "f" * 64)
     conversions = []
-    monkeypatch.setattr(loading, "assemble", lambda m, progress=True: tmp_path / "m.gguf")
-    monkeypatch.setattr(loading, "_from_pretrained",
+    monkeypatch.setattr(preparing, "assemble", lambda m, progress=True: tmp_path / "m.gguf")
+    monkeypatch.setattr(preparing, "from_pretrained",
                         lambda *a, **k: conversions.append(1) or (tiny_model(0, 64), tiny_tokenizer()))
     lines = []
-    loading.prepare_embedded(model, lines.append)
-    assert loading.prepare_embedded(model, lines.append, dtype=torch.bfloat16) == converted_dir(model, torch.bfloat16)
+    preparing.prepare_embedded(model, lines.append)
+    assert preparing.prepare_embedded(model, lines.append, dtype=torch.bfloat16) == converted_dir(model, torch.bfloat16)
     assert conversions == [1] and is_converted(model, torch.bfloat16)
     assert any(line.startswith("Writing a bfloat16 copy") for line in lines)
 

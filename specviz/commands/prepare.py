@@ -37,13 +37,16 @@ def dtypes(names=("auto",)) -> tuple:
 
 
 def copies() -> list[tuple]:
-    """(model, dtype, folder) of every converted copy the cache holds."""
+    """(model, dtype, folder) of every converted copy and draft store (`preparing.store_dir`) the cache holds."""
     import torch
 
-    from specviz.models.embedded import EMBEDDED_MODELS, converted_dir, is_converted
+    from specviz.models.converted import complete
+    from specviz.models.embedded import DRAFT, EMBEDDED_MODELS, converted_dir, is_converted
+    from specviz.models.preparing import store_dir
 
-    return [(m, d, converted_dir(m, d)) for m in EMBEDDED_MODELS for d in (torch.float32, torch.bfloat16)
-            if is_converted(m, d)]
+    dtypes_ = (torch.float32, torch.bfloat16)
+    return [(m, d, converted_dir(m, d)) for m in EMBEDDED_MODELS for d in dtypes_ if is_converted(m, d)] + \
+        [(DRAFT, d, store_dir(DRAFT, d)) for d in dtypes_ if complete(store_dir(DRAFT, d), DRAFT.sha256)]
 
 
 def unconvert_damaged() -> None:
@@ -68,13 +71,20 @@ def at_once(cpus: int, free_bytes: int) -> int:
 
 
 def prepare_one(folder: str, names: tuple = ("auto",), progress: bool = True) -> None:
-    """One embedded model made ready in the dtypes named (in a process of its own when two convert at once)."""
-    from specviz.models.embedded import EMBEDDED_MODELS
-    from specviz.models.loading import prepare_embedded
+    """One embedded model made ready in the dtypes named (in a process of its own when two convert at once): the
+    draft as the store of 4-bit codes its step runs on (its dense copy is made when a run asks for the dense draft),
+    the target as a dense copy, another family's draft (SmolLM2) as its verified GGUF only (converted when a run
+    first names it)."""
+    from specviz.models.embedded import DRAFT, EMBEDDED_PAIR, EMBEDDED_MODELS, assemble
+    from specviz.models.preparing import prepare_embedded, prepare_store
 
     model = next(m for m in EMBEDDED_MODELS if m.folder == folder)
+    if model not in EMBEDDED_PAIR:
+        say(f"{model.folder}: {assemble(model, progress=progress)} (converted when a run first names it)")
+        return
     for dtype in dtypes(names):
-        path = prepare_embedded(model, status=say, progress=progress, dtype=dtype)
+        path = (prepare_store(model, dtype, say, progress) if model == DRAFT else None) or \
+            prepare_embedded(model, status=say, progress=progress, dtype=dtype)
         say(f"{model.folder} ({str(dtype).removeprefix('torch.')}): {path}")
 
 
@@ -121,19 +131,29 @@ def status_lines(auto) -> list[str]:
     lines = [f"{gguf_path(m)}: {size(gguf_path(m)) / 1e9:.2f} GB, the verified GGUF every copy is made from (kept)"
              for m in EMBEDDED_MODELS if has_gguf(m)]
     for model, dtype, folder in copies():
-        why = "what runs here use (--dtype auto)" if dtype == auto else "optional: --prune deletes it"
-        lines.append(f"{folder}: {size(folder) / 1e9:.2f} GB, {model.role} in {str(dtype).removeprefix('torch.')}, "
-                     f"{why}")
+        why = "what runs here use (--dtype auto)" if default_run_reads(model, dtype, folder, auto) else \
+            "optional: --prune deletes it (made again when a run asks)"
+        form = "4-bit codes" if "-int4-" in folder.name else "dense"
+        lines.append(f"{folder}: {size(folder) / 1e9:.2f} GB, {model.role} ({model.folder}) in "
+                     f"{str(dtype).removeprefix('torch.')}, {form}, {why}")
     return lines or ["the cache holds no embedded model yet: `specviz prepare` makes it ready"]
 
 
+def default_run_reads(model, dtype, folder, auto) -> bool:
+    """A run with every default reads this copy: the target's dense copy and the draft's store, in `auto`'s dtype."""
+    from specviz.models.embedded import DRAFT, TARGET, converted_dir
+    from specviz.models.preparing import store_dir
+
+    return dtype == auto and folder == {DRAFT: store_dir, TARGET: converted_dir}.get(model, lambda *_: None)(model, dtype)
+
+
 def prune(auto) -> int:
-    """Delete the converted copies in a dtype other than `auto`'s; returns the bytes freed."""
+    """Delete the copies a run with every default does not read (`default_run_reads`); returns the bytes freed."""
     import shutil
 
     freed = 0
-    for _, dtype, folder in copies():
-        if dtype != auto:
+    for model, dtype, folder in copies():
+        if not default_run_reads(model, dtype, folder, auto):
             freed += size(folder)
             shutil.rmtree(folder)
             print(f"deleted {folder}")

@@ -5,33 +5,20 @@ Every failure a user can cause ends in a `ModelLoadError` with one sentence sayi
 
 from __future__ import annotations
 
-import gc
 import logging
-import shutil
-import tempfile
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from pathlib import Path
+from collections.abc import Callable
 
 import torch
-from filelock import FileLock
 
 from specviz.compat import forward, model_vocab
-from specviz.models.embedded import (
-    EmbeddedModel,
-    EmbeddedModelError,
-    assemble,
-    converted_dir,
-    embedded_model,
-    is_converted,
-)
-from specviz.models.converted import cast_folder, replace_folder, write_manifest
+from specviz.models.embedded import EmbeddedModelError, converted_dir, embedded_model
 from specviz.models.families import same_tokenizer, vocab_map
 from specviz.models.pair import (
     DTYPES, EMBEDDED, OUT_OF_MEMORY, TINY, ModelLoadError, ModelPair, PairSpec,
     release_memory, resolve_device, resolve_dtype,
 )
-from specviz.models.sources import locate
+from specviz.models.preparing import prepare_embedded, stored_draft
+from specviz.models.reading import from_pretrained
 from specviz.models.synthetic import is_synthetic, synthetic_pair
 from specviz.models.tiny import tiny_pair
 
@@ -40,147 +27,24 @@ log = logging.getLogger(__name__)
 Status = Callable[[str], None]
 
 
-def _load_failure(e: Exception, source: str, kw: dict) -> ModelLoadError:
-    """One sentence for whatever the library raised while loading `source`."""
-    if isinstance(e, OUT_OF_MEMORY):
-        release_memory(e)
-        return ModelLoadError(f"out of memory while loading {source}: pick a smaller model or a lower-precision dtype.")
-    if isinstance(e, ValueError) and "trust_remote_code" in str(e):
-        return ModelLoadError(f"{source} ships its own model code; specviz runs it only if the server was started "
-                              "with --trust-remote-code and this model as --draft/--target.")
-    if isinstance(e, ValueError) and "does not recognize this architecture" in str(e):
-        import transformers
-
-        return ModelLoadError(f"{source} is a model type that transformers {transformers.__version__} does not "
-                              "know; a newer transformers may (or, if the model ships its own code, see "
-                              "--trust-remote-code).")
-    if isinstance(e, ValueError):
-        return ModelLoadError(f"could not load {source}: {e}")
-    if isinstance(e, OSError):
-        path = Path(source).expanduser()
-        if path.exists():
-            return ModelLoadError(f"could not read a model from {path}: {e}")
-        if kw.get("local_files_only"):
-            return ModelLoadError(f"the model hub is unreachable and {source!r} is not in the local hub cache. "
-                                  "Offline, use 'embedded', a local folder or a .gguf file.")
-        return ModelLoadError(f"the model hub has no model {source!r} that this machine may read (a typo, or a "
-                              "gated model: accept its licence on the hub and log in with `hf auth login`).")
-    # anything else a malformed model can raise (KeyError, RuntimeError, ...)
-    return ModelLoadError(f"could not load {source}: {type(e).__name__}: {e}")
-
-
-def _from_pretrained(source: str, dtype: torch.dtype, trust_remote_code: bool, device_map=None,
-                     progress: bool = True, **kw):
-    """Load a model and its tokenizer, turning the library's many exceptions into one sentence."""
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    folder, where = locate(source)
-    kw = {**kw, **where}
-    try:
-        with progress_bars(progress):
-            tokenizer = AutoTokenizer.from_pretrained(folder, trust_remote_code=trust_remote_code, **kw)
-            model = AutoModelForCausalLM.from_pretrained(
-                folder, dtype=dtype, trust_remote_code=trust_remote_code, device_map=device_map, **kw
-            )
-    except (*OUT_OF_MEMORY, Exception) as e:
-        raise _load_failure(e, source, kw) from e
-    return model, tokenizer
-
-
-@contextmanager
-def progress_bars(shown: bool) -> Iterator[None]:
-    """transformers' own progress bars ("Loading weights", one per model read; the hub's downloads) hidden for a
-    load asked to show none (`progress=False`: `--no-progress`, a served load), with its own switch, and back on
-    after: the switch is the whole process's. A load that shows progress leaves it as it is."""
-    from transformers.utils import logging as hf_logging
-
-    hide = not shown and hf_logging.is_progress_bar_enabled()
-    if hide:
-        hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if hide:
-            hf_logging.enable_progress_bar()
-
-
-def prepare_embedded(model: EmbeddedModel, status: Status = log.info, progress: bool = True,
-                     dtype: torch.dtype = torch.float32) -> Path:
-    """Assemble + verify the GGUF, then cache a safetensors copy in `dtype` (float32 for a dtype without a copy of
-    its own) so later starts take seconds; returns its folder.
-
-    float32 keeps the dequantized GGUF values exactly; a half dtype's copy holds those values cast (what a load in
-    that dtype would compute; its load maps 3.5 GB instead of the float32 copy's 7 GB: the load's peak). The half
-    copy is cast from the float32 one where that is cached, else converted straight from the GGUF: the float32
-    copy, twice the bytes, is made only when a float32 run first asks for it.
-    """
-    half = dtype in (torch.bfloat16, torch.float16)
-    dest = converted_dir(model, dtype if half else None)
-    if is_converted(model, dtype if half else None):
-        return dest
-    if half and is_converted(model):
-        with _staging(dest) as staging, FileLock(dest.parent / f".{dest.name}.lock"):
-            if not is_converted(model, dtype):
-                status(f"Writing a {str(dtype).removeprefix('torch.')} copy of {model.name} once…")
-                cast_folder(converted_dir(model), staging, dtype)
-                write_manifest(staging, model.sha256)
-                replace_folder(staging, dest)
-        return dest
-    _convert(model, dest, status, progress, dtype if half else torch.float32)
-    return dest
-
-
-@contextmanager
-def _staging(dest: Path):
-    """A folder beside `dest` to write a copy into whole (renamed into place by the caller; removed if it was not)."""
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(dir=dest.parent, prefix=f".{dest.name}-"))
-    try:
-        yield staging
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-
-
-def _convert(model: EmbeddedModel, dest: Path, status: Status, progress: bool, dtype: torch.dtype) -> None:
-    """The copy in `dest`, converted from the GGUF (dequantized in float32, then cast where `dtype` is a half one);
-    two processes preparing at once: one converts, the other waits and then finds it converted."""
-    half = dtype != torch.float32
-    with _staging(dest) as staging, FileLock(dest.parent / f".{dest.name}.lock"):
-        if is_converted(model, dtype if half else None):
-            return
-        status(f"Assembling and verifying the embedded {model.role} ({model.name})…")
-        gguf = assemble(model, progress=progress)
-        status(f"Converting {model.name} from GGUF once: a {str(dtype).removeprefix('torch.')} copy "
-               f"(about a minute)…")
-        m, tok = _from_pretrained(str(gguf), torch.float32, trust_remote_code=False, progress=progress)
-        m.hf_quantizer = None  # the weights are plain float32 now; GGUF was only the container
-        m.config.__dict__.pop("quantization_config", None)
-        try:  # written whole beside it, recorded file by file, then renamed into place
-            if half:
-                m.to(dtype)  # as a load in that dtype casts the float32 values (and `cast_folder` does)
-            m.save_pretrained(staging)
-            tok.save_pretrained(staging)
-            write_manifest(staging, model.sha256)
-            replace_folder(staging, dest)
-        finally:
-            del m
-            gc.collect()
-
-
 def load_model(source: str, role: str, dtype: torch.dtype, *, trust_remote_code=False, device_map=None,
-               status: Status = log.info, progress: bool = True):
+               status: Status = log.info, progress: bool = True, coded: bool = False):
+    """`source`'s model and tokenizer in `dtype`. `coded`: a draft that will run as the lean int4 step (CPU) may be
+    read from its store of codes (`preparing.stored_draft`): the embedded draft is, with no dense copy on disk."""
     if (embedded := embedded_model(source, role)) is not None:
         try:
+            if coded and (stored := stored_draft(embedded, dtype, status, progress)) is not None:
+                return stored
             folder = prepare_embedded(embedded, status, progress, dtype)
         except EmbeddedModelError as e:
             raise ModelLoadError(str(e)) from e
         status(f"Loading the embedded {role} ({embedded.name})…")
         # a half dtype's copy is read shard by shard into memory rather than mapped: a mapped file's pages stay in the
         # process while any weight of it does, so the dense weights the tuned kernels release would stay too
-        return _from_pretrained(str(folder), dtype, trust_remote_code=False, progress=progress,
+        return from_pretrained(str(folder), dtype, trust_remote_code=False, progress=progress,
                                 disable_mmap=folder != converted_dir(embedded))
     status(f"Loading {role} {source}…")
-    return _from_pretrained(source, dtype, trust_remote_code, device_map=device_map, progress=progress)
+    return from_pretrained(source, dtype, trust_remote_code, device_map=device_map, progress=progress)
 
 
 def eos_ids(model, tokenizer) -> frozenset[int]:
@@ -215,8 +79,9 @@ def check_croppable(model, name: str, device: torch.device) -> None:
 
 def load_pair(draft: str | None = EMBEDDED, target: str = EMBEDDED, *, device: str = "auto",
               dtype: str = "auto", trust_remote_code: bool = False, device_map: str | None = None,
-              status: Status = log.info, progress: bool = True) -> ModelPair:
-    """Load both models. `draft=None` gives a target-only pair (for model-free drafters).
+              status: Status = log.info, progress: bool = True, coded_draft: bool = False) -> ModelPair:
+    """Load both models. `draft=None` gives a target-only pair (for model-free drafters). `coded_draft`: the draft
+    will run as the lean int4 step, so it may be read from its store of codes (`load_model`).
 
     `device_map="auto"` lets accelerate spread a target too big for one GPU over several.
     """
@@ -238,7 +103,8 @@ def load_pair(draft: str | None = EMBEDDED, target: str = EMBEDDED, *, device: s
         d_model = None
         if draft is not None:
             d_model, d_tok = load_model(draft, "draft", dt, trust_remote_code=trust_remote_code,
-                                        status=status, progress=progress)
+                                        status=status, progress=progress,
+                                        coded=coded_draft and dev.type == "cpu")  # (the lean step's kernels)
             d_model.to(dev).eval()
         if device_map is None:
             t_model.to(dev)
@@ -283,7 +149,7 @@ def load_spec(spec: PairSpec, *, loader: Callable[..., ModelPair] = load_pair, s
     (fits or check_fits)(spec)
     pair = loader(spec.draft, spec.target, device=spec.device, dtype=spec.dtype,
                   trust_remote_code=spec.trust_remote_code, device_map=spec.device_map, status=status,
-                  progress=progress)
+                  progress=progress, coded_draft=spec.draft_quant == "int4")
     return lean(with_speedups(pair, spec, status, release=True), status)
 
 

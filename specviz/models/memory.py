@@ -17,7 +17,9 @@ import itertools
 
 import torch
 
-from specviz.models.embedded import converted_dir, embedded_model, is_converted
+from specviz.models.converted import complete
+from specviz.models.embedded import converted_dir, embedded_model
+from specviz.models.preparing import store_dir
 from specviz.models.sources import locate
 from specviz.models.synthetic import is_synthetic, shape_of
 from specviz.models.pair import TINY, ModelLoadError, ModelPair, PairSpec, resolve_device, resolve_dtype
@@ -58,7 +60,8 @@ def parameter_count(source: str | None, role: str) -> int | None:
         except ModelLoadError:
             return None  # an unknown shape: the load names the known ones
     if (embedded := embedded_model(source, role)) is not None:
-        folders = [converted_dir(embedded, d) for d in (None, torch.bfloat16) if is_converted(embedded, d)]
+        folders = [f for f in [converted_dir(embedded, d) for d in (None, torch.bfloat16)] +
+                   [store_dir(embedded, d) for d in (torch.float32, torch.bfloat16)] if complete(f, embedded.sha256)]
         if not folders:  # (any copy's config will do: every dtype has the same parameters)
             return None
         folder, kw = str(folders[0]), {}

@@ -74,9 +74,13 @@ def in_use_problem(times: StepTimes, used: InUse, margin: float = STEP_MARGIN) -
 
 
 def compilable(model, spec: PairSpec, role: str) -> bool:
-    """A Hugging Face causal LM as loaded (a quantized target's custom kernels are not compiled)."""
+    """A Hugging Face causal LM as loaded (a quantized target's custom kernels are not compiled; a draft read as its
+    codes, `draft.store`, has no dense step to compile: its lean step is its step)."""
+    from specviz.models.draft.store import CodedLinear
+
     return (model is not None and hasattr(model, "config") and hasattr(model, "generate")
-            and not (role == "target" and spec.target_quant != "none"))
+            and not (role == "target" and spec.target_quant != "none")
+            and not any(isinstance(m, CodedLinear) for m in model.modules()))
 
 
 def probe_ids(model, n: int = PROBE_LENGTHS[0]) -> list[int]:

@@ -25,6 +25,7 @@ from torch.nn import functional as F
 from specviz.kernels import w4a8
 from specviz.kernels.w4a8 import LeanStep
 from specviz.models.draft.quantized import DraftQuant, quantize_linear, supports
+from specviz.models.draft.store import CodedLinear
 from specviz.models.draft.vocab import quantize_head
 
 SUPPORTED = ("qwen2", "llama")
@@ -41,6 +42,8 @@ def supported(model: nn.Module) -> bool:
 
 def _fused(linears: list[nn.Linear], bits: int, group_size: int) -> nn.Module:
     """One linear whose output is the concatenation of `linears`' outputs, then quantized."""
+    if all(isinstance(lin, CodedLinear) for lin in linears):  # (loaded from the store: codes, no dense weights)
+        return quantize_linear(CodedLinear.cat(linears), bits, group_size, keep_dense=False)
     first = linears[0]
     weight = torch.cat([lin.weight.detach() for lin in linears])
     has_bias = any(lin.bias is not None for lin in linears)
@@ -259,6 +262,8 @@ def release_replaced(model: nn.Module) -> int:
             continue
         released += weight.numel() * weight.element_size()
         linear.weight = nn.Parameter(torch.empty_like(weight, device="meta"), requires_grad=False)
+    for coded in [m for m in model.modules() if isinstance(m, CodedLinear)]:  # (loaded from the store)
+        released += coded.release()
     return released
 
 

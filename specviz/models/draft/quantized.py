@@ -79,14 +79,9 @@ class Int4Linear(QuantLinear):
     def __init__(self, dense: nn.Linear, group_size: int, keep_dense: bool = True):
         super().__init__(dense, keep_dense)
         n, k = dense.weight.shape
-        q = torch.empty(n, k, dtype=torch.int32)
-        scale, lo = (torch.empty(n, k // group_size, 1) for _ in range(2))
-        for start in range(0, n, QUANT_ROWS):  # in row blocks: float32 temporaries of a block, not of the weight
-            rows = slice(start, start + QUANT_ROWS)
-            g = dense.weight.detach()[rows].float().reshape(-1, k // group_size, group_size)
-            lo[rows], hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
-            scale[rows] = (hi - lo[rows]).clamp_min(1e-12) / 15
-            q[rows] = (g - lo[rows]).div_(scale[rows]).round_().clamp_(0, 15).to(torch.int32).reshape(-1, k)
+        # a linear kept as its codes (`store.CodedLinear`) gives them as they were computed from its dense weights
+        q, scale, lo = dense.int4_codes(group_size) if hasattr(dense, "int4_codes") else \
+            int4_codes(dense.weight, group_size)
         zero = lo + 8 * scale  # the kernel computes (q - 8) * scale + zero
         self.register_buffer("qweight", torch.ops.aten._convert_weight_to_int4pack_for_cpu(q, 1))
         self.register_buffer("scales_and_zeros", torch.cat([scale, zero], -1).transpose(0, 1).contiguous()
@@ -117,6 +112,22 @@ class Int4Linear(QuantLinear):
         return y.to(x2.dtype)
 
 
+@torch.no_grad()
+def int4_codes(weight: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Asymmetric per-group uint4 codes of `weight` [n, k]: (codes [n, k] int32 0..15, scale and low [n, k / group, 1]
+    float32), a weight being (code * scale + low) up to rounding."""
+    n, k = weight.shape
+    q = torch.empty(n, k, dtype=torch.int32)
+    scale, lo = (torch.empty(n, k // group_size, 1) for _ in range(2))
+    for start in range(0, n, QUANT_ROWS):  # in row blocks: float32 temporaries of a block, not of the weight
+        rows = slice(start, start + QUANT_ROWS)
+        g = weight.detach()[rows].float().reshape(-1, k // group_size, group_size)
+        lo[rows], hi = g.amin(-1, keepdim=True), g.amax(-1, keepdim=True)
+        scale[rows] = (hi - lo[rows]).clamp_min(1e-12) / 15
+        q[rows] = (g - lo[rows]).div_(scale[rows]).round_().clamp_(0, 15).to(torch.int32).reshape(-1, k)
+    return q, scale, lo
+
+
 def supports(device: torch.device, bits: int) -> bool:
     """The packed kernels used here are CPU ones; elsewhere the linears are left as they are."""
     return device.type == "cpu" and bits in (4, 8)
@@ -129,8 +140,8 @@ def quantize_linear(linear: nn.Linear, bits: int, group_size: int = 32, keep_den
     where no forward sends more than DENSE_ABOVE rows."""
     if bits == 4 and linear.in_features % group_size == 0 and linear.out_features % 16 == 0:
         return Int4Linear(linear, group_size, keep_dense)
-    if bits in (4, 8):
-        return Int8Linear(linear, keep_dense)
+    if bits in (4, 8):  # (a linear kept as int4 codes, `store.CodedLinear`, gives the weights they stand for)
+        return Int8Linear(linear.as_linear() if hasattr(linear, "as_linear") else linear, keep_dense)
     return linear
 
 

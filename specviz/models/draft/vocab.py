@@ -62,6 +62,8 @@ class SubsetHead(nn.Module):
 
 def subset_linear(head: nn.Module, ids: torch.Tensor) -> nn.Linear:
     """A linear of `head`'s rows for `ids` (copied: a tied head's rows are the embedding's, which stays whole)."""
+    if hasattr(head, "rows"):  # (a head kept as its codes: `store.CodedLinear`)
+        return head.rows(ids)
     weight = head.weight.detach()[ids].clone()
     linear = nn.Linear(weight.shape[1], len(ids), bias=head.bias is not None, device="meta")
     linear.weight = nn.Parameter(weight, requires_grad=False)
