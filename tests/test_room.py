@@ -469,3 +469,16 @@ def test_an_input_error_comes_before_any_turn():
         with pytest.raises(InputError, match="K must be"):
             racing.race(session, Limits(), PROMPT, SETTINGS | {"k": 0})  # refused at once, not in the queue
         assert len(session.turns) == 1
+
+
+def test_serve_demo_opens_what_the_demo_script_uses_on_loopback_only(monkeypatch, capsys):
+    from specviz.commands.serve import DEMO_ENGINES
+
+    seen = served(monkeypatch, ["--demo"])
+    assert seen["session"].allow_switch  # the int4 target, if the room asks
+    out = capsys.readouterr().out
+    assert "pair switching on" in out and "engines visitors may race: " + ", ".join(DEMO_ENGINES) in out
+    seen = served(monkeypatch, [])
+    assert not seen["session"].allow_switch and "engines visitors may race: none" in capsys.readouterr().out
+    assert main(["serve", "--draft", "tiny", "--target", "tiny", "--demo", "--host", "0.0.0.0"]) == 2
+    assert "--demo serves on this machine only" in capsys.readouterr().err

@@ -101,3 +101,25 @@ def stale_citations(used: list[Path], folder: Path = REPORTS["bench"]) -> list[s
         if path.parent == folder and (newer := superseded(path, folder)) is not None and newer not in used:
             out.append(f"{path.name} (superseded by {newer.name})")
     return out
+
+
+EXPRESSION = re.compile(r"\{\{(.*?)\}\}", re.S)
+RATE = re.compile(r"speedup|tokens_per_s|tok_s")  # a rate or a speedup a page quotes
+
+
+def blocks(template: str) -> list[str]:
+    """A page's paragraphs and tables: what a reader takes in as one comparison (split at blank lines)."""
+    return [b for b in re.split(r"\n\s*\n", template) if b.strip()]
+
+
+def unlike_measures(template: str) -> list[str]:
+    """The paragraphs and tables of `template` that quote a decode-only rate or speedup (a report field named
+    decode…) without saying so in their own words: beside end-to-end figures they would read as one measure. A
+    decode-only figure is shown labelled, as its own column or clause ("decode")."""
+    problems = []
+    for block in blocks(template):
+        quoted = [e.strip() for e in EXPRESSION.findall(block) if RATE.search(e)]
+        words = EXPRESSION.sub("", block).lower()
+        if any("decode" in e for e in quoted) and "decod" not in words:
+            problems.append(next(e for e in quoted if "decode" in e))
+    return problems

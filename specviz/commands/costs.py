@@ -55,7 +55,7 @@ def cmd_costs(args) -> int:
 
     from specviz.bench.bandwidth import triad_bandwidth
     from specviz.bench.shape_costs import CostSettings, format_costs, measure_mode
-    from specviz.models.loading import load_pair, with_speedups
+    from specviz.models.loading import Reading, load_pair, with_speedups
     from specviz.models.synthetic import prompt_ids
 
     from specviz.models.memory import check_fits
@@ -75,8 +75,8 @@ def cmd_costs(args) -> int:
                             args.forced_tokens, args.prompt_tokens)
     status = lambda s: print(s, file=sys.stderr)  # noqa: E731
     check_fits(spec)  # one sentence before any weight is made, not the OS's kill after
-    loaded = load_pair(spec.draft, spec.target, device=spec.device, dtype=spec.dtype, device_map=spec.device_map,
-                       trust_remote_code=spec.trust_remote_code, status=status)
+    loaded = load_pair(spec.draft, spec.target, device=spec.device, dtype=spec.dtype, status=status,
+                       reading=Reading(spec.trust_remote_code, spec.device_map))  # (the draft as loaded is timed)
     eager = with_speedups(loaded, spec, status)
     prompt = prompt_ids(settings.prompt_tokens, min(len(loaded.tokenizer), loaded.vocab_size))
     bandwidth = triad_bandwidth(device=loaded.device)

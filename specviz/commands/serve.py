@@ -42,6 +42,10 @@ def register(sub) -> None:
                    help="an engine's base URL (llama.cpp's llama-server, vLLM, SGLang) visitors may race in the "
                         "Engines tab; nothing else is fetched (none by default; `specviz engines llamacpp` starts "
                         "a local pair)")
+    p.add_argument("--demo", action="store_true",
+                   help="what the demo script (docs/demo.md) uses, on this machine only: pair switching on (the "
+                        "int4 target) and the Engines tab for the local servers `specviz engines llamacpp` and "
+                        "`specviz engines vllm` start on their default ports; refused with a --host beyond loopback")
     add_options(p.add_argument_group("models"), PairSpec)
     add_options(p.add_argument_group("decoding (the app opens with these)"), DecodeConfig, Limits())
     add_options(p.add_argument_group("limits (per request)"), Limits)
@@ -68,11 +72,19 @@ def allow_any_model(args: argparse.Namespace) -> bool:
     return is_loopback(args.host) if args.allow_any_model is None else args.allow_any_model
 
 
+# the servers `specviz engines llamacpp` and `specviz engines vllm` start with their default --port: the target alone,
+# then the target with its draft
+DEMO_ENGINES = ("http://127.0.0.1:8081", "http://127.0.0.1:8082", "http://127.0.0.1:8091", "http://127.0.0.1:8092")
+
+
 def served(args: argparse.Namespace) -> Served:
     from specviz.remote.policy import EngineError, EnginePolicy
 
+    if args.demo and not is_loopback(args.host):
+        raise InputError(f"--demo serves on this machine only (it turns pair switching on): drop --host {args.host} "
+                         "or --demo.")
     room = room_of(values_of(args, Room))
-    engines = tuple(args.allow_engine or ())
+    engines = tuple(dict.fromkeys([*(args.allow_engine or ()), *(DEMO_ENGINES if args.demo else ())]))
     try:
         EnginePolicy(allowed=engines)  # a bad URL stops the start, in one sentence
     except EngineError as e:
@@ -124,7 +136,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     s = served(args)
     recordings = Recordings(s.room.recorded_mb * 2**20) if s.room.recorded else None
-    session = Session(spec=s.spec, allow_switch=args.allow_pair_switch, allow_any_model=allow_any_model(args),
+    session = Session(spec=s.spec, allow_switch=args.allow_pair_switch or args.demo,
+                      allow_any_model=allow_any_model(args),
                       recordings=recordings)
     print(f"specviz: loading {s.spec.label}…", flush=True)
     session.load(s.spec.draft, s.spec.target, s.spec.dtype, status=lambda line: print(f"  {line}", flush=True))

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -77,14 +78,22 @@ def check_croppable(model, name: str, device: torch.device) -> None:
                              "linear-attention layers?): speculative decoding needs one that can.")
 
 
-def load_pair(draft: str | None = EMBEDDED, target: str = EMBEDDED, *, device: str = "auto",
-              dtype: str = "auto", trust_remote_code: bool = False, device_map: str | None = None,
-              status: Status = log.info, progress: bool = True, coded_draft: bool = False) -> ModelPair:
-    """Load both models. `draft=None` gives a target-only pair (for model-free drafters). `coded_draft`: the draft
-    will run as the lean int4 step, so it may be read from its store of codes (`load_model`).
+@dataclass(frozen=True)
+class Reading:
+    """How a pair's models are read: model code a model ships is run only when asked (`trust_remote_code`);
+    accelerate's `device_map` ("auto" spreads a target too big for one GPU over several); `coded_draft`: the draft will
+    run as the lean int4 step, so it may be read from its store of codes (`load_model`)."""
 
-    `device_map="auto"` lets accelerate spread a target too big for one GPU over several.
-    """
+    trust_remote_code: bool = False
+    device_map: str | None = None
+    coded_draft: bool = False
+
+
+def load_pair(draft: str | None = EMBEDDED, target: str = EMBEDDED, *, device: str = "auto",
+              dtype: str = "auto", reading: Reading = Reading(), status: Status = log.info,
+              progress: bool = True) -> ModelPair:
+    """Load both models. `draft=None` gives a target-only pair (for model-free drafters)."""
+    trust_remote_code, device_map = reading.trust_remote_code, reading.device_map
     if TINY in (draft, target):
         if (draft, target) != (TINY, TINY):
             raise ModelLoadError("'tiny' is a pair of its own: pass it as both --draft and --target.")
@@ -104,7 +113,7 @@ def load_pair(draft: str | None = EMBEDDED, target: str = EMBEDDED, *, device: s
         if draft is not None:
             d_model, d_tok = load_model(draft, "draft", dt, trust_remote_code=trust_remote_code,
                                         status=status, progress=progress,
-                                        coded=coded_draft and dev.type == "cpu")  # (the lean step's kernels)
+                                        coded=reading.coded_draft and dev.type == "cpu")  # (the lean step's kernels)
             d_model.to(dev).eval()
         if device_map is None:
             t_model.to(dev)
@@ -147,9 +156,8 @@ def load_spec(spec: PairSpec, *, loader: Callable[..., ModelPair] = load_pair, s
     from specviz.models.memory import check_fits
 
     (fits or check_fits)(spec)
-    pair = loader(spec.draft, spec.target, device=spec.device, dtype=spec.dtype,
-                  trust_remote_code=spec.trust_remote_code, device_map=spec.device_map, status=status,
-                  progress=progress, coded_draft=spec.draft_quant == "int4")
+    pair = loader(spec.draft, spec.target, device=spec.device, dtype=spec.dtype, status=status, progress=progress,
+                  reading=Reading(spec.trust_remote_code, spec.device_map, coded_draft=spec.draft_quant == "int4"))
     return lean(with_speedups(pair, spec, status, release=True), status)
 
 
