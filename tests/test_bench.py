@@ -296,6 +296,8 @@ def test_speedups_are_ratios_of_totals():
     assert s["acceptance_rate"] == pytest.approx(pooled_acceptance(synthetic_results()), abs=1e-4)
     assert s["identical_fraction"] == 1.0 and all(r["identical_to_ar"] for r in report["runs"])
     assert s["efficiency"] == pytest.approx(s["speedup"] / s["predicted_speedup"], abs=1e-3)
+    # like for like: the decoding speedup over the AR lane (no prompt in it, as in the prediction) against it
+    assert s["decode_efficiency"] == pytest.approx(s["decode_speedup"] / s["predicted_speedup"], abs=1e-3)
     assert s["speedup_ci95"] is None  # two prompts: no interval claimed
 
 

@@ -245,6 +245,10 @@ def summary_record(bench: Bench, compared: Compared, by_method: dict, record: di
         "predicted_speedup": predicted,
         "efficiency": _round(ratio(ratio(rate(results, spec), rate(results, compared.base)), predicted))
         if predicted else None,
+        # the same, like for like: the cost model has no prompt reading, so the decode speedup over the AR lane (whose
+        # step it models) against it; the end-to-end one above also pays the draft's prompt and a faster baseline
+        "decode_efficiency": _round(ratio(ratio(decode_rate(runs_of(results, spec)),
+                                                decode_rate(runs_of(results, AR))), predicted)) if predicted else None,
         "event_overhead": record["event_overhead"], "device": device, "dtype": dtype,
         # extras beyond the keys
         "setting": setting_name(chosen), "k": chosen.k, "adaptive": chosen.adaptive,

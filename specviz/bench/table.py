@@ -92,7 +92,8 @@ def summary_lines(report: dict) -> list[str]:
             f"  by kind {s['speedup_by_kind']}",
             "  vs HF: " + (vs_hf or "not run (--compare-hf)"),
             f"  acceptance {_fmt(s['acceptance_rate'])}   identical to AR {_fmt(s['identical_fraction'])}",
-            f"  predicted {_fmt(s['predicted_speedup'])}x   efficiency {_fmt(s['efficiency'])}   "
+            f"  predicted {_fmt(s['predicted_speedup'])}x   efficiency {_fmt(s['efficiency'])} end to end, "
+            f"{_fmt(s.get('decode_efficiency'))} decoding   "
             f"event overhead {_fmt(s['event_overhead'], '.3f')}   best K predicted {s['best_k_predicted']}",
             f"  CPU contention: worst call kept stalled {_fmt(s['max_cpu_stall'], '.1%')} of its time; "
             f"{s['remeasured']} repetition(s) measured again"
