@@ -262,3 +262,24 @@ def test_a_draft_of_another_family_keeps_the_target_output(smollm2_pair, ar_runs
     print(f"SmolLM2 -> Qwen, K=4 greedy: acceptance {accepted / drafted:.2f} ({accepted}/{drafted})")
     assert accepted > 0  # it does propose what the target says, sometimes
     assert all(draftable == (t in smollm2_pair.vocab_map.shared) for t, draftable in marked)
+
+
+def test_the_real_draft_read_from_its_store_of_codes_is_the_lean_draft_of_its_dense_weights(embedded_pair, tmp_path):
+    """The embedded draft kept as its codes (`models.draft.store`, what `make app` caches instead of a dense copy)
+    gives the lean draft quantized from the dense weights, bit for bit: every packed buffer, and the logits of a prompt
+    and of a one-token step, with its whole head and with a cut one."""
+    from specviz.models.draft import DraftQuant, store
+    from specviz.models.draft.lean import lean_draft
+
+    store.write(embedded_pair.draft, tmp_path, store.GROUP)
+    coded = store.load(tmp_path, torch.float32)
+    ids = torch.tensor([encode_prompt(embedded_pair.tokenizer, "def merge(a, b):")])
+    for vocab_ids in (None, torch.arange(0, 151936, 8)):  # (a cut head of 18,992 rows: --draft-vocab's multiple of 16)
+        a, b = (lean_draft(m, DraftQuant.named("int4"), vocab_ids) for m in (coded, embedded_pair.draft))
+        bufs_a, bufs_b = dict(a.named_buffers()), dict(b.named_buffers())
+        assert bufs_a.keys() == bufs_b.keys()
+        assert all(torch.equal(bufs_a[k], bufs_b[k]) for k in bufs_a if bufs_a[k] is not None)
+        caches = a.new_cache(), b.new_cache()
+        assert torch.equal(a(ids, cache=caches[0]).logits, b(ids, cache=caches[1]).logits)
+        step = torch.tensor([[13]])
+        assert torch.equal(a(step, cache=caches[0]).logits, b(step, cache=caches[1]).logits)

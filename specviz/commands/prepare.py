@@ -144,7 +144,8 @@ def default_run_reads(model, dtype, folder, auto) -> bool:
     from specviz.models.embedded import DRAFT, TARGET, converted_dir
     from specviz.models.preparing import store_dir
 
-    return dtype == auto and folder == {DRAFT: store_dir, TARGET: converted_dir}.get(model, lambda *_: None)(model, dtype)
+    read = {DRAFT: store_dir, TARGET: converted_dir}.get(model)
+    return dtype == auto and read is not None and folder == read(model, dtype)
 
 
 def prune(auto) -> int:

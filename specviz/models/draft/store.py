@@ -2,7 +2,7 @@
 
 The embedded draft's dense bf16 copy takes 1.27 GB; what its lean step reads is the codes `quantized.int4_codes`
 makes from those weights. The store holds exactly those codes (two a byte, scales and lows in float32 as computed)
-beside the tensors the step keeps as they are (embedding, norms, biases): 0.64 GB. A load builds the model on the
+beside the tensors the step keeps as they are (embedding, norms, biases): 0.65 GB. A load builds the model on the
 meta device and gives each linear its codes (`CodedLinear`), so the lean draft is the same bit for bit as one
 quantized from the dense copy. Only runs that want the dense draft (`--draft-quant none` or int8, the bench's
 lanes beside transformers) have its dense copy made, once, from the verified GGUF.
