@@ -32,6 +32,7 @@ from specviz.settings.errors import InputError
 from specviz.serving.model_thread import ModelThread
 from specviz.serving.recorded import Recordings
 from specviz.settings.spec import checked_values
+from specviz.serving.warm import Warmers
 from specviz.serving.turns import Turns, Waiting
 
 Loader = Callable[..., ModelPair]
@@ -143,6 +144,7 @@ class Session:
         self.turns = Turns()  # the model's queue: each job's place and estimated wait
         self.recordings = recordings  # answers of complete runs whose request fixes them (None: off)
         self.worker = ModelThread()  # where all model work happens: load, compile, warm-up, every forward
+        self.warmers = Warmers()  # hold the cores while a shown run waits for its page (serving.warm)
 
     def next_race(self) -> int:
         return next(self.races)

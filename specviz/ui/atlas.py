@@ -115,7 +115,7 @@ def run_atlas(session: Session, limits: Limits, upload, pasted, race: bool, sett
     prompts = prompt_set(upload, pasted, limits)
     shown, last = 0, 0.0  # runs in the table, and when it was computed
     state = None
-    settle = options.pace.quiet.for_run(session.turns.visitor_waiting)
+    settle = options.pace.quiet.for_run(session.turns.visitor_waiting, session.warmers)
     with closing(paced(atlases.run_atlas(session, limits, prompts, settings, race=bool(race)),
                        options.pace.min_interval, settle=settle)) as states:
         for state, show in states:

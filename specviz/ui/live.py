@@ -189,7 +189,7 @@ def live(session: Session, limits: Limits, prompt, settings: dict, options: Opti
     states = racing.race(session, limits, prompt, settings, owner=owner, first=broadcast is not None)
     if broadcast is not None:
         states = broadcast.publishing(states)
-    settle = options.pace.quiet.for_run(session.turns.visitor_waiting)
+    settle = options.pace.quiet.for_run(session.turns.visitor_waiting, session.warmers)
     with closing(paced(states, options.pace.min_interval, settle=settle)) as events:
         yield from live_updates(events)
 
