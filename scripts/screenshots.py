@@ -7,6 +7,7 @@
     .venv/bin/python scripts/screenshots.py --atlas atlas.html   # atlas.png, atlas_disagreements.png: a report's page
     .venv/bin/python scripts/screenshots.py --engines SPEC_URL PLAIN_URL   # engines.png: two running engines raced
     flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py --follow   # follow.png: a room's visitor
+    flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py --live   # live.png, live.json: the hero
 
 Writes live.png (the first screen at 1366x768), live_long_prompt.png, presenter.png, race.png, main_running.png,
 main_finished.png, drilldown.png, step.png, distribution.png, formulas.png and replay.png into --out (default
@@ -183,9 +184,9 @@ def other_family_shot(page, out: Path, long: int) -> None:
     print("wrote", out / "other_family.png", flush=True)
 
 
-def live_and_race_shots(page, out: Path, long: int) -> None:
-    """live.png (and its caption), presenter.png, race.png, then live_long_prompt.png back on the Live tab."""
-    live_run(page, STORY, long)  # the Live view: a story, then the code prompt on screen
+def hero_shot(page, out: Path, long: int) -> None:
+    """live.png and its caption (live.json): a story, then the code prompt on screen."""
+    live_run(page, STORY, long)
     for attempt in range(1, HERO_TRIES + 1):  # a race the app says is not a measure is run again, as it asks
         live_run(page, CODE, long)
         if STRAY not in page.inner_text("#sv-live-speed"):
@@ -193,6 +194,11 @@ def live_and_race_shots(page, out: Path, long: int) -> None:
     page.screenshot(path=str(out / "live.png"))
     print("wrote", out / "live.png", flush=True)
     caption(page.inner_text("#sv-live-speed"), out / "live.json", attempt)
+
+
+def live_and_race_shots(page, out: Path, long: int) -> None:
+    """live.png (and its caption), presenter.png, race.png, then live_long_prompt.png back on the Live tab."""
+    hero_shot(page, out, long)
     page.click("#sv-presenter-btn")
     time.sleep(1.0)
     page.screenshot(path=str(out / "presenter.png"))
@@ -285,6 +291,7 @@ def main() -> None:
     ap.add_argument("--engines", nargs=2, metavar=("SPEC_URL", "PLAIN_URL"),
                     help="only engines.png: the Engines tab racing these two running engines")
     ap.add_argument("--follow", action="store_true", help="only follow.png: a room's visitor following a run")
+    ap.add_argument("--live", action="store_true", help="only live.png and its caption (live.json): the README's hero")
     ap.add_argument("--atlas", metavar="REPORT",
                     help="only atlas.png and atlas_disagreements.png: the page `specviz atlas --html` wrote")
     args = ap.parse_args()
@@ -313,6 +320,7 @@ def main() -> None:
             (lambda: engines_shot(page, list(engines), out, long)) if engines else \
             (lambda: tree_shots(page, out, long)) if args.tree else \
             (lambda: other_family_shot(page, out, long)) if args.other_family else \
+            (lambda: hero_shot(page, out, long)) if args.live else \
             (lambda: all_shots(page, out, long, args.samples))
         shots()
         browser.close()

@@ -9,12 +9,14 @@ The app is offline by default: no Gradio telemetry, no version check, never a sh
 from __future__ import annotations
 
 import gradio as gr
+from starlette.middleware import Middleware
 
 from specviz.api import endpoints
 from specviz.engine import DecodeConfig
 from specviz.settings.limits import Limits
 from specviz.serving.session import Session
 from specviz.ui import live
+from specviz.ui.early_head import EarlyHead
 from specviz.ui.app import APP_CSS, build_app
 from specviz.ui.examples import EXAMPLES
 from specviz.ui.handlers import Options
@@ -37,6 +39,6 @@ def build_server(session: Session, limits: Limits = Limits(), options: Options =
 def launch(demo: gr.Blocks, host: str = "127.0.0.1", port: int | None = None, limits: Limits = Limits(), **kwargs):
     """Serve on loopback by default; never share through Gradio's tunnel unless asked. Every model job waits for
     its turn in a worker thread of its own, so there are threads for a full queue and the rest of the app."""
-    return demo.launch(server_name=host, server_port=port, share=False, css=APP_CSS, head=live.HEAD, show_error=True,
+    return demo.launch(server_name=host, server_port=port, share=False, css=APP_CSS, show_error=True,
                        max_file_size="20mb", theme=gr.themes.Soft(), max_threads=limits.max_queue + THREADS,
-                       **kwargs)
+                       app_kwargs={"middleware": [Middleware(EarlyHead, html=live.HEAD)]}, **kwargs)

@@ -145,6 +145,32 @@ def test_live_view_shows_the_four_parts_on_one_laptop_screen(page, app_url):
         page.set_viewport_size({"width": 1400, "height": 1000})
 
 
+# counts, under the page's own scripts, the frames asked for from Gradio's status trackers (their elapsed-time counters)
+COUNT_FRAMES = """window.__frames = 0; const native = window.requestAnimationFrame.bind(window);
+window.requestAnimationFrame = tick => { if (/statustracker/.test(new Error().stack || "")) window.__frames++;
+  return native(tick); };"""
+
+
+def test_the_hidden_status_counters_tick_once_a_second_not_every_frame(browser_page, app_url):
+    """`live.HEAD` must run before Gradio's modules (they keep the requestAnimationFrame they found): served first in
+    the <head> (`ui.early_head`). Given as launch(head=...) it ran after them and let ~60 ticks a second through,
+    on the cores a race is timed on."""
+    page = browser_page.context.browser.new_page(viewport={"width": 1366, "height": 768})
+    try:
+        page.add_init_script(COUNT_FRAMES)
+        page.goto(app_url)
+        page.wait_for_selector("#sv-run", timeout=60_000)
+        page.fill("#sv-prompt textarea", PROMPT)
+        start = time.monotonic()
+        page.click("#sv-run")
+        page.wait_for_function(FINISHED_LIVE, timeout=120_000)
+        page.wait_for_timeout(2000)
+        seconds = time.monotonic() - start
+        assert page.evaluate("window.__frames") <= 4 * seconds  # a tick a second for each of the run's outputs
+    finally:
+        page.close()
+
+
 def test_presenter_mode_keeps_only_the_four_parts_in_larger_type(page):
     live_run(page, SHORT)
     normal = page.eval_on_selector(".sv-live-x", "e => parseFloat(getComputedStyle(e).fontSize)")
