@@ -180,7 +180,8 @@ def overlap(a: list, b: list) -> float:
 def watched(session: Session, quiet: Quiet) -> tuple[list, object]:
     """A Live race whose every view is followed by a slow page's work; the page's intervals and the last update."""
     page, last = [], None
-    for update in live.live(session, Limits(), PROMPT, SETTINGS, options=Options(Pace(0.0, 0.0, quiet))):
+    options = Options(Pace(0.0, 0.0, quiet, timed_every=0.0))
+    for update in live.live(session, Limits(), PROMPT, SETTINGS, options=options):
         last = update
         slow_page(page)
     time.sleep(2 * FORWARD)  # the last view's work ends
@@ -197,3 +198,15 @@ def test_a_slow_page_never_overlaps_a_timed_forward_and_without_the_wait_it_does
     forwards.clear()  # the control: today's code, the next forward made as soon as the view is handed on
     page, _ = watched(session, NO_WAIT)
     assert overlap(page, forwards) > 0.25 * FORWARD * len(page)
+
+
+def test_a_timed_run_is_shown_seldom_where_its_page_is_waited_for():
+    """A view, and the page's work and wait after it, every `timed_every` seconds: not one per token of the target
+    alone. Without waits (cap 0: nothing to space out) the plain interval holds."""
+    assert Pace().timed_interval == Pace().timed_every > Pace().min_interval
+    assert Pace(min_interval=0.05, quiet=NO_WAIT).timed_interval == 0.05
+    assert Pace(min_interval=2.0).timed_interval == 2.0  # never more often than the plain interval
+    clock = iter(range(100))
+    shown = [show for _, show in paced((race_state(None) for _ in range(10)), Pace().timed_interval,
+                                       clock=lambda: next(clock) * 0.25)]
+    assert shown == [True, False, False, True, False, False, True, False, False, True]

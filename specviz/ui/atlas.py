@@ -117,7 +117,7 @@ def run_atlas(session: Session, limits: Limits, upload, pasted, race: bool, sett
     state = None
     settle = options.pace.quiet.for_run(session.turns.visitor_waiting, session.warmers)
     with closing(paced(atlases.run_atlas(session, limits, prompts, settings, race=bool(race)),
-                       options.pace.min_interval, settle=settle)) as states:
+                       options.pace.timed_interval, settle=settle)) as states:
         for state, show in states:
             if state.finished is not None:
                 break

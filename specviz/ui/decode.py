@@ -133,7 +133,7 @@ def run(session: Session, limits: Limits, prompt, settings: dict, show_rejected:
     tokens_html = render.RoundsHtml()
     runs = decoding.decode(session, limits, prompt, settings, owner=owner)
     settle = options.pace.quiet.for_run(session.turns.visitor_waiting, session.warmers)
-    with closing(paced(runs, options.pace.min_interval, settle=settle)) as events:
+    with closing(paced(runs, options.pace.timed_interval, settle=settle)) as events:
         for trace, show in events:
             if isinstance(trace, Waiting):
                 yield waiting_main(trace)

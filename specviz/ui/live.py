@@ -192,7 +192,7 @@ def live(session: Session, limits: Limits, prompt, settings: dict, options: Opti
     if broadcast is not None:
         states = broadcast.publishing(states)
     settle = options.pace.quiet.for_run(session.turns.visitor_waiting, session.warmers)
-    with closing(paced(states, options.pace.min_interval, settle=settle)) as events:
+    with closing(paced(states, options.pace.timed_interval, settle=settle)) as events:
         yield from live_updates(events)
 
 
