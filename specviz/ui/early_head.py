@@ -1,4 +1,4 @@
-"""The page's own script placed first in the HTML's <head>, before Gradio's modules run (an ASGI middleware).
+"""The page's own script placed first in the HTML head, before Gradio's modules run (an ASGI middleware).
 
 Gradio adds `launch(head=...)` to the page from its JavaScript once its modules have loaded, and by then they hold
 the browser's requestAnimationFrame: a hook given there (`ui.live.HEAD`, which makes the hidden elapsed-time counters
