@@ -25,8 +25,8 @@ class Pace:
     quiet: Quiet = Quiet()  # after a shown view, the next timed forward waits for the page's work (tests: cap 0)
     # a timed run shown in a browser: a view at most this often, where its waits are on. The page's work and the wait
     # after it then come once per several forwards, not once per token (headless Chromium on the same 2-core Zen 4,
-    # three prompts: the target-alone lane at 0.75-0.88 of the bench's speed with a view every 0.15 s, 0.84-1.05 with
-    # one every 0.6 s)
+    # three prompts interleaved with the bench: the target-alone lane at 0.75-0.88 of the bench's speed with a view
+    # every 0.15 s, 0.85-0.92 with one every 0.6 s)
     timed_every: float = 0.6
 
     @property
