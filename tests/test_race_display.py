@@ -97,7 +97,7 @@ def test_the_run_queue_is_read_where_linux_has_one(tmp_path):
     assert runnable(tmp_path / "loadavg") == 3
 
 
-def test_paced_settles_after_each_shown_event_before_the_next_is_made():
+def test_paced_settles_before_the_first_event_and_after_each_shown_one_before_the_next_is_made():
     log = []
 
     def events():
@@ -108,7 +108,7 @@ def test_paced_settles_after_each_shown_event_before_the_next_is_made():
     times = iter([0.0, 0.05, 0.2, 0.21])  # shown: the first, the third (0.2 s on) and the last
     for event, show in paced(events(), 0.15, clock=lambda: next(times), settle=lambda: log.append("settle")):
         log.append(f"shown {event.index}" if show else f"skipped {event.index}")
-    assert log == ["made 0", "shown 0", "settle", "made 1", "skipped 1", "made 2", "shown 2", "settle",
+    assert log == ["settle", "made 0", "shown 0", "settle", "made 1", "skipped 1", "made 2", "shown 2", "settle",
                    "made 3", "shown 3", "settle"]
 
 
