@@ -9,6 +9,8 @@
     flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py --follow   # follow.png: a room's visitor
     flock /tmp/specviz-real.lock .venv/bin/python scripts/screenshots.py --live   # live.png, live.json: the hero
 
+The hero's race runs in `specviz serve` in a process of its own, as a user starts it (scripts/served.py).
+
 Writes live.png (the first screen at 1366x768), live_long_prompt.png, presenter.png, race.png, main_running.png,
 main_finished.png, drilldown.png, step.png, distribution.png, formulas.png and replay.png into --out (default
 assets/screenshots), and prints what the Live view measured and the time from each click to its first round.
@@ -25,6 +27,7 @@ import time
 from pathlib import Path
 
 from playwright.sync_api import sync_playwright
+from served import served
 
 from specviz.engine import DecodeConfig
 from specviz.models import PairSpec
@@ -55,7 +58,8 @@ def clip(page, top: str, bottom: str, pad: int = 8) -> dict:
 
 
 FINISHED = "document.querySelector('#sv-caption')?.innerText.includes('finished (')"
-LIVE_DONE = "document.querySelector('#sv-live-speed .sv-live-why')"
+LIVE_DONE = ("/[0-9]× (faster|slower)$/.test(document.querySelector('#sv-live-speed .sv-live-x')?.firstChild"
+             "?.textContent)")  # the race over: no placeholder, not "so far" (a caveat may show before)
 # the time from the click to the first coloured round in the Live view, measured in the page
 CLICK_TO_FIRST_ROUND = """() => new Promise(done => {
   const t0 = performance.now(); let blank = false;
@@ -276,6 +280,18 @@ def all_shots(page, out: Path, long: int, samples: int) -> None:
     formulas_and_replay_shots(page, out, long)
 
 
+def served_hero(args, out: Path, long: int) -> None:
+    """live.png and live.json from the app `specviz serve` runs in its own process."""
+    with served(["--dtype", args.dtype, "--draft-quant", args.draft_quant]) as url, sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=ARGS)
+        page = browser.new_page(viewport={"width": 1366, "height": 768}, device_scale_factor=1)
+        page.goto(url)
+        page.wait_for_selector("#sv-run")
+        set_slider(page, "sv-set-max_new_tokens", args.max_new_tokens)
+        hero_shot(page, out, long)
+        browser.close()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--pair", default="embedded", choices=["embedded", "tiny"])
@@ -299,6 +315,9 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     if args.atlas:
         atlas_shots(Path(args.atlas), out)
+        return
+    if args.live and args.pair == "embedded":
+        served_hero(args, out, 600_000)
         return
 
     draft, target = ("smollm2", "embedded") if args.other_family else (args.pair, args.pair)

@@ -171,6 +171,27 @@ def test_the_hidden_status_counters_tick_once_a_second_not_every_frame(browser_p
         page.close()
 
 
+COUNT_ALL_FRAMES = """window.__all = 0; const all = window.requestAnimationFrame.bind(window);
+window.requestAnimationFrame = tick => { window.__all++; return all(tick); };"""
+
+
+def test_an_idle_page_asks_for_about_a_frame_a_second(browser_page, app_url):
+    """A status tracker's loading animation, started at page load, keeps Svelte's shared animation loop asking for
+    frames from its own code: `live.HEAD` slows those too (19 frames a second on an idle page before, counted here
+    under `HEAD`, which passes on only the frames it lets through)."""
+    page = browser_page.context.browser.new_page(viewport={"width": 1366, "height": 768})
+    try:
+        page.add_init_script(COUNT_ALL_FRAMES)
+        page.goto(app_url)
+        page.wait_for_selector("#sv-run", timeout=60_000)
+        page.wait_for_timeout(3000)  # the page's own start-up frames over
+        before = page.evaluate("window.__all")
+        page.wait_for_timeout(5000)
+        assert page.evaluate("window.__all") - before <= 15
+    finally:
+        page.close()
+
+
 def test_presenter_mode_keeps_only_the_four_parts_in_larger_type(page):
     live_run(page, SHORT)
     normal = page.eval_on_selector(".sv-live-x", "e => parseFloat(getComputedStyle(e).fontSize)")
