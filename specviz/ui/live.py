@@ -60,7 +60,8 @@ CSS = """
 # fifth of a core in headless Chromium on a 2-core Zen 4, measured with Chrome's tracing). Here those counters tick
 # once a second. So does what a throttled tick asks for next: the loading animation a status tracker starts at page
 # load runs on Svelte's shared animation loop, which asks for its next frame from its own code, not the tracker's,
-# and it never stops (an idle page asked for 19 frames a second, now one). Gradio's modules keep the browser's
+# and it never stops (an idle page asked for 19 frames a second, now one; other Svelte springs and tweens then move
+# at that pace too, and this page has none a visitor needs). Gradio's modules keep the browser's
 # requestAnimationFrame from when they load, so this runs before them: the server puts it first in the page's <head>
 # (`ui.early_head`), not where `launch(head=...)` would (after them).
 HEAD = """<script>
