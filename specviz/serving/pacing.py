@@ -35,6 +35,11 @@ class Pace:
         `min_interval` (no waits: nothing to space out)."""
         return max(self.min_interval, self.timed_every) if self.quiet.cap > 0 else self.min_interval
 
+    def timed(self, events: Iterator, others_waiting: Callable[[], bool], warm=None) -> Iterator[tuple]:
+        """`paced` for a timed run shown in a browser: a view every `timed_interval`, the page's work waited for
+        before each next forward (`Quiet.for_run`, `warm`: its spinners)."""
+        return paced(events, self.timed_interval, settle=self.quiet.for_run(others_waiting, warm))
+
 
 def paced(events: Iterator, min_interval: float, clock: Callable[[], float] = time.monotonic,
           settle: Callable[[], object] = lambda: None) -> Iterator[tuple]:

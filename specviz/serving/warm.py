@@ -1,11 +1,12 @@
 """Keeping the cores awake while a timed run waits for the page, without taking them from the page.
 
 After each shown view a race waits for the page's work (`serving.quiet`). A core left idle that long falls asleep (a
-VM's vCPU is descheduled, a laptop's core clocks down), and the next forward pays for waking it. Measured on a 2-core
-AMD EPYC Zen 4 under KVM, the race's own lanes, six paired races: the target's one-token step after a 0.15 s idle
-wait took 1.21x what it took straight after another step; the same wait spent with idle-priority spinners on the
-cores, 1.055x (through the product's own wait, `Quiet.for_run`: 1.13x idle, 1.03x held). A page waits after every shown event, one a token for the target alone and one a round for
-speculation, so idle waits slowed the target-alone lane most and inflated the speedup the page showed.
+VM's vCPU is descheduled, a laptop's core clocks down), and the next forward pays for waking it. Measured on a
+2-core AMD EPYC Zen 4 under KVM, the race's own lanes, six paired races: the target's one-token step after a 0.15 s
+idle wait took 1.21x what it took straight after another step; the same wait spent with idle-priority spinners on
+the cores, 1.055x (through the product's own wait, `Quiet.for_run`: 1.13x idle, 1.03x held). A page waits after
+every shown event, one a token for the target alone and one a round for speculation, so idle waits slowed the
+target-alone lane most and inflated the speedup the page showed.
 
 So while a run waits, one spinner a core runs at SCHED_IDLE: the kernel gives it a core only when nothing else wants
 one, so the browser painting is not slowed; it is stopped (SIGSTOP) before the next timed forward. Spinners are

@@ -25,7 +25,6 @@ from specviz.runs import atlas_json
 from specviz.runs.atlas_input import PromptSet, read_file, read_prompts
 from specviz.settings.errors import InputError
 from specviz.settings.limits import Limits
-from specviz.serving.pacing import paced
 from specviz.serving.session import Session
 from specviz.runs.trace import Trace
 from specviz.ui.atlas_report import (
@@ -115,9 +114,8 @@ def run_atlas(session: Session, limits: Limits, upload, pasted, race: bool, sett
     prompts = prompt_set(upload, pasted, limits)
     shown, last = 0, 0.0  # runs in the table, and when it was computed
     state = None
-    settle = options.pace.quiet.for_run(session.turns.visitor_waiting, session.warmers)
-    with closing(paced(atlases.run_atlas(session, limits, prompts, settings, race=bool(race)),
-                       options.pace.timed_interval, settle=settle)) as states:
+    with closing(options.pace.timed(atlases.run_atlas(session, limits, prompts, settings, race=bool(race)),
+                                    session.turns.visitor_waiting, session.warmers)) as states:
         for state, show in states:
             if state.finished is not None:
                 break

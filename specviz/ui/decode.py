@@ -20,7 +20,6 @@ from specviz.analysis.stats import RunStats, run_stats
 from specviz.engine.events import CORRECTION, REJECTED, EmittedToken, Round
 from specviz.runs import decode as decoding
 from specviz.runs.trace import Trace
-from specviz.serving.pacing import paced
 from specviz.serving.session import Session
 from specviz.serving.turns import Owner, Waiting
 from specviz.settings.limits import Limits
@@ -132,8 +131,7 @@ def run(session: Session, limits: Limits, prompt, settings: dict, show_rejected:
     """Stream a speculative run round by round (before it, its place in the queue while it waits)."""
     tokens_html = render.RoundsHtml()
     runs = decoding.decode(session, limits, prompt, settings, owner=owner)
-    settle = options.pace.quiet.for_run(session.turns.visitor_waiting, session.warmers)
-    with closing(paced(runs, options.pace.timed_interval, settle=settle)) as events:
+    with closing(options.pace.timed(runs, session.turns.visitor_waiting, session.warmers)) as events:
         for trace, show in events:
             if isinstance(trace, Waiting):
                 yield waiting_main(trace)

@@ -21,7 +21,6 @@ from specviz.analysis.explain import economics, economics_headline, explain, pre
 from specviz.runs import race as racing
 from specviz.runs.broadcast import Broadcast
 from specviz.runs.race import Lane, RaceState
-from specviz.serving.pacing import paced
 from specviz.serving.session import Session
 from specviz.serving.turns import Owner, Waiting
 from specviz.settings.limits import Limits
@@ -197,8 +196,7 @@ def live(session: Session, limits: Limits, prompt, settings: dict, options: Opti
     states = racing.race(session, limits, prompt, settings, owner=owner, first=broadcast is not None)
     if broadcast is not None:
         states = broadcast.publishing(states)
-    settle = options.pace.quiet.for_run(session.turns.visitor_waiting, session.warmers)
-    with closing(paced(states, options.pace.timed_interval, settle=settle)) as events:
+    with closing(options.pace.timed(states, session.turns.visitor_waiting, session.warmers)) as events:
         yield from live_updates(events)
 
 
