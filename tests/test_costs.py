@@ -169,6 +169,22 @@ def test_keep_every_draft_keeps_what_the_rule_would_reject_and_the_report_says_h
     assert not any(d.p == 1.0 for r in rounds for d in r.drafted)  # greedy p: 1 only at the verify's argmax
 
 
+def test_a_forced_run_goes_on_past_the_target_s_end_of_text():
+    """A real model given the costs' arbitrary prompt may write its end-of-text at once: the forced run still times
+    its rounds (they stopped after one, and the report divided by zero), while the pair itself still stops there."""
+    from specviz.analysis.predict import CostModel
+    from specviz.bench.forced import forced_run
+
+    pair = tiny_pair()
+    prompt, k, tokens = [5, 6, 7, 8], 3, 12
+    first = next(iter(autoregressive_generate(pair, prompt, DecodeConfig(k=k, max_new_tokens=1)))).token.id
+    ends = replace(pair, eos_token_ids=frozenset({first}))
+    assert len(list(autoregressive_generate(ends, prompt, DecodeConfig(k=k, max_new_tokens=tokens)))) == 1
+    run = forced_run(ends, prompt, k, tokens, CostModel(target_step_s=0.01, draft_step_s=0.001,
+                                                        verify_s=(0.01,) * (k + 1)))
+    assert run.rounds >= 2 and run.tokens >= tokens - k - 1
+
+
 def test_measuring_costs_says_nothing_deprecated():
     """The cost model's forwards pass the KV cache by the name the model takes (transformers 5.24 renamed it and
     warns on every forward given the old one): a bench run's log carries no deprecation (issue 48)."""

@@ -66,6 +66,21 @@ def test_both_threads_halves_of_the_blocks_agree_with_one_thread():
 
 
 @needs_kernel
+@pytest.mark.parametrize("out,width", [(9728, 896), (896, 4864), (48, 96)])
+def test_asking_for_the_codes_ahead_changes_no_bit(out, width):
+    """Prefetching is a hint (even past the codes' end): the same products, bit for bit, as the negative control's
+    changed codes are not."""
+    q = Int4Linear(linear(out, width).to(torch.bfloat16), 32, keep_dense=False)
+    kernel = K.kernels_of(q)["w4a8"]
+    x = torch.randn(3, width, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(2))
+    plain = kernel(x)
+    kernel.prefetch = w4a8.PREFETCH
+    assert torch.equal(kernel(x), plain)
+    q.w4a8_packed[:128] ^= 0x11  # the first block's codes of its first group: its outputs change
+    assert not torch.equal(kernel(x), plain)
+
+
+@needs_kernel
 def test_the_dispatcher_keeps_one_copy_of_the_codes():
     q, r = (Int4Linear(linear(896, 896).to(torch.bfloat16), 32, keep_dense=False) for _ in range(2))
     held = lambda m: sum(t.numel() * t.element_size() for t in m.buffers())  # noqa: E731
@@ -96,9 +111,29 @@ def test_the_step_decides_a_kernel_faster_per_shape(tmp_path, faster):
     tuned = with_tuned_draft(pair, said.append, step_timer=lambda a, b: (1.0, 2.0) if faster else (2.0, 1.0),
                              timer=costs, folder=tmp_path).draft
     assert R.uses(tuned, "w4a8") == faster and R.uses(tuned, "int4") != faster
-    assert said[-1].endswith("kept." if faster else "dropped.")
+    assert [x for x in said if "4-bit x 8-bit kernel:" in x][0].endswith("kept." if faster else "dropped.")
     linears = [m.inner for m in tuned.modules() if isinstance(m, K.TunedLinear)]
     assert all((m.w4a8_packed is None) != (m.qweight.numel() == 0) for m in linears)
+
+
+@needs_kernel
+@pytest.mark.parametrize("ahead", [True, False])
+def test_the_step_decides_whether_the_codes_are_asked_for_ahead(tmp_path, ahead):
+    """Once the kernel is kept, the step is timed again with its reads prefetched: the faster is kept, products
+    and fused step alike, said in one sentence."""
+    from specviz.models.draft import DraftQuant, with_cheaper_draft
+    from specviz.models.target import with_tuned_draft
+    from specviz.models.tiny import tiny_pair
+
+    costs = lambda group, width, dtype, device, rows: {k: {n: 1e-6 if k == "w4a8" else 1.0 for n in rows}  # noqa: E731
+                                                        for k in group[0]}
+    timings = iter([(1.0, 2.0), (1.0, 2.0) if ahead else (2.0, 1.0)])  # the kernel kept; then prefetching or not
+    said = []
+    draft = with_tuned_draft(with_cheaper_draft(tiny_pair(), DraftQuant(4)), said.append,
+                             step_timer=lambda a, b: next(timings), timer=costs, folder=tmp_path).draft
+    reach = w4a8.PREFETCH if ahead else 0
+    assert {p.prefetch for p in K.w4a8_products(draft)} == {reach} and draft.fused().prefetch == reach
+    assert said[-1].endswith("asked." if ahead else "left.")
 
 
 def test_without_vnni_torch_int4_kernel_serves(monkeypatch):

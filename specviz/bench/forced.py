@@ -123,7 +123,10 @@ def timed_events(events, device: torch.device) -> tuple[list, float, int, Compil
 
 
 def forced_run(pair, prompt: list[int], k: int, new_tokens: int, cost: CostModel) -> ForcedRun:
-    """The round loop at K with every draft accepted (see the module's doc), the target alone beside it."""
+    """The round loop at K with every draft accepted (see the module's doc), the target alone beside it. Neither
+    stops at an end-of-text token: a real model given the costs' arbitrary prompt may write one at once, and a
+    step costs the same after it."""
+    pair = replace(pair, eos_token_ids=frozenset())
     greedy = DecodeConfig(k=k, max_new_tokens=new_tokens + k + 1, adaptive="fixed")
     steps, alone_s, ar_reads, ar_compiles = timed_events(autoregressive_generate(pair, prompt, greedy),
                                                          pair.device)  # the recording, timed

@@ -10,7 +10,9 @@
 // Layout (w4a8.py `pack`): blocks of 8 outputs, one after another; in a block, per group, 160 bytes: four 32-byte
 // vectors of codes (vector t: byte 4 * o + j holds in its low nibble output o's code for input 8t + j, in its high
 // nibble the code for input 8t + 4 + j), then the 8 outputs' scales, then their lows (fp16). A thread reads whole
-// blocks, one stream each; the codes of a group are unpacked once for up to 4 rows.
+// blocks, one stream each; the codes of a group are unpacked once for up to 4 rows. `prefetch`: how many bytes ahead
+// of the group it reads each thread asks for its stream (0: the hardware's prefetchers alone); on some CPUs a few KB
+// ahead lifts a core's share of the bandwidth, on others it costs: the draft's step is timed both ways (w4a8.py).
 // Threads: the OpenMP runtime torch loaded, splitting the blocks. Built at first use by specviz/kernels/w4a8.py.
 #include <immintrin.h>
 #include <math.h>
@@ -60,11 +62,14 @@ void quantize_row(const T* x, long k, int32_t* quads, float* xs, float* bsum) {
 // N rows (N <= 4) by one block of 8 outputs over every group
 template <typename T, int N>
 void block_rows(const uint8_t* blk, long groups, const int32_t* const* quads, const float* const* xs,
-                const float* const* bsum, T* const* y) {
+                const float* const* bsum, T* const* y, long prefetch) {
     const __m256i nibble = _mm256_set1_epi8(0x0F);
     __m256 acc[N];
     for (int r = 0; r < N; r++) acc[r] = _mm256_setzero_ps();
     for (long g = 0; g < groups; g++, blk += BLOCK_BYTES) {
+        if (prefetch)  // the group's 160 bytes span at most three lines
+            for (long line = 0; line < BLOCK_BYTES; line += 64)
+                _mm_prefetch((const char*)blk + prefetch + line, _MM_HINT_T0);
         __m256i codes[8];
         for (int t = 0; t < 4; t++) {
             __m256i v = _mm256_loadu_si256((const __m256i*)(blk + 32 * t));
@@ -90,7 +95,8 @@ void block_rows(const uint8_t* blk, long groups, const int32_t* const* quads, co
 // every block of 8 outputs for n rows already quantized; an orphaned `omp for`: inside a parallel region the threads
 // split the blocks, outside it one thread does them all
 template <typename T>
-void blocks(const int32_t* quads, const float* xs, const float* bsum, const uint8_t* w, T* y, long n, long k, long o) {
+void blocks(const int32_t* quads, const float* xs, const float* bsum, const uint8_t* w, T* y, long n, long k, long o,
+            long prefetch) {
     long groups = k / GROUP, nblocks = o / OUTS;
 #pragma omp for schedule(static)
     for (long b = 0; b < nblocks; b++) {
@@ -107,10 +113,10 @@ void blocks(const int32_t* quads, const float* xs, const float* bsum, const uint
                 out[i] = y + (r0 + i) * o + b * OUTS;
             }
             switch (rows) {
-                case 1: block_rows<T, 1>(blk, groups, q, s, bs, out); break;
-                case 2: block_rows<T, 2>(blk, groups, q, s, bs, out); break;
-                case 3: block_rows<T, 3>(blk, groups, q, s, bs, out); break;
-                default: block_rows<T, 4>(blk, groups, q, s, bs, out);
+                case 1: block_rows<T, 1>(blk, groups, q, s, bs, out, prefetch); break;
+                case 2: block_rows<T, 2>(blk, groups, q, s, bs, out, prefetch); break;
+                case 3: block_rows<T, 3>(blk, groups, q, s, bs, out, prefetch); break;
+                default: block_rows<T, 4>(blk, groups, q, s, bs, out, prefetch);
             }
         }
     }
@@ -129,11 +135,11 @@ struct Quantized {
 };
 
 template <typename T>
-void product(const T* x, const uint8_t* w, T* y, long n, long k, long o) {
+void product(const T* x, const uint8_t* w, T* y, long n, long k, long o, long prefetch) {
     Quantized a(n, k);
     a.rows(x, n, k);
 #pragma omp parallel
-    blocks(a.quads.data(), a.xs.data(), a.bsum.data(), w, y, n, k, o);
+    blocks(a.quads.data(), a.xs.data(), a.bsum.data(), w, y, n, k, o, prefetch);
 }
 
 // ---- the draft's whole one-token step, layer after layer, in one call: its glue in C++ (not ~30 Python ops a layer),
@@ -195,7 +201,7 @@ void attend(const float* q, const C* k, const C* v, float* out, long heads, long
 }
 
 struct Shape {
-    long hidden, heads, kv_heads, d, ffn, capacity;
+    long hidden, heads, kv_heads, d, ffn, capacity, prefetch;
     float eps, scale;
 };
 
@@ -218,7 +224,7 @@ void lean_step(float* h, long layers, void* const* params, C* const* keys, C* co
             qa.rows(x.data(), 1, s.hidden);
         }
         blocks<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[1], qkv.data(), 1, s.hidden,
-                      q_size + 2 * kv_size);
+                      q_size + 2 * kv_size, s.prefetch);
 #pragma omp single
         {
             if (p[2]) for (long i = 0; i < q_size + 2 * kv_size; i++) qkv[i] += ((const float*)p[2])[i];
@@ -236,7 +242,7 @@ void lean_step(float* h, long layers, void* const* params, C* const* keys, C* co
 #pragma omp single
         qa.rows(a.data(), 1, q_size);
         blocks<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[3], proj.data(), 1, q_size,
-                      s.hidden);
+                      s.hidden, s.prefetch);
 #pragma omp single
         {
             for (long i = 0; i < s.hidden; i++) h[i] += proj[i];
@@ -244,7 +250,7 @@ void lean_step(float* h, long layers, void* const* params, C* const* keys, C* co
             qa.rows(x.data(), 1, s.hidden);
         }
         blocks<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[5], gu.data(), 1, s.hidden,
-                      2 * s.ffn);
+                      2 * s.ffn, s.prefetch);
 #pragma omp single
         {
             for (long i = 0; i < s.ffn; i += 16) {  // silu(gate) * up
@@ -255,7 +261,7 @@ void lean_step(float* h, long layers, void* const* params, C* const* keys, C* co
             qa.rows(act.data(), 1, s.ffn);
         }
         blocks<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[6], proj.data(), 1, s.ffn,
-                      s.hidden);
+                      s.hidden, s.prefetch);
 #pragma omp single
         for (long i = 0; i < s.hidden; i++) h[i] += proj[i];
     }
@@ -267,15 +273,21 @@ extern "C" {
 // the draft's one-token step over every layer: h (float, the token's embedding) in, the last layer's output out
 void lean_step_bf16(float* h, long layers, void* const* params, uint16_t* const* keys, uint16_t* const* values,
                     long pos, const float* cos, const float* sin, long hidden, long heads, long kv_heads, long d,
-                    long ffn, long capacity, float eps, float scale) {
-    lean_step(h, layers, params, keys, values, pos, cos, sin, Shape{hidden, heads, kv_heads, d, ffn, capacity, eps, scale});
+                    long ffn, long capacity, float eps, float scale, long prefetch) {
+    lean_step(h, layers, params, keys, values, pos, cos, sin,
+              Shape{hidden, heads, kv_heads, d, ffn, capacity, prefetch, eps, scale});
 }
 void lean_step_f32(float* h, long layers, void* const* params, float* const* keys, float* const* values, long pos,
                    const float* cos, const float* sin, long hidden, long heads, long kv_heads, long d, long ffn,
-                   long capacity, float eps, float scale) {
-    lean_step(h, layers, params, keys, values, pos, cos, sin, Shape{hidden, heads, kv_heads, d, ffn, capacity, eps, scale});
+                   long capacity, float eps, float scale, long prefetch) {
+    lean_step(h, layers, params, keys, values, pos, cos, sin,
+              Shape{hidden, heads, kv_heads, d, ffn, capacity, prefetch, eps, scale});
 }
 // x: n rows of k (k a multiple of 32); w: o outputs packed (o a multiple of 8); y: n rows of o
-void w4a8_bf16(const uint16_t* x, const uint8_t* w, uint16_t* y, long n, long k, long o) { product(x, w, y, n, k, o); }
-void w4a8_f32(const float* x, const uint8_t* w, float* y, long n, long k, long o) { product(x, w, y, n, k, o); }
+void w4a8_bf16(const uint16_t* x, const uint8_t* w, uint16_t* y, long n, long k, long o, long prefetch) {
+    product(x, w, y, n, k, o, prefetch);
+}
+void w4a8_f32(const float* x, const uint8_t* w, float* y, long n, long k, long o, long prefetch) {
+    product(x, w, y, n, k, o, prefetch);
+}
 }

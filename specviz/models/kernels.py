@@ -82,7 +82,7 @@ def kernels_of(module: nn.Module) -> dict[str, Kernel]:
         kernels = {kind_of(module): module.matmul}
         if getattr(module, "w4a8_packed", None) is not None and (lib := w4a8.library()) is not None:
             kernels["w4a8"] = w4a8.W4A8(module.w4a8_packed, module.out_features, module.in_features, lib)
-        return kernels if bias is None else {k: with_bias(f, bias) for k, f in kernels.items()}
+        return kernels if bias is None else {k: WithBias(f, bias) for k, f in kernels.items()}
     weight, bias = module.weight, module.bias
     kernels: dict[str, Kernel] = {"dense": lambda x: F.linear(x, weight, bias)}
     if onednn_applies(weight):
@@ -93,8 +93,21 @@ def kernels_of(module: nn.Module) -> dict[str, Kernel]:
     return kernels
 
 
-def with_bias(kernel: Kernel, bias: torch.Tensor) -> Kernel:
-    return lambda x: kernel(x) + bias
+class WithBias:
+    """A kernel's product plus the module's bias; the kernel stays reachable (`w4a8_products`)."""
+
+    def __init__(self, kernel: Kernel, bias: torch.Tensor):
+        self.kernel, self.bias = kernel, bias
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        return self.kernel(x) + self.bias
+
+
+def w4a8_products(model: nn.Module) -> list[w4a8.W4A8]:
+    """Every 4-bit x 8-bit product a tuned `model`'s linears may call."""
+    kernels = [getattr(k, "kernel", k) for m in model.modules() if isinstance(m, TunedLinear)
+               for k in m.kernels.values()]
+    return [k for k in kernels if isinstance(k, w4a8.W4A8)]
 
 
 class WithoutOneDNN:
