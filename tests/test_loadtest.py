@@ -31,7 +31,7 @@ REQUESTS_PER_USER = 3  # 60 requests: every kind of the mix 7 or 8 times
 START_SECONDS = 120  # the bound on the server's start (imports and the tiny pair's warm-up)
 SECONDS = 240  # the bound on the load test itself; it normally takes well under a minute
 REQUEST_SECONDS = 60  # the bound on one request, queue wait included
-# The leak bound, per request of a second load phase (the first phase's growth includes first-use allocations and
+# The leak bound, per request of a later load phase (the first phase's growth includes first-use allocations and
 # fills what the server keeps by design, bounded: Gradio's state of each browser session, ~170 KB for each new
 # client, up to `--max-sessions`; the recorded answers, up to `--recorded-mb`). The server here keeps 10 sessions and
 # 1 MB of recordings, so both are full before the second phase and what it adds is what is not bounded. Measured on
@@ -135,14 +135,20 @@ def test_twenty_users_at_once_all_served_bad_inputs_refused_no_leak(served):
     assert [r.outcome for r in records if r.kind == "disconnect"] == ["dropped"]
     assert [r.outcome for r in final] == EACH, final
 
-    # the leak: what a second phase of the same load adds, per request
-    before = rss_bytes(served.pid)
-    result, final, n = load_phase(served, seed=1)
-    after = rss_bytes(served.pid)
-    assert result.summary()["errors"] == [] and [r.outcome for r in final] == EACH
-    per_request = (after - before) / n
-    print(f"RSS before the second phase {before / 2**20:.1f} MB, after {after / 2**20:.1f} MB: "
-          f"{per_request / 2**20:.3f} MB a request over {n}")
+    # the leak: what each of two more phases of the same load adds, per request, the smaller kept: a leak adds in
+    # every phase, while the heap's one-off growth (a new arena or pool page) lands in one (once 0.1003 MB a request,
+    # a fresh clone's full run, AMD EPYC Zen 4, 2026-11-28; alone it passed). On a 2-core Xeon (family 6 model 207):
+    # healthy 0.076 then 0.042 MB a request; the 0.66 MB copy of LEAK_BOUND's note 0.14 (the smaller), failing
+    growth = []
+    for seed in (1, 2):
+        before = rss_bytes(served.pid)
+        result, final, n = load_phase(served, seed=seed)
+        after = rss_bytes(served.pid)
+        assert result.summary()["errors"] == [] and [r.outcome for r in final] == EACH
+        growth.append((after - before) / n)
+        print(f"RSS before phase {seed + 1} {before / 2**20:.1f} MB, after {after / 2**20:.1f} MB: "
+              f"{growth[-1] / 2**20:.3f} MB a request over {n}")
+    per_request = min(growth)
     assert per_request < LEAK_BOUND_PER_REQUEST, f"the server grew by {per_request / 2**20:.2f} MB a request"
     assert time.monotonic() - start < SECONDS
 
