@@ -29,6 +29,11 @@ def linear(out: int, width: int, seed: int = 0) -> nn.Linear:
     return lin
 
 
+def w4a8_fastest(group, width, dtype, device, rows) -> dict:
+    """A kernel table (the dispatcher's `timer`) in which the 4-bit x 8-bit kernel is the fastest everywhere."""
+    return {k: {n: 1e-6 if k == "w4a8" else 1.0 for n in rows} for k in group[0]}
+
+
 def dequantized(q: Int4Linear) -> torch.Tensor:
     """The float weights the codes stand for, transposed, read back through torch's int4 kernel (an identity's rows)."""
     eye = torch.eye(q.in_features, dtype=torch.bfloat16)
@@ -125,12 +130,10 @@ def test_the_step_decides_whether_the_codes_are_asked_for_ahead(tmp_path, ahead)
     from specviz.models.target import with_tuned_draft
     from specviz.models.tiny import tiny_pair
 
-    costs = lambda group, width, dtype, device, rows: {k: {n: 1e-6 if k == "w4a8" else 1.0 for n in rows}  # noqa: E731
-                                                        for k in group[0]}
     timings = iter([(1.0, 2.0), (1.0, 2.0) if ahead else (2.0, 1.0)])  # the kernel kept; then prefetching or not
     said = []
     draft = with_tuned_draft(with_cheaper_draft(tiny_pair(), DraftQuant(4)), said.append,
-                             step_timer=lambda a, b: next(timings), timer=costs, folder=tmp_path).draft
+                             step_timer=lambda a, b: next(timings), timer=w4a8_fastest, folder=tmp_path).draft
     reach = w4a8.PREFETCH if ahead else 0
     assert {p.prefetch for p in K.w4a8_products(draft)} == {reach} and draft.fused().prefetch == reach
     assert said[-1].endswith("asked." if ahead else "left.")
@@ -150,10 +153,8 @@ def lean_tiny(tmp_path_factory):
     from specviz.models.target import with_tuned_draft
     from specviz.models.tiny import tiny_pair
 
-    costs = lambda group, width, dtype, device, rows: {k: {n: 1e-6 if k == "w4a8" else 1.0 for n in rows}  # noqa: E731
-                                                        for k in group[0]}
     pair = with_cheaper_draft(tiny_pair(), DraftQuant(4))
-    return with_tuned_draft(pair, lambda _: None, step_timer=lambda a, b: (1.0, 2.0), timer=costs,
+    return with_tuned_draft(pair, lambda _: None, step_timer=lambda a, b: (1.0, 2.0), timer=w4a8_fastest,
                             folder=tmp_path_factory.mktemp("kernels"))
 
 
