@@ -66,6 +66,24 @@ def test_above_the_padded_range_only_the_kernel_is_chosen():
     assert lookup(plan, 400) == Choice("onednn", 400)
 
 
+@pytest.mark.parametrize("verify_widened", [0.19, 2.0])
+def test_an_invariant_plan_sums_one_way_at_every_row_count_the_one_a_race_pays_least_for(verify_widened):
+    """One row fastest on the dot product, nine rows on the widened FMAs (the 2-core Xeon's kind of table): the
+    fastest kernel per row count would sum a verify's rows otherwise than the one-token steps."""
+    costs = {"dense": {1: 1.0, 9: 1.0, 64: 9.0},
+             "streamed": {1: 0.10, 9: 0.50, 64: 5.0}, "streamed_ahead": {1: 0.09, 9: 0.55, 64: 5.1},
+             "widened": {1: 0.12, 9: 0.20, 64: 2.0}, "widened_ahead": {1: 0.11, 9: verify_widened, 64: 2.1}}
+    ways = lambda plan: {streamed.SUMS[c.kernel] for c in plan.values()}  # noqa: E731
+    assert ways(choose(costs, 9)) == {"streamed", "widened"}  # the control: per row count, two ways
+    planned = choose(K.invariant_costs(costs, 9), 9)
+    # at the race's mix (16 steps, 4 verifies, a prompt chunk): 4.5 s widened against 8.44 s on the dot product;
+    # without its plain kernel, widened's verify at 2.0 costs it 11.86 s: the dot product's way then
+    assert ways(planned) == {"widened"}
+    assert planned[1] == Choice("widened_ahead", 1) and planned[64] == Choice("widened", 64)
+    del costs["widened"]
+    assert ways(choose(K.invariant_costs(costs, 9), 9)) == ({"widened"} if verify_widened < 0.5 else {"streamed"})
+
+
 def test_one_copy_of_each_weight_unless_the_race_pays_more_than_three_percent_for_it():
     """The Zen 4 case: torch's own kernel (oneDNN off) fastest at one row, oneDNN packed at nine. A plan on one copy
     of the weight is taken where the whole model's race pays at most 3 % more for it; past that, the shapes whose
@@ -111,7 +129,8 @@ def test_every_kernel_and_padding_multiplies_as_the_dense_linear(bias):
     torch.manual_seed(0)
     dense = nn.Linear(96, 160, bias=bias)
     kernels = K.kernels_of(dense)
-    assert set(kernels) == {"dense", "native", "onednn"} | ({"streamed"} if streamed.library() else set())
+    assert set(kernels) == {"dense", "native", "onednn"} | (set(streamed.WAYS[torch.float32]) if streamed.library()
+                                                            else set())
     for name in kernels:
         for rows, padded in ((1, 1), (1, 2), (3, 8), (20, 20)):
             tuned = TunedLinear(dense, {rows: Choice(name, padded)})

@@ -18,6 +18,9 @@ from specviz.models.memory import model_bytes
 from specviz.models.tiny import tiny_model
 
 needs_kernel = pytest.mark.skipif(streamed.library() is None, reason="the few-row kernel cannot be built here")
+needs_bf16 = pytest.mark.skipif(streamed.library() is None or not streamed.NEEDS[torch.bfloat16] <= streamed.cpu_flags(),
+                                reason="no few-row kernel or no AVX512-BF16 here")
+BF16_WAYS = list(streamed.WAYS[torch.bfloat16])
 
 
 def test_the_layout_puts_16_outputs_side_by_side_and_bf16_inputs_in_pairs():
@@ -41,16 +44,16 @@ def test_it_multiplies_as_torch_in_float32(rows, bias):
     torch.testing.assert_close(kernel(x), linear(x), rtol=1e-5, atol=1e-5)
 
 
-@needs_kernel
-@pytest.mark.skipif(not streamed.NEEDS[torch.bfloat16] <= streamed.cpu_flags(), reason="no AVX512-BF16 here")
+@needs_bf16
+@pytest.mark.parametrize("way", BF16_WAYS)
 @pytest.mark.parametrize("rows", [1, 4, 9, 17, 33])
-def test_it_multiplies_as_torch_in_bf16_to_the_last_bit_of_float32_sums(rows):
+def test_it_multiplies_as_torch_in_bf16_to_the_last_bit_of_float32_sums(rows, way):
     """bf16 products are exact in float32: the sums differ from a float32 reference by summation order only, and
-    the outputs are that sum (plus the bias) rounded to bf16 once."""
+    the outputs are that sum (plus the bias) rounded to bf16 once; every way."""
     torch.manual_seed(rows)
     weight, bias = torch.randn(64, 256, dtype=torch.bfloat16), torch.randn(64, dtype=torch.bfloat16)
     x = torch.randn(rows, 256, dtype=torch.bfloat16)
-    got = streamed.Streamed(weight, bias, streamed.library())(x)
+    got = streamed.Streamed(weight, bias, streamed.library(), way)(x)
     exact = x.double() @ weight.double().T + bias.double()
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), exact, rtol=2 ** -8, atol=1e-6)  # within bf16's half-ulp rounding
@@ -71,6 +74,57 @@ def test_a_plan_on_the_streamed_copy_alone_lets_the_weights_as_loaded_go(tmp_pat
     assert model_bytes(fast) == model_bytes(model)
     ids = torch.tensor([[3, 1, 4, 1, 5, 9, 2, 6]])
     torch.testing.assert_close(fast(ids).logits, model(ids).logits, rtol=1e-5, atol=1e-5)
+
+
+def rows_alike(kernel, x: torch.Tensor) -> list[int]:
+    """The row counts at which the last rows of `x`, multiplied alone, are not bit for bit those rows multiplied
+    with all of `x` (a verify's rows against the one-token steps)."""
+    together = kernel(x)
+    return [n for n in [*range(1, 18), 24, x.shape[0]] if not torch.equal(kernel(x[-n:]), together[-n:])]
+
+
+@needs_bf16
+@pytest.mark.parametrize("way", BF16_WAYS)
+def test_each_way_sums_a_row_alike_whatever_the_rows_beside_it(way):
+    torch.manual_seed(1)
+    weight, bias = torch.randn(160, 96, dtype=torch.bfloat16), torch.randn(160, dtype=torch.bfloat16)
+    kernel = streamed.ways(weight, bias, streamed.library())[way]
+    assert rows_alike(kernel, torch.randn(40, 96, dtype=torch.bfloat16)) == []
+
+
+@needs_bf16
+def test_a_way_that_sums_otherwise_beyond_one_row_is_caught():
+    """The negative control: a kernel that splits each row's sum in two halves when more rows come (as GEMMs do
+    for some shapes) is found out where it matters, the one-token step against the verify's rows."""
+    torch.manual_seed(1)
+    weight = torch.randn(160, 96, dtype=torch.bfloat16)
+    kernel = streamed.ways(weight, None, streamed.library())["widened"]
+    split = lambda x: kernel(x) if x.shape[0] == 1 else F.linear(x[:, :48], weight[:, :48]) + F.linear(  # noqa: E731
+        x[:, 48:], weight[:, 48:])
+    assert rows_alike(split, torch.randn(40, 96, dtype=torch.bfloat16)) == [1]
+
+
+@needs_bf16
+@pytest.mark.parametrize("way", ["streamed", "widened"])
+def test_asking_for_the_weight_ahead_changes_no_bit(way):
+    torch.manual_seed(2)
+    weight = torch.randn(4096, 256, dtype=torch.bfloat16)  # blocks longer than the distance asked ahead
+    kernels = streamed.ways(weight, None, streamed.library())
+    for rows in (1, 9, 40):
+        x = torch.randn(rows, 256, dtype=torch.bfloat16)
+        assert torch.equal(kernels[f"{way}_ahead"](x), kernels[way](x)), rows
+    other = streamed.ways(weight.roll(1, 0), None, streamed.library())[f"{way}_ahead"]  # the control: it can differ
+    assert not torch.equal(other(x), kernels[way](x))
+
+
+@needs_kernel
+def test_the_ways_of_one_weight_share_one_packed_copy():
+    linear = nn.Linear(64, 64)
+    kernels = K.kernels_of(linear)
+    plan = {1: Choice("streamed_ahead", 1), 2: Choice("streamed", 2)}
+    tuned = TunedLinear(linear, plan, kernels)
+    assert kernels["streamed"].packed is kernels["streamed_ahead"].packed is not None
+    assert model_bytes(tuned) == model_bytes(linear) + 64 * 64 * 4  # one packed copy beside the weight as loaded
 
 
 @needs_kernel

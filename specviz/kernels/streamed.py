@@ -8,6 +8,12 @@ outputs, their inputs in order) and multiplies up to 13 rows in one pass over it
 at a time, each block read from memory once. It is one more candidate
 (`kernels.kernels_of`): the dispatcher times it beside the others and uses it only where it measures faster.
 
+Its ways are candidates of their own, all reading one packed copy: `streamed` (bf16: AVX512-BF16's dot product),
+`widened` (bf16 weights widened to float32 in registers, float32 FMAs: on a CPU whose dot product runs at half the
+rate of its FMAs, the same sums in the same order in less time), and each `_ahead`, asking for the weight `AHEAD`
+bytes before it is read (a hint: the same bits; where the CPU's prefetchers fall behind). A row's sums run in one
+order at every row count on each way; `SUMS` says which ways sum alike (a prefetch changes no sum).
+
 It is built at first use with the machine's C++ compiler (`CXX`, else g++), once per machine, into the cache;
 where there is no compiler or the CPU lacks AVX-512 (AVX512-BF16 for bf16), the dispatcher goes on without it
 and says so once.
@@ -28,6 +34,14 @@ SOURCE = Path(__file__).with_name("streamed.cpp")
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")
 LANES = 16  # outputs in a block (streamed.cpp)
 NEEDS = {torch.float32: {"avx512f"}, torch.bfloat16: {"avx512f", "avx512_bf16"}}
+# how far on a thread asks for the weight it will read: on a 2-core Xeon (6/207) the target's products at one row
+# took 105-109 ms asking 1-4 KB ahead against 120 ms leaving it to the CPU (9 rows, widened: 132-139 against 186)
+AHEAD = 2048
+# each way: its function in streamed.cpp and how far ahead it asks, per dtype
+WAYS = {torch.float32: {"streamed": ("linear_f32", 0), "streamed_ahead": ("linear_f32", AHEAD)},
+        torch.bfloat16: {"streamed": ("linear_bf16", 0), "streamed_ahead": ("linear_bf16", AHEAD),
+                         "widened": ("linear_bf16_wide", 0), "widened_ahead": ("linear_bf16_wide", AHEAD)}}
+SUMS = {"streamed": "streamed", "streamed_ahead": "streamed", "widened": "widened", "widened_ahead": "widened"}
 
 
 @functools.cache  # built and loaded once per process; a missing compiler said once
@@ -36,8 +50,8 @@ def library() -> ctypes.CDLL | None:
     lib = build.library(SOURCE, FLAGS, NEEDS[torch.float32], "The few-row kernel (the other kernels serve every row "
                         "count)")
     if lib is not None:
-        for fn in (lib.linear_bf16, lib.linear_f32):
-            fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3
+        for fn in (lib.linear_bf16, lib.linear_bf16_wide, lib.linear_f32):
+            fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 4
             fn.restype = None
     return lib
 
@@ -57,25 +71,45 @@ def pack(weight: torch.Tensor) -> torch.Tensor:
     return blocks.permute(0, 2, 1, 3).contiguous()
 
 
-class Streamed:
-    """The product with the weight in streamed.cpp's layout: packed at the first call (so a candidate the plan
-    never uses costs no memory), or by `prepare` before anything is timed."""
+class Packing:
+    """The weight in streamed.cpp's layout, made once for every way that reads it: at the first call (so a
+    candidate the plan never uses costs no memory), or by a kernel's `prepare` before anything is timed."""
 
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL):
-        self.weight, self.bias = weight, None if bias is None else bias.detach().contiguous()
+    def __init__(self, weight: torch.Tensor):
+        self.weight, self.packed = weight, None
+
+    def get(self) -> torch.Tensor:
+        if self.packed is None:
+            self.packed, self.weight = pack(self.weight), None  # the plain weight is the model's, not ours to keep
+        return self.packed
+
+
+class Streamed:
+    """The product on one way (`WAYS`) with the weight in streamed.cpp's layout (`Packing`, shared by the ways)."""
+
+    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL, way: str = "streamed",
+                 packing: Packing | None = None):
+        self.packing = packing if packing is not None else Packing(weight)
+        self.bias = None if bias is None else bias.detach().contiguous()
         self.out, self.width = weight.shape
         self.dtype = weight.dtype
-        self.fn = lib.linear_bf16 if weight.dtype == torch.bfloat16 else lib.linear_f32
+        name, self.ahead = WAYS[weight.dtype][way]
+        self.fn = getattr(lib, name)
         self.packed: torch.Tensor | None = None
 
     def prepare(self) -> None:
-        if self.packed is None:
-            self.packed, self.weight = pack(self.weight), None  # the plain weight is the model's, not ours to keep
+        self.packed = self.packing.get()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         self.prepare()
         x = x.to(self.dtype).contiguous()
         y = torch.empty(x.shape[0], self.out, dtype=self.dtype)
         self.fn(x.data_ptr(), self.packed.data_ptr(), None if self.bias is None else self.bias.data_ptr(),
-                y.data_ptr(), x.shape[0], self.width, self.out)
+                y.data_ptr(), x.shape[0], self.width, self.out, self.ahead)
         return y
+
+
+def ways(weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL) -> dict[str, Streamed]:
+    """Every way this weight can be multiplied here (its dtype's `WAYS`), on one packed copy."""
+    packing = Packing(weight)
+    return {way: Streamed(weight, bias, lib, way, packing) for way in WAYS[weight.dtype]}

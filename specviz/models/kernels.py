@@ -17,7 +17,8 @@ The candidates compute the same product from the same weights (only the summatio
 - `onednn`: oneDNN on a copy of the weight packed once at load (CPU, float32 and bfloat16);
 - `streamed`: specviz's own kernel on a copy of the weight laid out for it (`streamed.py`: one pass over the weight
   for a verify's few rows, a block at a time for a prompt's many; where the CPU has AVX-512 and a C++ compiler is
-  at hand);
+  at hand), and its other ways on the same copy: `widened` (bf16 weights multiplied in float32 FMAs) and each
+  `_ahead` (the weight asked for before it is read);
 - `int4` / `int8`: a weight-only quantized linear's own kernel (a quantized target or draft step).
 
 `dense` and `native` multiply by the weight as loaded; `onednn` and `streamed` by a copy of their own (made when
@@ -45,14 +46,14 @@ from torch.nn import functional as F
 from specviz.kernels import streamed, w4a8
 from specviz.models.draft.quantized import DENSE_ABOVE, Int4Linear, Int8Linear, QuantLinear
 from specviz.models.kernel_table import Costs, KernelKey, kept_or_measured, table_costs, table_path
-from specviz.models.plans import MAX_PAD_ROWS, Choice, lean_plans, lookup, sizes
+from specviz.models.plans import MAX_PAD_ROWS, Choice, choose, lean_plans, lookup, plan_cost, sizes
 
 log = logging.getLogger(__name__)
 
 PACK_HINT = 16  # the batch size oneDNN packs a weight for (its packed kernel serves any row count)
 # kernels whose every row's sums run in one order whatever the number of rows (streamed.cpp says how): a target that
-# must verify as its one-token steps compute (`tune(invariant=True)`) is planned on these alone
-INVARIANT = frozenset({"streamed"})
+# must verify as its one-token steps compute (`tune(invariant=True)`) is planned on those of one way of summing alone
+INVARIANT = frozenset(streamed.SUMS)
 GROUP_BYTES = 64 * 2**20  # time a shape over enough of its linears to leave the caches, as the model does
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]  # 2-D input rows -> 2-D output rows, bias included
@@ -89,7 +90,7 @@ def kernels_of(module: nn.Module) -> dict[str, Kernel]:
         kernels["native"] = WithoutOneDNN(weight, bias)
         kernels["onednn"] = OneDNN(weight, bias)
     if streamed.applies(weight) and (lib := streamed.library()) is not None:
-        kernels["streamed"] = streamed.Streamed(weight, bias, lib)
+        kernels |= streamed.ways(weight, bias, lib)
     return kernels
 
 
@@ -317,8 +318,8 @@ def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_
 
     data, cached = kept_or_measured(path, key, "The kernel timings", measure, log.warning)
     costs = table_costs(data)
-    planned = {shape: {k: per for k, per in (invariant_costs(c) if invariant else c).items() if k not in exclude}
-               for shape, c in costs.items()}
+    planned = {shape: {k: per for k, per in (invariant_costs(c, max_rows) if invariant else c).items()
+                       if k not in exclude} for shape, c in costs.items()}
     lean = lean_plans(planned, {shape: (len(members), module_bytes(members[0][2])) for shape, members in groups.items()},
                       max_rows)
     plans = {shape: choice.plan for shape, choice in lean.items()}
@@ -329,9 +330,14 @@ def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_
                                variant)
 
 
-def invariant_costs(costs: Costs) -> Costs:
-    """A shape's costs on its invariant kernels alone (all of them where it has none)."""
-    return {kernel: per for kernel, per in costs.items() if kernel in INVARIANT} or costs
+def invariant_costs(costs: Costs, max_rows: int = MAX_PAD_ROWS) -> Costs:
+    """A shape's costs on the invariant kernels that sum one way (`streamed.SUMS`), the way whose plan costs a race
+    least: every row count must sum alike, so one way serves them all (all the kernels where none is invariant)."""
+    alike: dict[str, Costs] = {}
+    for kernel, per in costs.items():
+        if kernel in INVARIANT:
+            alike.setdefault(streamed.SUMS[kernel], {})[kernel] = per
+    return min(alike.values(), key=lambda way: plan_cost(way, choose(way, max_rows)), default=costs)
 
 
 def module_bytes(module: nn.Module) -> int:
