@@ -13,10 +13,6 @@ import torch
 from specviz.engine.events import Candidate, EmittedToken
 
 
-def shown(logits: torch.Tensor, warped: torch.Tensor, greedy: bool) -> torch.Tensor:
-    return torch.softmax(logits, -1) if greedy else warped
-
-
 def top(dist: torch.Tensor, n: int, name: str) -> dict[str, torch.Tensor]:
     """The top-n ids and probabilities of each row of `dist`, as `{name}_top_ids` / `{name}_top_vals`."""
     t = dist.topk(min(n, dist.shape[-1]), dim=-1)

@@ -9,6 +9,7 @@ None and logs one sentence; the caller then goes on without that kernel.
 from __future__ import annotations
 
 import ctypes
+import functools
 import hashlib
 import logging
 import os
@@ -26,17 +27,22 @@ log = logging.getLogger(__name__)
 
 def cpu_fields(cpuinfo: str = "/proc/cpuinfo") -> dict[str, str]:
     """The first processor's fields in /proc/cpuinfo (empty where there is none)."""
+    return dict(first_processor(cpuinfo))
+
+
+@functools.cache  # the CPU does not change under a process, and a verify's attention asks at every call
+def first_processor(cpuinfo: str) -> tuple[tuple[str, str], ...]:
     try:
         lines = Path(cpuinfo).read_text().splitlines()
     except OSError:
-        return {}
+        return ()
     fields: dict[str, str] = {}
     for line in lines:
         if not line.strip():
             break
         name, _, value = line.partition(":")
         fields[name.strip()] = value.strip()
-    return fields
+    return tuple(fields.items())
 
 
 # Where the operator keeps torch (ATEN_CPU_CAPABILITY) or oneDNN (ONEDNN_MAX_CPU_ISA) below AVX-512, on a CPU that
