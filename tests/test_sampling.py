@@ -12,7 +12,7 @@ import torch
 from scipy.special import softmax
 from scipy.stats import chisquare
 
-from specviz.engine.sampling import SamplingParams, logits_to_probs, make_generator, sample
+from specviz.engine.sampling import SamplingParams, first_max, logits_to_probs, make_generator, sample
 
 LOGITS = [2.0, -1.0, 0.5, 3.1, 1.2, -0.3, 0.0, 2.6]  # no ties, so top-k / top-p sets are unambiguous
 
@@ -167,3 +167,15 @@ def test_sample_needs_no_normalised_rows_and_never_draws_a_zero():
     draws = sample(p, make_generator(torch.device("cpu"), 5))
     assert set(draws[:, 0].tolist()) == {1, 3} and set(draws[:, 1].tolist()) == {4}
     assert torch.equal(sample(4 * p, make_generator(torch.device("cpu"), 5)), draws)  # scale-free (x4: exact in floats)
+
+
+def test_greedy_takes_the_lowest_id_among_equal_maxima_as_argmax_does():
+    """`first_max` (max's indices, faster than argmax on a CPU) against argmax, with ties spread over a 152k row so
+    the threads' parts each hold some; the control: the last of the maxima is another id."""
+    gen = torch.Generator().manual_seed(0)
+    logits = torch.randn(9, 151936, generator=gen)
+    ties = torch.randint(0, 151936, (9, 3), generator=gen)
+    logits.scatter_(-1, ties, float(logits.max()) + 1)
+    assert torch.equal(first_max(logits), logits.argmax(-1)) and torch.equal(first_max(logits), ties.min(-1).values)
+    assert torch.equal(first_max(logits[4]), logits[4].argmax())
+    assert not torch.equal(first_max(logits), ties.max(-1).values)
