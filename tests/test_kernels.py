@@ -182,6 +182,11 @@ def test_the_table_is_reused_and_measured_again_when_the_machine_torch_or_model_
     assert len(timer.calls) > 3 * measured
     _, back = tune(model, folder=tmp_path, timer=timer, max_rows=3, cpu="cpu A")
     assert back.cached
+    from specviz.models import kernel_table
+
+    monkeypatch.setattr(kernel_table, "sources_digest", lambda: "another kernel")  # specviz's kernels changed
+    _, changed = tune(model, folder=tmp_path, timer=timer, max_rows=3, cpu="cpu A")
+    assert not changed.cached
 
 
 def test_a_shape_is_timed_over_enough_of_its_linears_to_leave_the_caches(tmp_path, monkeypatch):

@@ -55,6 +55,20 @@ def test_it_computes_the_codes_product_within_the_activations_rounding(out, widt
 
 
 @needs_kernel
+@pytest.mark.parametrize("out,width", [(1152, 896), (896, 4864), (48, 96)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_a_prompts_rows_two_to_a_register_are_the_one_row_products_bit_for_bit(out, width, dtype):
+    """From 8 rows two go to a 512-bit register, each lane doing the one-row path's operations in its order."""
+    q = Int4Linear(linear(out, width).to(dtype), 32, keep_dense=False)
+    kernel = K.kernels_of(q)["w4a8"]
+    x = torch.randn(41, width, generator=torch.Generator().manual_seed(2)).to(dtype)
+    alone = torch.cat([kernel(x[i:i + 1]) for i in range(41)])
+    for n in (8, 9, 17, 33, 41):  # whole pairs, an odd count's last row alone, more than one pass's 32 rows
+        assert torch.equal(kernel(x[:n]), alone[:n]), n
+    assert not torch.equal(kernel(x[1:9]), alone[:8])  # the control: other rows give other bits
+
+
+@needs_kernel
 def test_both_threads_halves_of_the_blocks_agree_with_one_thread():
     q = Int4Linear(linear(9728, 896), 32, keep_dense=False)
     kernel = K.kernels_of(q)["w4a8"]

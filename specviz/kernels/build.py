@@ -67,6 +67,13 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo", environ=os.environ) -> set[str]:
     return {f for f in flags if not f.startswith(ABOVE_AVX2)} if isa_cap(environ) else flags
 
 
+@functools.cache  # the sources do not change under a process
+def sources_digest(folder: Path = Path(__file__).parent) -> str:
+    """A digest of every kernel source and header here: what a timing of specviz's kernels was made with."""
+    files = sorted([*folder.glob("*.cpp"), *folder.glob("*.h")])
+    return hashlib.sha256(b"".join(f.name.encode() + f.read_bytes() for f in files)).hexdigest()[:16]
+
+
 def compiled(source: Path, flags: tuple[str, ...], compiler: str, folder: Path) -> Path:
     """The shared library for this source, compiler and flags: compiled once into `folder` and reused."""
     version = subprocess.run([compiler, "--version"], capture_output=True, text=True, check=True).stdout

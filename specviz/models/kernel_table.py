@@ -22,7 +22,7 @@ import torch
 from filelock import FileLock, Timeout
 
 from specviz.cache import cache_dir
-from specviz.kernels.build import cpu_fields, isa_cap
+from specviz.kernels.build import cpu_fields, isa_cap, sources_digest
 
 Costs = dict[str, dict[int, float]]  # kernel -> rows -> seconds
 MEASURE_WAIT = 900.0  # seconds a process waits for another measuring the same item (a kernel table takes minutes)
@@ -51,12 +51,13 @@ class KernelKey:
     device: str
     shapes: tuple[str, ...]  # the model's shape keys (kind, shape, dtype), sorted
     sizes: tuple[int, ...]
+    code: str = ""  # specviz's own kernels' sources (a kernel made faster or slower is timed again)
 
     @staticmethod
     def of(shapes: Iterable[str], device: torch.device, row_counts: Iterable[int], cpu: str | None = None) -> KernelKey:
         dev = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
         return KernelKey(cpu if cpu is not None else cpu_fingerprint(), torch.get_num_threads(), torch.__version__,
-                         dev, tuple(sorted(set(shapes))), tuple(row_counts))
+                         dev, tuple(sorted(set(shapes))), tuple(row_counts), sources_digest())
 
     def digest(self) -> str:
         return hashlib.sha256(json.dumps(asdict(self), sort_keys=True).encode()).hexdigest()[:20]
