@@ -176,6 +176,7 @@ void linear_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uin
 void linear_bf16_wide(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* y, long n, long k, long o,
                       long ahead) {
     std::vector<float> rows(n * k);  // the rows widened once (exactly), not once per block of outputs
+#pragma omp parallel for schedule(static) if (n * k >= 65536)
     for (long c = 0; c < n * k; c++) {
         uint32_t bits = (uint32_t)x[c] << 16;
         memcpy(&rows[c], &bits, 4);

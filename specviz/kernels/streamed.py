@@ -10,7 +10,8 @@ at a time, each block read from memory once. It is one more candidate
 
 Its ways are candidates of their own, all reading one packed copy: `streamed` (bf16: AVX512-BF16's dot product),
 `widened` (bf16 weights widened to float32 in registers, float32 FMAs: on a CPU whose dot product runs at half the
-rate of its FMAs, the same sums in the same order in less time), and each `_ahead`, asking for the weight `AHEAD`
+rate of its FMAs, the same sums in the same order in less time, though without the dot product's flushing of values
+below float32's normal range to zero, so another way of summing), and each `_ahead`, asking for the weight `AHEAD`
 bytes before it is read (a hint: the same bits; where the CPU's prefetchers fall behind). A row's sums run in one
 order at every row count on each way; `SUMS` says which ways sum alike (a prefetch changes no sum).
 
