@@ -62,6 +62,10 @@ def settings_text(report: dict) -> str:
                 f"the prompt \"{report['prompt']}\", each way's greedy texts over {meta['tokens']} tokens")
     if "example" in report:
         return f"one race of the shipped example \"{report['example']}\" in the app, as the screenshot shows it"
+    if "same_texts" in report:  # scripts/draft_acceptance.py
+        w = report["w4a8"]
+        return (f"{w['draft']}, every default (K = {w['k']}, confidence cut {w['confidence']}), greedy, on "
+                f"{len(w['per_prompt'])} prompts, on its int4 x int8 kernel and on torch's int4 kernel")
     if "engines" in report:
         return engines_settings(report)
     if "steps" in report:

@@ -18,7 +18,7 @@ from docsgen.paths import ROOT
 REPORTS = MappingProxyType({
     "bench": ROOT / "assets" / "bench", "proof": ROOT / "assets" / "proof", "atlas": ROOT / "assets" / "atlas",
     "engines": ROOT / "assets" / "engines", "costs": ROOT / "assets" / "costs", "gpu": ROOT / "assets" / "gpu",
-    "setup": ROOT / "assets" / "setup", "room": ROOT / "assets" / "room",
+    "setup": ROOT / "assets" / "setup", "room": ROOT / "assets" / "room", "acceptance": ROOT / "assets" / "acceptance",
     "screenshot": ROOT / "assets" / "screenshots",
     "data": ROOT / "specviz" / "data"})  # data: the package's fitted models (the acceptance predictor)
 
