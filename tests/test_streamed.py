@@ -18,8 +18,9 @@ from specviz.models.memory import model_bytes
 from specviz.models.tiny import tiny_model
 
 needs_kernel = pytest.mark.skipif(streamed.library() is None, reason="the few-row kernel cannot be built here")
-needs_bf16 = pytest.mark.skipif(streamed.library() is None or not streamed.NEEDS[torch.bfloat16] <= streamed.cpu_flags(),
-                                reason="no few-row kernel or no AVX512-BF16 here")
+needs_bf16 = pytest.mark.skipif(
+    streamed.library() is None or not streamed.NEEDS[torch.bfloat16] <= streamed.cpu_flags(),
+    reason="no few-row kernel or no AVX512-BF16 here")
 BF16_WAYS = list(streamed.WAYS[torch.bfloat16])
 
 
