@@ -38,11 +38,13 @@ NEEDS = {torch.float32: {"avx512f"}, torch.bfloat16: {"avx512f", "avx512_bf16"}}
 # how far on a thread asks for the weight it will read: on a 2-core Xeon (6/207) the target's products at one row
 # took 105-109 ms asking 1-4 KB ahead against 120 ms leaving it to the CPU (9 rows, widened: 132-139 against 186)
 AHEAD = 2048
-# each way: its function in streamed.cpp and how far ahead it asks, per dtype
-WAYS = {torch.float32: {"streamed": ("linear_f32", 0), "streamed_ahead": ("linear_f32", AHEAD)},
-        torch.bfloat16: {"streamed": ("linear_bf16", 0), "streamed_ahead": ("linear_bf16", AHEAD),
-                         "widened": ("linear_bf16_wide", 0), "widened_ahead": ("linear_bf16_wide", AHEAD)}}
-SUMS = {"streamed": "streamed", "streamed_ahead": "streamed", "widened": "widened", "widened_ahead": "widened"}
+# each way of summing per dtype: its function in streamed.cpp
+SUMMING = {torch.float32: {"streamed": "linear_f32"},
+           torch.bfloat16: {"streamed": "linear_bf16", "widened": "linear_bf16_wide"}}
+# each way: its function and how far ahead it asks (every way of summing, and the same asking `AHEAD`), per dtype
+WAYS = {dtype: {name + suffix: (fn, ahead) for name, fn in ways.items()
+                for suffix, ahead in (("", 0), ("_ahead", AHEAD))} for dtype, ways in SUMMING.items()}
+SUMS = {way: way.removesuffix("_ahead") for ways in WAYS.values() for way in ways}  # how each way sums
 
 
 @functools.cache  # built and loaded once per process; a missing compiler said once
@@ -51,7 +53,7 @@ def library() -> ctypes.CDLL | None:
     lib = build.library(SOURCE, FLAGS, NEEDS[torch.float32], "The few-row kernel (the other kernels serve every row "
                         "count)")
     if lib is not None:
-        for fn in (lib.linear_bf16, lib.linear_bf16_wide, lib.linear_f32):
+        for fn in [getattr(lib, name) for name in {n for ways in SUMMING.values() for n in ways.values()}]:
             fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 4
             fn.restype = None
     return lib
