@@ -23,7 +23,7 @@ from specviz.engine.plumbing import (
 )
 from specviz.engine.rules import Verdict, overlap, verify
 from specviz.engine.sampling import logits_to_probs, make_generator
-from specviz.engine.tokens import candidates, emitted_token, target_stats, top
+from specviz.engine.tokens import candidates, emitted_token, entropy, target_stats, top
 from specviz.engine.tree_round import TreeRule, point_mass_rule, tree_generate
 
 
@@ -156,7 +156,7 @@ def _round_stats(draft, logits, p, verdict, config) -> dict[str, torch.Tensor]:
         accept_prob=verdict.accept_prob, u=verdict.u,
         q=draft.q.gather(-1, idx).squeeze(-1), p=p[:k].gather(-1, idx).squeeze(-1), beta=_beta(draft, logits, p),
         q_soft=q_soft.gather(-1, idx).squeeze(-1), p_soft=p_soft[:k].gather(-1, idx).squeeze(-1),
-        q_entropy=torch.special.entr(q_soft).sum(-1),  # entr(0) = 0: tokens the draft cannot say (-inf) add none
+        q_entropy=entropy(draft.logits, q_soft),
         **target, **top(q_soft if greedy else draft.q, top_n, "q"),  # the shown q: greedy's point mass says little
         **top(verdict.residual, top_n, "r"),
     )

@@ -13,19 +13,53 @@ import torch
 from specviz.engine.events import Candidate, EmittedToken
 
 
+BLOCK = 128  # a row is read in blocks this long to find its top-n (`largest`)
+
+
+def largest(x: torch.Tensor, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The n largest values of each row of `x`, largest first, and their ids: `torch.topk`'s values. The top-n of a
+    row lie in the n blocks whose maxima are largest (a block outside them has n values above its maximum), so one
+    pass takes each block's maximum and only those n blocks are sorted. torch's CPU topk partially sorts the whole
+    row: 1.7 ms for nine rows of a 152k vocabulary, against 0.24 ms here (2-core Xeon 6/207)."""
+    width = x.shape[-1]
+    whole = width - width % BLOCK
+    if whole < 4 * n * BLOCK:  # a short row: nothing to skip
+        t = x.topk(min(n, width), dim=-1)
+        return t.values, t.indices
+    flat = x.reshape(-1, width)
+    best = flat[:, :whole].unflatten(-1, (-1, BLOCK)).amax(-1).topk(n, dim=-1).indices
+    ids = (best[..., None] * BLOCK + torch.arange(BLOCK, device=x.device)).flatten(1)
+    tail = torch.arange(whole, width, device=x.device).expand(len(flat), -1)  # the last, partial block: always read
+    ids = torch.cat([ids, tail], dim=1)
+    t = flat.gather(1, ids).topk(n, dim=-1)
+    shape = (*x.shape[:-1], n)
+    return t.values.view(shape), ids.gather(1, t.indices).view(shape)
+
+
 def top(dist: torch.Tensor, n: int, name: str) -> dict[str, torch.Tensor]:
     """The top-n ids and probabilities of each row of `dist`, as `{name}_top_ids` / `{name}_top_vals`."""
-    t = dist.topk(min(n, dist.shape[-1]), dim=-1)
-    return {f"{name}_top_ids": t.indices, f"{name}_top_vals": t.values}
+    values, ids = largest(dist, n)
+    return {f"{name}_top_ids": ids, f"{name}_top_vals": values}
+
+
+def entropy(logits: torch.Tensor, soft: torch.Tensor) -> torch.Tensor:
+    """Each row's entropy at temperature 1, from its logits and their softmax: logsumexp(l) - sum(soft * l).
+    `entr(soft)` takes a log of every value (2.3 ms for eight rows of a 152k vocabulary, 2-core Xeon 6/207); this
+    reads them twice (1.3 ms with the softmax). A token the model cannot say (logit -inf, soft 0) adds nothing:
+    nansum drops its 0 * -inf."""
+    return (torch.logsumexp(logits, -1) - torch.nansum(soft * logits, -1)).clamp_min(0)
 
 
 def target_stats(logits: torch.Tensor, p: torch.Tensor, greedy: bool, top_n: int
                  ) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
     """For rows of target logits [n, V] and their warped p: the temperature-1 softmax (to gather from),
-    and per row the top-2 logit gap (near 0: a near-tie) and the top-n of the shown distribution."""
+    and per row the top-2 logit gap (near 0: a near-tie) and the top-n of the shown distribution. The softmax is
+    monotone in the logits, so greedy's shown top-n are the logits' own: one search gives them and the gap."""
     p_soft = torch.softmax(logits, -1)
-    top2 = logits.topk(2, dim=-1).values
-    return p_soft, {"gap": top2[..., 0] - top2[..., 1], **top(p_soft if greedy else p, top_n, "p")}
+    values, ids = largest(logits, max(top_n, 2))
+    shown = ({"p_top_ids": ids[..., :top_n], "p_top_vals": p_soft.gather(-1, ids[..., :top_n])} if greedy
+             else top(p, top_n, "p"))
+    return p_soft, {"gap": values[..., 0] - values[..., 1], **shown}
 
 
 def candidates(h: dict, name: str, row: int, pieces) -> list[Candidate]:
