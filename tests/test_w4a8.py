@@ -93,7 +93,7 @@ def test_asking_for_the_codes_ahead_changes_no_bit(out, width):
     kernel = K.kernels_of(q)["w4a8"]
     x = torch.randn(3, width, dtype=torch.bfloat16, generator=torch.Generator().manual_seed(2))
     plain = kernel(x)
-    kernel.prefetch = w4a8.PREFETCH
+    kernel.prefetch = max(w4a8.PREFETCH)
     assert torch.equal(kernel(x), plain)
     q.w4a8_packed[:128] ^= 0x11  # the first block's codes of its first group: its outputs change
     assert not torch.equal(kernel(x), plain)
@@ -136,21 +136,28 @@ def test_the_step_decides_a_kernel_faster_per_shape(tmp_path, faster):
 
 
 @needs_kernel
-@pytest.mark.parametrize("ahead", [True, False])
-def test_the_step_decides_whether_the_codes_are_asked_for_ahead(tmp_path, ahead):
-    """Once the kernel is kept, the step is timed again with its reads prefetched: the faster is kept, products
-    and fused step alike, said in one sentence."""
+@pytest.mark.parametrize("fastest", [0, 1, 2])
+def test_the_step_decides_how_far_ahead_the_codes_are_asked_for(tmp_path, fastest):
+    """Once the kernel is kept, the step is timed again with its reads prefetched, at each reach against the fastest
+    so far: the fastest is kept (`fastest`: not asking, the first reach, the second), products and fused step alike,
+    each said in one sentence."""
     from specviz.models.draft import DraftQuant, with_cheaper_draft
     from specviz.models.target import with_tuned_draft
     from specviz.models.tiny import tiny_pair
 
-    timings = iter([(1.0, 2.0), (1.0, 2.0) if ahead else (2.0, 1.0)])  # the kernel kept; then prefetching or not
+    reaches = (0, *w4a8.PREFETCH)
+    step = {0: 3.0, reaches[1]: 2.0 if fastest == 1 else 4.0, reaches[2]: 1.0 if fastest == 2 else 5.0}
+    if fastest == 2:
+        step[reaches[1]] = 2.0  # the first reach beats not asking, the second beats both
+    timed = lambda a, b: (step[K.w4a8_products(a)[0].prefetch], step[K.w4a8_products(b)[0].prefetch])  # noqa: E731
+    timings = iter([(1.0, 2.0)])  # the kernel kept; then the reaches, by the fake step times above
     said = []
     draft = with_tuned_draft(with_cheaper_draft(tiny_pair(), DraftQuant(4)), said.append,
-                             step_timer=lambda a, b: next(timings), timer=w4a8_fastest, folder=tmp_path).draft
-    reach = w4a8.PREFETCH if ahead else 0
+                             step_timer=lambda a, b: next(timings, None) or timed(a, b), timer=w4a8_fastest,
+                             folder=tmp_path).draft
+    reach = reaches[fastest]
     assert {p.prefetch for p in K.w4a8_products(draft)} == {reach} and draft.fused().prefetch == reach
-    assert said[-1].endswith("asked." if ahead else "left.")
+    assert [x.endswith("asked.") for x in said if "ahead:" in x] == [fastest > 0, fastest == 2]
 
 
 def test_without_vnni_torch_int4_kernel_serves(monkeypatch):
@@ -193,6 +200,27 @@ def test_the_fused_step_computes_what_the_layers_compute(lean_tiny):
         fused.crop(-4), layers.crop(-4)
         a, b = (forward(draft, token, c, 1).logits[0, -1].float() for c in (fused, layers))
         assert fused.get_seq_length() == 23 and a.argmax() == b.argmax()  # the cut cache is read as cut
+
+
+@needs_kernel
+def test_the_tuned_drafts_codes_are_one_buffer_on_huge_pages_read_by_all(lean_tiny):
+    """Every product, its linear and the fused step read the codes from one buffer that starts on a huge page and
+    holds only what they read (the codes the plan dropped are not in it)."""
+    from specviz.kernels import pages
+
+    draft = lean_tiny.draft
+    products = K.w4a8_products(draft)
+    codes = {id(p.packed): p.packed for p in products}
+    linears = [m.inner for m in draft.modules() if isinstance(m, K.TunedLinear)]
+    assert products and {id(m.w4a8_packed) for m in linears} == set(codes)
+    buffers = {t.untyped_storage().data_ptr() for t in codes.values()}
+    assert len(buffers) == 1
+    first = min(t.data_ptr() for t in codes.values())
+    assert first % pages.HUGE == 0
+    held = sum(-(-t.numel() // pages.ALIGN) * pages.ALIGN for t in codes.values())
+    assert next(iter(codes.values())).untyped_storage().nbytes() <= held + pages.HUGE
+    read = {t.data_ptr() for t in draft.fused().kept if t.dtype == torch.uint8}  # the fused step's codes
+    assert read and read <= {t.data_ptr() for t in codes.values()}  # these, not a copy left behind
 
 
 @needs_kernel

@@ -1,5 +1,5 @@
 // y = x W^T with 4-bit weights and 8-bit activations, multiplied on the CPU's integer dot-product units (AVX512-VNNI's
-// vpdpbusd on 256-bit registers: unsigned bytes times signed bytes, four products summed into each 32-bit lane).
+// vpdpbusd: unsigned bytes times signed bytes, four products summed into each 32-bit lane).
 //
 // Weights: per output and group of 32 inputs, codes 0..15 with w = code * scale + low (scale and low half precision).
 // Activations: each row quantized here per block of 32 inputs, x = a * xs (a in -127..127, xs = max |x| / 127).
@@ -10,9 +10,10 @@
 // Layout (w4a8.py `pack`): blocks of 8 outputs, one after another; in a block, per group, 160 bytes: four 32-byte
 // vectors of codes (vector t: byte 4 * o + j holds in its low nibble output o's code for input 8t + j, in its high
 // nibble the code for input 8t + 4 + j), then the 8 outputs' scales, then their lows (fp16). A thread reads whole
-// blocks, one stream each; the codes of a group are unpacked once for up to 4 rows. `prefetch`: how many bytes ahead
-// of the group it reads each thread asks for its stream (0: the hardware's prefetchers alone); on some CPUs a few KB
-// ahead lifts a core's share of the bandwidth, on others it costs: the draft's step is timed both ways (w4a8.py).
+// pairs of blocks (`pairs`), two streams; the codes of a group are unpacked once for up to 8 rows. `prefetch`: how
+// many bytes ahead of the group it reads each thread asks for its streams (0: the hardware's prefetchers alone); on
+// some CPUs a few KB ahead lifts a core's share of the bandwidth, on others it costs: the draft's step is timed both
+// ways (w4a8.py).
 // Threads: the OpenMP runtime torch loaded, splitting the blocks. Built at first use by specviz/kernels/w4a8.py.
 #include <immintrin.h>
 #include <math.h>
@@ -61,7 +62,7 @@ void quantize_row(const T* x, long k, int32_t* quads, float* xs, float* bsum) {
     }
 }
 
-// N rows (N <= 4) by one block of 8 outputs over every group
+// N rows (N <= 4) by one block of 8 outputs over every group, on 256-bit registers (an odd last block)
 template <typename T, int N>
 void block_rows(const uint8_t* blk, long groups, const int32_t* const* quads, const float* const* xs,
                 const float* const* bsum, T* const* y, long prefetch) {
@@ -94,36 +95,6 @@ void block_rows(const uint8_t* blk, long groups, const int32_t* const* quads, co
     for (int r = 0; r < N; r++) store8(y[r], acc[r]);
 }
 
-// every block of 8 outputs for n rows already quantized; an orphaned `omp for`: inside a parallel region the threads
-// split the blocks, outside it one thread does them all
-template <typename T>
-void blocks(const int32_t* quads, const float* xs, const float* bsum, const uint8_t* w, T* y, long n, long k, long o,
-            long prefetch) {
-    long groups = k / GROUP, nblocks = o / OUTS;
-#pragma omp for schedule(static)
-    for (long b = 0; b < nblocks; b++) {
-        const uint8_t* blk = w + b * groups * BLOCK_BYTES;
-        for (long r0 = 0; r0 < n; r0 += 4) {
-            const int32_t* q[4];
-            const float *s[4], *bs[4];
-            T* out[4];
-            int rows = n - r0 < 4 ? (int)(n - r0) : 4;
-            for (int i = 0; i < rows; i++) {
-                q[i] = quads + (r0 + i) * k / 4;
-                s[i] = xs + (r0 + i) * groups;
-                bs[i] = bsum + (r0 + i) * groups;
-                out[i] = y + (r0 + i) * o + b * OUTS;
-            }
-            switch (rows) {
-                case 1: block_rows<T, 1>(blk, groups, q, s, bs, out, prefetch); break;
-                case 2: block_rows<T, 2>(blk, groups, q, s, bs, out, prefetch); break;
-                case 3: block_rows<T, 3>(blk, groups, q, s, bs, out, prefetch); break;
-                default: block_rows<T, 4>(blk, groups, q, s, bs, out, prefetch);
-            }
-        }
-    }
-}
-
 // room for n rows of k activations in 8 bits
 struct Quantized {
     std::vector<int32_t> quads;
@@ -136,15 +107,15 @@ struct Quantized {
     }
 };
 
-// ---- many rows (a prompt): two blocks side by side in a 512-bit register (lanes 0-7 block b's 8 outputs, 8-15 block
-// b + 1's: 16 outputs in a row), so each vpdpbusd does twice a 256-bit one's work, its row's quad broadcast straight
-// from memory, in two chains of four (one of eight waited on its latency: 64 rows 1.3x faster than 256-bit registers
-// with one chain, 1.7x with two, on a 2-core Xeon 6/207); a group's codes, unpacked once, serve ROWS_AT_ONCE rows.
-// Each lane's integer sum is exact and its float operations the one-row path's in its order: the same bits, row by
-// row.
+// ---- two blocks side by side in a 512-bit register (lanes 0-7 block b's 8 outputs, 8-15 block b + 1's: 16 outputs in
+// a row), so each vpdpbusd does twice a 256-bit one's work, its row's quad broadcast straight from memory, in two
+// chains of four (one of eight waited on its latency: 64 rows 1.3x faster than 256-bit registers with one chain, 1.7x
+// with two, on a 2-core Xeon 6/207); a group's codes, unpacked once, serve ROWS_AT_ONCE rows. At every row count: the
+// draft's 96 products at one row took 11.4 ms against 12.1 on 256-bit registers, at six rows 14.0 against 17.5 (same
+// Xeon, from memory). Each lane's integer sum is exact and its float operations the 256-bit path's (`block_rows`, left
+// for an odd last block) in its order: the same bits, row by row.
 
 const int ROWS_AT_ONCE = 8;  // accumulators beside the 8 codes, scale, low and mask: 20 of the 32 registers
-const long WIDE_FROM = 8;    // rows from which the prompt's path serves (a step's few rows keep 256-bit registers)
 
 inline __m512i side_by_side(const uint8_t* a, const uint8_t* b) {  // 32 bytes from each
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)a)),
@@ -190,13 +161,13 @@ void two_blocks(const uint8_t* blk, const uint8_t* next, long groups, const int3
     for (int r = 0; r < N; r++) store16(y[r], acc[r]);
 }
 
-// every pair of blocks for n rows already quantized, the threads splitting the pairs (an odd last block: `blocks`'
-// own path)
+// every pair of blocks for n rows already quantized (an odd last block: `blocks`' own path); an orphaned `omp for`,
+// as `blocks`
 template <typename T>
-void wide_blocks(const int32_t* quads, const float* xs, const float* bsum, const uint8_t* w, T* y, long n, long k,
-                 long o, long prefetch) {
+void pairs(const int32_t* quads, const float* xs, const float* bsum, const uint8_t* w, T* y, long n, long k, long o,
+           long prefetch) {
     long groups = k / GROUP, nblocks = o / OUTS;
-#pragma omp parallel for schedule(static)
+#pragma omp for schedule(static)
     for (long b = 0; b < nblocks; b += 2) {
         const uint8_t* blk = w + b * groups * BLOCK_BYTES;
         for (long r0 = 0; r0 < n; r0 += ROWS_AT_ONCE) {
@@ -236,12 +207,8 @@ template <typename T>
 void product(const T* x, const uint8_t* w, T* y, long n, long k, long o, long prefetch) {
     Quantized a(n, k);
     a.rows(x, n, k);
-    if (n >= WIDE_FROM) {
-        wide_blocks(a.quads.data(), a.xs.data(), a.bsum.data(), w, y, n, k, o, prefetch);
-        return;
-    }
 #pragma omp parallel
-    blocks(a.quads.data(), a.xs.data(), a.bsum.data(), w, y, n, k, o, prefetch);
+    pairs(a.quads.data(), a.xs.data(), a.bsum.data(), w, y, n, k, o, prefetch);
 }
 
 // ---- the draft's whole one-token step, layer after layer, in one call: its glue in C++ (not ~30 Python ops a layer),
@@ -323,7 +290,7 @@ void lean_step(float* h, long layers, void* const* params, C* const* keys, C* co
             rms_norm(h, (const float*)p[0], x.data(), s.hidden, s.eps);
             qa.rows(x.data(), 1, s.hidden);
         }
-        blocks<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[1], qkv.data(), 1, s.hidden,
+        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[1], qkv.data(), 1, s.hidden,
                       q_size + 2 * kv_size, s.prefetch);
 #pragma omp single
         {
@@ -341,7 +308,7 @@ void lean_step(float* h, long layers, void* const* params, C* const* keys, C* co
                scores.data());
 #pragma omp single
         qa.rows(a.data(), 1, q_size);
-        blocks<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[3], proj.data(), 1, q_size,
+        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[3], proj.data(), 1, q_size,
                       s.hidden, s.prefetch);
 #pragma omp single
         {
@@ -349,7 +316,7 @@ void lean_step(float* h, long layers, void* const* params, C* const* keys, C* co
             rms_norm(h, (const float*)p[4], x.data(), s.hidden, s.eps);
             qa.rows(x.data(), 1, s.hidden);
         }
-        blocks<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[5], gu.data(), 1, s.hidden,
+        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[5], gu.data(), 1, s.hidden,
                       2 * s.ffn, s.prefetch);
 #pragma omp single
         {
@@ -360,7 +327,7 @@ void lean_step(float* h, long layers, void* const* params, C* const* keys, C* co
             }
             qa.rows(act.data(), 1, s.ffn);
         }
-        blocks<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[6], proj.data(), 1, s.ffn,
+        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[6], proj.data(), 1, s.ffn,
                       s.hidden, s.prefetch);
 #pragma omp single
         for (long i = 0; i < s.hidden; i++) h[i] += proj[i];

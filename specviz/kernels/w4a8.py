@@ -30,10 +30,11 @@ FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512vl", "-mav
 NEEDS = {torch.float32: {"avx512f", "avx512vl", "avx512_vnni"},
          torch.bfloat16: {"avx512f", "avx512vl", "avx512_vnni", "avx512_bf16"}}
 OUTS, GROUP = 8, 32  # outputs in a block; inputs in a group (w4a8.cpp)
-# how far ahead of its reads a thread asks for the codes, in bytes, where the step measures faster with it: on a
-# 2-core Xeon (family 6 model 207) the draft's products read 0.57 of the bandwidth with the hardware's prefetchers
-# alone, 0.74-0.85 from 2 KB to 6 KB ahead (a probe of its shapes, 2026-11-28)
-PREFETCH = 4096
+# how far ahead of its reads a thread may ask for the codes, in bytes: the draft's step is timed at each, and without
+# asking, and the fastest kept (`models.target.prefetch_or_not`). On a 2-core Xeon (family 6 model 207) the draft's
+# products read 0.57 of the bandwidth with the hardware's prefetchers alone, 0.74-0.85 from 2 KB to 6 KB ahead on
+# 4 KB pages (a probe of its shapes, 2026-11-28); on huge pages 8 KB ahead read 25-27 GB/s against 23-24 at 4 KB
+PREFETCH = (4096, 8192)
 
 
 @functools.cache  # built and loaded once per process; why not said once

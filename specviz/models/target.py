@@ -19,7 +19,8 @@ from dataclasses import replace
 import torch
 from torch import nn
 
-from specviz.kernels import rows, w4a8
+from specviz.kernels import pages, rows, w4a8
+from specviz.models.draft.lean import fused_step
 from specviz.models.draft.quantized import DraftQuant, quantize_linear
 from specviz.models.kernels import Tuning, tune, w4a8_products
 from specviz.models.resident import release_unused_codes, uses
@@ -116,6 +117,7 @@ def with_tuned_draft(pair, status: Callable[[str], None] = log.info, step_timer:
     said in one sentence either way."""
     if pair.draft is None or not tunable(pair.device) or not isinstance(pair.draft, nn.Module):
         return pair
+    codes_on_huge_pages(pair.draft)
     draft, _ = tune(pair.draft, status=status, **tune_kw)
     if uses(draft, "w4a8"):
         plain, _ = tune(pair.draft, status=status, exclude=frozenset({"w4a8"}), **tune_kw)
@@ -127,17 +129,42 @@ def with_tuned_draft(pair, status: Callable[[str], None] = log.info, step_timer:
         if keep:
             draft = prefetch_or_not(draft, tune(pair.draft, status=status, **tune_kw)[0], step_timer, status)
     release_unused_codes(draft)
+    codes_on_huge_pages(draft)
     return replace(pair, draft=draft)
 
 
+def codes_on_huge_pages(draft: nn.Module) -> None:
+    """The draft's 4-bit x 8-bit codes, those its linears hold and its products read, moved into one buffer on huge
+    pages (`kernels.pages`), and all that reads them pointed at the copies: its products, their linears, and its fused
+    step (made afresh, asking as far ahead). Before the draft is tuned (its steps are timed as they will run) and
+    again once its plan dropped the codes it does not use (the buffer then holds only what is read)."""
+    holders = [m for m in draft.modules() if getattr(m, "w4a8_packed", None) is not None]
+    products = w4a8_products(draft)
+    unique = {id(t): t for t in [*(m.w4a8_packed for m in holders), *(p.packed for p in products)]}
+    moved = dict(zip(unique, pages.gathered(list(unique.values()))))
+    for product in products:
+        product.packed = moved[id(product.packed)]
+    for module in holders:
+        module.w4a8_packed = moved[id(module.w4a8_packed)]
+    if (old := draft.__dict__.get("_fused")) is not None:  # (`LeanDraft.fused`, made while the step was timed)
+        draft.__dict__["_fused"] = fresh = fused_step(draft)
+        if fresh is not None:
+            fresh.prefetch = old.prefetch
+
+
 def prefetch_or_not(draft: nn.Module, twin: nn.Module, step_timer: StepTimer, status: Callable[[str], None]):
-    """`draft` (its products on the 4-bit x 8-bit kernel) or `twin` (the same plan) asking for its codes
-    `w4a8.PREFETCH` bytes ahead of its reads, whichever steps faster here: a CPU's prefetchers may already keep up."""
-    ahead = prefetched(twin, w4a8.PREFETCH)
-    on, off = step_timer(ahead, draft)
-    status(f"The draft's codes asked for {w4a8.PREFETCH // 1024} KB ahead: {1e3 * on:.1f} ms a step, left to the "
-           f"CPU's prefetchers {1e3 * off:.1f} ms: {'asked' if on < off else 'left'}.")
-    return ahead if on < off else draft
+    """`draft` or `twin` (the same plan), asking for its codes as far ahead of its reads (one of `w4a8.PREFETCH`, or
+    not at all) as steps fastest here, each reach timed against the fastest so far: a CPU's prefetchers may already
+    keep up, and how far is enough depends on the CPU and its pages."""
+    best, reach = draft, 0
+    for far in w4a8.PREFETCH:
+        on, off = step_timer(prefetched(twin, far), best)
+        status(f"The draft's codes asked for {far // 1024} KB ahead: {1e3 * on:.1f} ms a step, "
+               f"{f'{reach // 1024} KB ahead' if reach else 'left to the CPU' + chr(39) + 's prefetchers'} "
+               f"{1e3 * off:.1f} ms: {'asked' if on < off else 'left'}.")
+        if on < off:
+            best, twin, reach = twin, best, far
+    return best
 
 
 def prefetched(draft: nn.Module, reach: int) -> nn.Module:
