@@ -24,6 +24,8 @@ def test_the_copies_hold_the_same_values_one_after_another_in_one_buffer_from_a_
     copies = pages.gathered(tensors)
     assert all(torch.equal(c, t) and c.dtype == t.dtype and c.shape == t.shape for c, t in zip(copies, tensors))
     assert len({c.untyped_storage().data_ptr() for c in copies}) == 1
+    used = sum(-(-t.numel() * t.element_size() // pages.ALIGN) * pages.ALIGN for t in tensors)
+    assert copies[0].untyped_storage().nbytes() == used  # what memory accounts count: the bytes used
     assert copies[0].data_ptr() % pages.HUGE == 0 and all(c.data_ptr() % pages.ALIGN == 0 for c in copies)
     assert copies[1].data_ptr() >= copies[0].data_ptr() + copies[0].numel()  # none overlaps the one before
     assert copies[2].data_ptr() >= copies[1].data_ptr() + 4 * copies[1].numel()
@@ -35,6 +37,14 @@ def test_the_buffer_outlives_all_but_its_last_copy():
     last = pages.gathered(_tensors())[2]
     torch.randn(10_000_000)  # other allocations meanwhile
     assert torch.equal(last, _tensors()[2])
+
+
+def test_where_no_buffer_can_be_mapped_the_tensors_stay(monkeypatch):
+    def refuse(*args, **kwargs):
+        raise OSError(12, "Cannot allocate memory")
+    monkeypatch.setattr(pages.mmap, "mmap", refuse)
+    tensors = _tensors()
+    assert all(c is t for c, t in zip(pages.gathered(tensors), tensors))
 
 
 def _mapping(address: int) -> str:

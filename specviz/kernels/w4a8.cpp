@@ -211,8 +211,9 @@ void product(const T* x, const uint8_t* w, T* y, long n, long k, long o, long pr
     pairs(a.quads.data(), a.xs.data(), a.bsum.data(), w, y, n, k, o, prefetch);
 }
 
-// ---- the draft's whole one-token step, layer after layer, in one call: its glue in C++ (not ~30 Python ops a layer),
-// in one parallel region (the products' blocks and the heads split between the threads, the rest done by one)
+// ---- the draft's step over a few new tokens (one, or a round's last draft and its bonus), layer after layer, in one
+// call: its glue in C++ (not ~30 Python ops a layer), in one parallel region (the products' blocks and the heads split
+// between the threads, the rest done by one)
 
 inline float load_f(const float* p, long i) { return p[i]; }
 inline float load_f(const uint16_t* p, long i) { return to_f32(p[i]); }
@@ -238,31 +239,36 @@ void rope(float* x, long heads, long d, const float* cos, const float* sin) {  /
     }
 }
 
-// each head's one query row over the cache's first `len` slots (head h reads kv head h / group); `omp for` over heads
+// each head's query rows (row r at position first + r) over the cache's slots up to their own, causally: head h reads
+// kv head h / group; `omp for` over heads. q: row r at q + r * stride; out: row r at out + r * heads * d
 template <typename C>
-void attend(const float* q, const C* k, const C* v, float* out, long heads, long kv_heads, long len, long capacity,
-            long d, float scale, float* scores) {
+void attend(const float* q, long stride, const C* k, const C* v, float* out, long rows, long heads, long kv_heads,
+            long first, long capacity, long d, float scale, float* scores) {
     long group = heads / kv_heads;
 #pragma omp for schedule(static)
     for (long h = 0; h < heads; h++) {
         const C* kh = k + (h / group) * capacity * d;
         const C* vh = v + (h / group) * capacity * d;
-        float* sc = scores + h * len;
-        float m = -INFINITY;
-        for (long j = 0; j < len; j++) {
-            __m512 acc = _mm512_setzero_ps();
-            for (long c = 0; c < d; c += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(q + h * d + c), widen16(kh + j * d + c), acc);
-            sc[j] = _mm512_reduce_add_ps(acc) * scale;
-            m = sc[j] > m ? sc[j] : m;
-        }
-        float sum = 0.0f;
-        for (long j = 0; j < len; j++) sum += (sc[j] = expf(sc[j] - m));
-        float inv = 1.0f / sum;
-        float* o = out + h * d;
-        for (long c = 0; c < d; c += 16) {
-            __m512 acc = _mm512_setzero_ps();
-            for (long j = 0; j < len; j++) acc = _mm512_fmadd_ps(_mm512_set1_ps(sc[j]), widen16(vh + j * d + c), acc);
-            _mm512_storeu_ps(o + c, _mm512_mul_ps(acc, _mm512_set1_ps(inv)));
+        float* sc = scores + h * (first + rows);
+        for (long r = 0; r < rows; r++) {
+            const float* qr = q + r * stride + h * d;
+            long len = first + r + 1;
+            float m = -INFINITY;
+            for (long j = 0; j < len; j++) {
+                __m512 acc = _mm512_setzero_ps();
+                for (long c = 0; c < d; c += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qr + c), widen16(kh + j * d + c), acc);
+                sc[j] = _mm512_reduce_add_ps(acc) * scale;
+                m = sc[j] > m ? sc[j] : m;
+            }
+            float sum = 0.0f;
+            for (long j = 0; j < len; j++) sum += (sc[j] = expf(sc[j] - m));
+            float inv = 1.0f / sum;
+            float* o = out + (r * heads + h) * d;
+            for (long c = 0; c < d; c += 16) {
+                __m512 acc = _mm512_setzero_ps();
+                for (long j = 0; j < len; j++) acc = _mm512_fmadd_ps(_mm512_set1_ps(sc[j]), widen16(vh + j * d + c), acc);
+                _mm512_storeu_ps(o + c, _mm512_mul_ps(acc, _mm512_set1_ps(inv)));
+            }
         }
     }
 }
@@ -272,82 +278,86 @@ struct Shape {
     float eps, scale;
 };
 
-// per layer, 7 pointers: norm1 (float), qkv codes, qkv bias (float or null), o codes, norm2 (float), gate/up codes,
-// down codes; the cache: per layer its K and V, [kv_heads, capacity, d] in the model's dtype
+// n new tokens at positions pos.., their hidden states h (n rows of `hidden`) in and the last layer's out; cos and
+// sin: n rows of d. Per layer, 7 pointers: norm1 (float), qkv codes, qkv bias (float or null), o codes, norm2
+// (float), gate/up codes, down codes; the cache: per layer its K and V, [kv_heads, capacity, d] in the model's dtype
 template <typename C>
-void lean_step(float* h, long layers, void* const* params, C* const* keys, C* const* values, long pos,
+void lean_step(float* h, long n, long layers, void* const* params, C* const* keys, C* const* values, long pos,
                const float* cos, const float* sin, const Shape& s) {
-    long q_size = s.heads * s.d, kv_size = s.kv_heads * s.d, len = pos + 1;
-    std::vector<float> x(s.hidden), qkv(q_size + 2 * kv_size), a(q_size), gu(2 * s.ffn), act(s.ffn),
-        proj(s.hidden > s.ffn ? s.hidden : s.ffn), scores(s.heads * len);
+    long q_size = s.heads * s.d, kv_size = s.kv_heads * s.d, width = q_size + 2 * kv_size;
+    std::vector<float> x(n * s.hidden), qkv(n * width), a(n * q_size), gu(n * 2 * s.ffn), act(n * s.ffn),
+        proj(n * s.hidden), scores(s.heads * (pos + n));
     long widest = s.hidden > s.ffn ? s.hidden : s.ffn;
-    Quantized qa(1, widest > q_size ? widest : q_size);  // room for every product's input
+    Quantized qa(n, widest > q_size ? widest : q_size);  // room for every product's input
+    auto norms = [&](const float* w) {  // each row's norm into x, then its 8-bit activations
+        for (long r = 0; r < n; r++) rms_norm(h + r * s.hidden, w, x.data() + r * s.hidden, s.hidden, s.eps);
+        qa.rows(x.data(), n, s.hidden);
+    };
 #pragma omp parallel
     for (long l = 0; l < layers; l++) {
         void* const* p = params + 7 * l;
 #pragma omp single
-        {
-            rms_norm(h, (const float*)p[0], x.data(), s.hidden, s.eps);
-            qa.rows(x.data(), 1, s.hidden);
-        }
-        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[1], qkv.data(), 1, s.hidden,
-                      q_size + 2 * kv_size, s.prefetch);
+        norms((const float*)p[0]);
+        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[1], qkv.data(), n, s.hidden,
+                     width, s.prefetch);
 #pragma omp single
-        {
-            if (p[2]) for (long i = 0; i < q_size + 2 * kv_size; i++) qkv[i] += ((const float*)p[2])[i];
-            float *k = qkv.data() + q_size, *v = k + kv_size;
-            rope(qkv.data(), s.heads, s.d, cos, sin);
-            rope(k, s.kv_heads, s.d, cos, sin);
+        for (long r = 0; r < n; r++) {
+            float* row = qkv.data() + r * width;
+            if (p[2]) for (long i = 0; i < width; i++) row[i] += ((const float*)p[2])[i];
+            float *k = row + q_size, *v = k + kv_size;
+            rope(row, s.heads, s.d, cos + r * s.d, sin + r * s.d);
+            rope(k, s.kv_heads, s.d, cos + r * s.d, sin + r * s.d);
             for (long g = 0; g < s.kv_heads; g++)
                 for (long c = 0; c < s.d; c += 16) {
-                    store16(keys[l] + (g * s.capacity + pos) * s.d + c, _mm512_loadu_ps(k + g * s.d + c));
-                    store16(values[l] + (g * s.capacity + pos) * s.d + c, _mm512_loadu_ps(v + g * s.d + c));
+                    store16(keys[l] + (g * s.capacity + pos + r) * s.d + c, _mm512_loadu_ps(k + g * s.d + c));
+                    store16(values[l] + (g * s.capacity + pos + r) * s.d + c, _mm512_loadu_ps(v + g * s.d + c));
                 }
         }
-        attend(qkv.data(), keys[l], values[l], a.data(), s.heads, s.kv_heads, len, s.capacity, s.d, s.scale,
+        attend(qkv.data(), width, keys[l], values[l], a.data(), n, s.heads, s.kv_heads, pos, s.capacity, s.d, s.scale,
                scores.data());
 #pragma omp single
-        qa.rows(a.data(), 1, q_size);
-        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[3], proj.data(), 1, q_size,
-                      s.hidden, s.prefetch);
+        qa.rows(a.data(), n, q_size);
+        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[3], proj.data(), n, q_size,
+                     s.hidden, s.prefetch);
 #pragma omp single
         {
-            for (long i = 0; i < s.hidden; i++) h[i] += proj[i];
-            rms_norm(h, (const float*)p[4], x.data(), s.hidden, s.eps);
-            qa.rows(x.data(), 1, s.hidden);
+            for (long i = 0; i < n * s.hidden; i++) h[i] += proj[i];
+            norms((const float*)p[4]);
         }
-        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[5], gu.data(), 1, s.hidden,
-                      2 * s.ffn, s.prefetch);
+        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[5], gu.data(), n, s.hidden,
+                     2 * s.ffn, s.prefetch);
 #pragma omp single
         {
-            for (long i = 0; i < s.ffn; i += 16) {  // silu(gate) * up
-                __m512 g = _mm512_loadu_ps(&gu[i]);
-                __m512 sig = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-                _mm512_storeu_ps(&act[i], _mm512_mul_ps(sig, _mm512_loadu_ps(&gu[s.ffn + i])));
-            }
-            qa.rows(act.data(), 1, s.ffn);
+            for (long r = 0; r < n; r++)
+                for (long i = 0; i < s.ffn; i += 16) {  // silu(gate) * up
+                    const float* row = gu.data() + r * 2 * s.ffn;
+                    __m512 g = _mm512_loadu_ps(row + i);
+                    __m512 sig = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+                    _mm512_storeu_ps(&act[r * s.ffn + i], _mm512_mul_ps(sig, _mm512_loadu_ps(row + s.ffn + i)));
+                }
+            qa.rows(act.data(), n, s.ffn);
         }
-        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[6], proj.data(), 1, s.ffn,
-                      s.hidden, s.prefetch);
+        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[6], proj.data(), n, s.ffn,
+                     s.hidden, s.prefetch);
 #pragma omp single
-        for (long i = 0; i < s.hidden; i++) h[i] += proj[i];
+        for (long i = 0; i < n * s.hidden; i++) h[i] += proj[i];
     }
 }
 
 }  // namespace
 
 extern "C" {
-// the draft's one-token step over every layer: h (float, the token's embedding) in, the last layer's output out
-void lean_step_bf16(float* h, long layers, void* const* params, uint16_t* const* keys, uint16_t* const* values,
+// the draft's step over every layer for n new tokens: h (float, their embeddings) in, the last layer's output out
+void lean_step_bf16(float* h, long n, long layers, void* const* params, uint16_t* const* keys, uint16_t* const* values,
                     long pos, const float* cos, const float* sin, long hidden, long heads, long kv_heads, long d,
                     long ffn, long capacity, float eps, float scale, long prefetch) {
-    lean_step(h, layers, params, keys, values, pos, cos, sin,
+    lean_step(h, n, layers, params, keys, values, pos, cos, sin,
               Shape{hidden, heads, kv_heads, d, ffn, capacity, prefetch, eps, scale});
 }
-void lean_step_f32(float* h, long layers, void* const* params, float* const* keys, float* const* values, long pos,
+void lean_step_f32(float* h, long n, long layers, void* const* params, float* const* keys, float* const* values, long pos,
                    const float* cos, const float* sin, long hidden, long heads, long kv_heads, long d, long ffn,
                    long capacity, float eps, float scale, long prefetch) {
-    lean_step(h, layers, params, keys, values, pos, cos, sin,
+    lean_step(h, n, layers, params, keys, values, pos, cos, sin,
               Shape{hidden, heads, kv_heads, d, ffn, capacity, prefetch, eps, scale});
 }
 // x: n rows of k (k a multiple of 32); w: o outputs packed (o a multiple of 8); y: n rows of o

@@ -151,6 +151,9 @@ class LeanDraft(nn.Module):
 
     cache_keyword = "cache"  # what the engine passes it (`compat.cache_keyword`)
     CAPACITY = 256  # a new cache's slots unless told more (`new_cache`)
+    # the most new tokens the fused step takes (a step's one, or a round's last draft and its bonus): its attention
+    # runs a row at a time, which a prompt's rows are better served without
+    FUSED_ROWS = 8
 
     def __init__(self, model: nn.Module, spec: DraftQuant, vocab_ids: torch.Tensor | None = None):
         super().__init__()
@@ -174,7 +177,7 @@ class LeanDraft(nn.Module):
                          self.dtype)
 
     def fused(self) -> LeanStep | None:
-        """The whole one-token step in one call (`kernels.w4a8.LeanStep`), where every layer's products run on the
+        """The whole step over a few tokens in one call (`kernels.w4a8.LeanStep`), where every layer's products run on the
         4-bit x 8-bit kernel for one row (the plan the dispatcher chose: `models.kernels.TunedLinear`); made at its
         first use, on the draft as tuned. None elsewhere: the layers run one op at a time."""
         if "_fused" not in self.__dict__:
@@ -197,7 +200,7 @@ class LeanDraft(nn.Module):
             from transformers import DynamicCache
             cache = DynamicCache()
         t = input_ids.shape[1]
-        if t == 1 and attention_mask is None and position_ids is None and isinstance(cache, LeanCache) \
+        if t <= self.FUSED_ROWS and attention_mask is None and position_ids is None and isinstance(cache, LeanCache) \
                 and (step := self.fused()) is not None:
             return self.fused_forward(step, input_ids, cache, logits_to_keep, use_cache)
         past = cache.get_seq_length()
@@ -215,13 +218,15 @@ class LeanDraft(nn.Module):
 
     def fused_forward(self, step: LeanStep, input_ids: torch.Tensor, cache: LeanCache, logits_to_keep: int,
                       use_cache: bool) -> SimpleNamespace:
-        position = cache.get_seq_length()
-        cache.room(position + 1)
-        h = self.embed(input_ids)[0, 0].float().contiguous()
-        cos, sin = (c[0, 0].float().contiguous() for c in self.rotary(h[None, None], torch.tensor([[position]])))
+        position, t = cache.get_seq_length(), input_ids.shape[1]
+        cache.room(position + t)
+        h = self.embed(input_ids)[0].float().contiguous()
+        positions = torch.arange(position, position + t)[None]
+        cos, sin = (c[0].float().contiguous() for c in self.rotary(h[None], positions))
         step(h, cache.keys, cache.values, position, cos, sin, cache.capacity)
-        cache.lengths = [position + 1] * len(cache.lengths)
-        h = F.rms_norm(h.to(self.dtype)[None, None], (h.shape[-1],), self.norm, self.eps)
+        cache.lengths = [position + t] * len(cache.lengths)
+        h = F.rms_norm((h[-logits_to_keep:] if logits_to_keep else h).to(self.dtype)[None], (h.shape[-1],), self.norm,
+                       self.eps)
         return SimpleNamespace(logits=self.lm_head(h), cache=cache if use_cache else None)
 
 
