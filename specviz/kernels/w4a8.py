@@ -107,8 +107,9 @@ class LayerShape:
 class LeanStep:
     """A lean draft's whole step over a few new tokens in one call (`lean_step` in w4a8.cpp): every layer's norms,
     products (on this kernel), rotary embedding, K/V written into the cache in place, causal attention and residuals,
-    in one parallel region. `layers`: per layer (norm1, qkv, qkv bias or None, o, norm2, gate/up, down), the products as packed codes
-    and the rest as float32 tensors, kept here so that the pointers stay valid. `prefetch`: as `W4A8`'s."""
+    in one parallel region. `layers`: per layer (norm1, qkv, qkv bias or None, o, norm2, gate/up, down), the products
+    as packed codes and the rest as float32 tensors, kept here so that the pointers stay valid. `prefetch`: as
+    `W4A8`'s."""
 
     def __init__(self, layers: list[tuple], shape: LayerShape, lib: ctypes.CDLL):
         self.kept = [t for layer in layers for t in layer if t is not None]
@@ -118,12 +119,12 @@ class LeanStep:
 
     def __call__(self, h: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], position: int,
                  cos: torch.Tensor, sin: torch.Tensor, capacity: int) -> None:
-        """h: the new tokens' embeddings, float32 [n, hidden], in place the last layer's outputs; cos/sin: [n, head_dim];
-        keys/values: per layer [1, kv_heads, capacity, head_dim] in the model's dtype, the tokens' written from
-        `position` on."""
+        """h: the new tokens' embeddings, float32 [n, hidden], in place the last layer's outputs; cos/sin:
+        [n, head_dim]; keys/values: per layer [1, kv_heads, capacity, head_dim] in the model's dtype, the tokens'
+        written from `position` on."""
         fn = self.lib.lean_step_bf16 if keys[0].dtype == torch.bfloat16 else self.lib.lean_step_f32
         ks = (ctypes.c_void_p * self.layers)(*[k.data_ptr() for k in keys])
         vs = (ctypes.c_void_p * self.layers)(*[v.data_ptr() for v in values])
-        fn(h.data_ptr(), h.shape[0], self.layers, ctypes.addressof(self.params), ctypes.addressof(ks), ctypes.addressof(vs),
-           position, cos.data_ptr(), sin.data_ptr(), *self.shape.sizes(), capacity, self.shape.eps,
-           self.shape.scale, self.prefetch)
+        fn(h.data_ptr(), h.shape[0], self.layers, ctypes.addressof(self.params), ctypes.addressof(ks),
+           ctypes.addressof(vs), position, cos.data_ptr(), sin.data_ptr(), *self.shape.sizes(), capacity,
+           self.shape.eps, self.shape.scale, self.prefetch)

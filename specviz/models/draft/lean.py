@@ -177,8 +177,8 @@ class LeanDraft(nn.Module):
                          self.dtype)
 
     def fused(self) -> LeanStep | None:
-        """The whole step over a few tokens in one call (`kernels.w4a8.LeanStep`), where every layer's products run on the
-        4-bit x 8-bit kernel for one row (the plan the dispatcher chose: `models.kernels.TunedLinear`); made at its
+        """The whole step over a few tokens in one call (`kernels.w4a8.LeanStep`), where every layer's products run on
+        the 4-bit x 8-bit kernel for one row (the plan the dispatcher chose: `models.kernels.TunedLinear`); made at its
         first use, on the draft as tuned. None elsewhere: the layers run one op at a time."""
         if "_fused" not in self.__dict__:
             self.__dict__["_fused"] = fused_step(self)
@@ -204,7 +204,8 @@ class LeanDraft(nn.Module):
                 and (step := self.fused()) is not None:
             return self.fused_forward(step, input_ids, cache, logits_to_keep, use_cache)
         past = cache.get_seq_length()
-        positions = torch.arange(past, past + t, device=input_ids.device)[None] if position_ids is None else position_ids
+        positions = position_ids if position_ids is not None else \
+            torch.arange(past, past + t, device=input_ids.device)[None]
         h = self.embed(input_ids)
         cos, sin = (c[:, None] for c in self.rotary(h, positions))  # [1, 1, t, head_dim]
         # one new token sees everything; a few see the past and, causally, each other
@@ -243,7 +244,8 @@ def fused_step(draft: LeanDraft) -> LeanStep | None:
     layers = []
     for layer in draft.layers:
         products = [codes(m) for m in (layer.qkv, layer.o, layer.gate_up, layer.down)]
-        if lib is None or any(p is None for p in products) or layer.o.bias is not None or layer.gate_up.bias is not None:
+        if lib is None or any(p is None for p in products) or layer.o.bias is not None \
+                or layer.gate_up.bias is not None:
             return None
         qkv, o, gate_up, down = products
         layers.append((flat(layer.norm1), qkv, flat(layer.qkv.bias), o, flat(layer.norm2), gate_up, down))
