@@ -211,8 +211,8 @@ void product(const T* x, const uint8_t* w, T* y, long n, long k, long o, long pr
     pairs(a.quads.data(), a.xs.data(), a.bsum.data(), w, y, n, k, o, prefetch);
 }
 
-// ---- the draft's step over a few new tokens (one, or a round's last draft and its bonus), layer after layer, in one
-// call: its glue in C++ (not ~30 Python ops a layer), in one parallel region (the products' blocks and the heads split
+// ---- the draft's step over new tokens (one, a round's last draft and its bonus, a short prompt), layer after layer,
+// in one call: its glue in C++ (not ~30 Python ops a layer), in one parallel region (the products' blocks and the heads split
 // between the threads, the rest done by one)
 
 inline float load_f(const float* p, long i) { return p[i]; }

@@ -105,7 +105,7 @@ class LayerShape:
 
 
 class LeanStep:
-    """A lean draft's whole step over a few new tokens in one call (`lean_step` in w4a8.cpp): every layer's norms,
+    """A lean draft's whole step over new tokens in one call (`lean_step` in w4a8.cpp): every layer's norms,
     products (on this kernel), rotary embedding, K/V written into the cache in place, causal attention and residuals,
     in one parallel region. `layers`: per layer (norm1, qkv, qkv bias or None, o, norm2, gate/up, down), the products
     as packed codes and the rest as float32 tensors, kept here so that the pointers stay valid. `prefetch`: as

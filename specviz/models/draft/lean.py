@@ -178,9 +178,10 @@ class LeanDraft(nn.Module):
                          self.dtype)
 
     def fused(self) -> LeanStep | None:
-        """The whole step over a few tokens in one call (`kernels.w4a8.LeanStep`), where every layer's products run on
-        the 4-bit x 8-bit kernel for one row (the plan the dispatcher chose: `models.kernels.TunedLinear`); made at its
-        first use, on the draft as tuned. None elsewhere: the layers run one op at a time."""
+        """The whole step over new tokens (a step's, a prompt's up to `FUSED_ROWS`) in one call
+        (`kernels.w4a8.LeanStep`), where every layer's products run on the 4-bit x 8-bit kernel for one row (the plan
+        the dispatcher chose: `models.kernels.TunedLinear`); made at its first use, on the draft as tuned. None
+        elsewhere: the layers run one op at a time."""
         if "_fused" not in self.__dict__:
             self.__dict__["_fused"] = fused_step(self)
         return self.__dict__["_fused"]
