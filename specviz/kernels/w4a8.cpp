@@ -212,8 +212,8 @@ void product(const T* x, const uint8_t* w, T* y, long n, long k, long o, long pr
 }
 
 // ---- the draft's step over new tokens (one, a round's last draft and its bonus, a short prompt), layer after layer,
-// in one call: its glue in C++ (not ~30 Python ops a layer), in one parallel region (the products' blocks and the heads split
-// between the threads, the rest done by one)
+// in one call: its glue in C++ (not ~30 Python ops a layer), in one parallel region (the products' blocks and the
+// heads split between the threads, the rest done by one)
 
 inline float load_f(const float* p, long i) { return p[i]; }
 inline float load_f(const uint16_t* p, long i) { return to_f32(p[i]); }
