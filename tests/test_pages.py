@@ -33,6 +33,17 @@ def test_the_copies_hold_the_same_values_one_after_another_in_one_buffer_from_a_
     assert not torch.equal(copies[0], tensors[0])  # control: a copy, not the original
 
 
+def test_a_second_gathering_copies_nothing_and_strided_tensors_are_copied_contiguous():
+    copies = pages.gathered(_tensors())
+    again = pages.gathered(copies)
+    assert all(a is c for a, c in zip(again, copies))
+    moved = pages.gathered(copies[:2])  # control: a part of the buffer is gathered afresh (the rest would be dead)
+    assert moved[0].untyped_storage().data_ptr() != copies[0].untyped_storage().data_ptr()
+    strided = torch.arange(12.0).reshape(3, 4).T
+    copy = pages.gathered([strided])[0]
+    assert copy.is_contiguous() and torch.equal(copy, strided)
+
+
 def test_the_buffer_outlives_all_but_its_last_copy():
     last = pages.gathered(_tensors())[2]
     torch.randn(10_000_000)  # other allocations meanwhile

@@ -21,15 +21,16 @@ ALIGN = 64  # each tensor starts on a cache line
 
 
 def gathered(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Copies of `tensors` (contiguous, CPU), one after another in one buffer whose start is on a huge page, advised
-    to be backed by huge pages. Each copy keeps the buffer alive; the buffer is freed with the last of them. Where no
-    such buffer can be mapped, `tensors` themselves."""
+    """Contiguous copies of `tensors` (CPU, any strides), one after another in one buffer whose start is on a huge
+    page, advised to be backed by huge pages. Each copy keeps the buffer alive; the buffer is freed with the last of
+    them. `tensors` themselves where they already lie so (a second call copies nothing) or where no such buffer can be
+    mapped."""
     sizes = [t.numel() * t.element_size() for t in tensors]
     offsets, total = [], 0
     for size in sizes:
         offsets.append(total)
         total += -(-size // ALIGN) * ALIGN
-    if not total:
+    if not total or already(tensors, offsets, total):
         return list(tensors)
     try:
         region = mmap.mmap(-1, total + HUGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
@@ -46,3 +47,13 @@ def gathered(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
         part.copy_(t)
         copies.append(part)
     return copies
+
+
+def already(tensors: list[torch.Tensor], offsets: list[int], total: int) -> bool:
+    """Whether `tensors` are contiguous and lie at `offsets` in one storage of `total` bytes starting on a huge page:
+    what `gathered` would make of them."""
+    storage = tensors[0].untyped_storage()
+    base = storage.data_ptr()
+    return (base % HUGE == 0 and storage.nbytes() == total
+            and all(t.is_contiguous() and t.untyped_storage().data_ptr() == base and t.data_ptr() - base == offset
+                    for t, offset in zip(tensors, offsets)))

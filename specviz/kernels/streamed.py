@@ -67,11 +67,11 @@ def applies(weight: torch.Tensor) -> bool:
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
-    """The weight [out, in] as streamed.cpp reads it: blocks of 16 outputs, inputs in order (bf16: in pairs)."""
+    """The weight [out, in] as streamed.cpp reads it: blocks of 16 outputs, inputs in order (bf16: in pairs). A view
+    of `weight`: `Packing` copies it into place once, on huge pages."""
     out, width = weight.shape
     pair = 2 if weight.dtype == torch.bfloat16 else 1
-    blocks = weight.detach().reshape(out // LANES, LANES, width // pair, pair)
-    return blocks.permute(0, 2, 1, 3).contiguous()
+    return weight.detach().reshape(out // LANES, LANES, width // pair, pair).permute(0, 2, 1, 3)
 
 
 class Packing:
@@ -83,7 +83,8 @@ class Packing:
 
     def get(self) -> torch.Tensor:
         if self.packed is None:  # on huge pages (`pages`): the few rows of a verify read it faster there
-            self.packed, self.weight = pages.gathered([pack(self.weight)])[0], None  # the plain weight is the model's
+            # one copy, straight from the model's weight (the plain weight is the model's, not ours to keep)
+            self.packed, self.weight = pages.gathered([pack(self.weight)])[0], None
         return self.packed
 
 

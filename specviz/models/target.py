@@ -159,8 +159,8 @@ def prefetch_or_not(draft: nn.Module, twin: nn.Module, step_timer: StepTimer, st
     best, reach = draft, 0
     for far in w4a8.PREFETCH:
         on, off = step_timer(prefetched(twin, far), best)
-        status(f"The draft's codes asked for {far // 1024} KB ahead: {1e3 * on:.1f} ms a step, "
-               f"{f'{reach // 1024} KB ahead' if reach else 'left to the CPU' + chr(39) + 's prefetchers'} "
+        before = f"{reach // 1024} KB ahead" if reach else "left to the CPU's prefetchers"
+        status(f"The draft's codes asked for {far // 1024} KB ahead: {1e3 * on:.1f} ms a step, {before} "
                f"{1e3 * off:.1f} ms: {'asked' if on < off else 'left'}.")
         if on < off:
             best, twin, reach = twin, best, far
