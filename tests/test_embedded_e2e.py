@@ -167,14 +167,15 @@ def served_bf16():
 def test_bf16_verify_rows_equal_the_one_token_steps_bit_for_bit(served_bf16):
     from specviz.runs.row_check import row_check
 
-    for prompt, width in ((PROMPTS[0], 9), (STORY, 17)):
+    # a verify at K = 8, at the default K, and wider than the few-row kernel takes (its prompt path)
+    for prompt, width in ((PROMPTS[0], 9), (PROMPTS[0], DecodeConfig().k + 1), (STORY, 17)):
         check = row_check(served_bf16.target, encode_prompt(served_bf16.tokenizer, prompt), width)
         assert check.identical, (prompt, check.logits, check.kv)
 
 
 @pytest.mark.parametrize("drafter", ["model", "tree"])
 def test_bf16_greedy_speculation_equals_the_target_alone(served_bf16, drafter):
-    config = DecodeConfig(k=8, max_new_tokens=24, sampling=SamplingParams(0.0), drafter=drafter)
+    config = DecodeConfig(max_new_tokens=24, sampling=SamplingParams(0.0), drafter=drafter)  # the default K
     for prompt in [*PROMPTS, STORY]:
         ids = encode_prompt(served_bf16.tokenizer, prompt)
         steps = list(autoregressive_generate(served_bf16, ids, config))

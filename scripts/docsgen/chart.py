@@ -10,7 +10,7 @@ from docsgen.paths import ROOT
 
 CHART = ROOT / "assets" / "charts" / "headline.svg"
 # the newest default run of each machine and precision (the staleness test keeps them newest: tests/test_docs.py)
-HEADLINE = ("cpu2_zen4_bf16_1128", "cpu2_zen4_fp32_1128", "cpu2_xeon207_bf16_1129_pages", "cpu2_zen5_bf16",
+HEADLINE = ("cpu2_zen4_bf16_1128", "cpu2_zen4_fp32_1128", "cpu2_xeon207_bf16_1129_k12", "cpu2_zen5_bf16",
             "cpu2_zen5_fp32_lean")
 COLORS = {"target alone": "#94a3b8", "speculative": "#16a34a"}
 WIDTH, BAR, GAP, LABEL = 760, 16, 14, 330

@@ -1,6 +1,6 @@
 """`specviz rows`: the proof as a lesson. A verify's rows against the target alone's one-token steps, row by row.
 
-    specviz rows [--prompt P] [--width 9] [--tokens 64] [--draft D --target T --dtype ...] [--json F]
+    specviz rows [--prompt P] [--width K+1] [--tokens 64] [--draft D --target T --dtype ...] [--json F]
 
 One prompt: the target writes `--width` tokens one step at a time, then scores the same tokens again in one forward,
 as a verify does (`runs.row_check`); per row, the largest |difference| of the logits and of the K/V written (0:
@@ -27,7 +27,8 @@ PROMPT = "Write a short story about a lighthouse keeper who finds a message in a
 def register(sub) -> None:
     p = sub.add_parser("rows", help="a verify's rows against the one-token steps, bit by bit (the invariant verify)")
     p.add_argument("--prompt", default=PROMPT)
-    p.add_argument("--width", type=int, default=9, help="rows verified at once (K + 1; default 9)")
+    width = DecodeConfig().k + 1  # a round of the default K: the widest verify a user's run makes
+    p.add_argument("--width", type=int, default=width, help=f"rows verified at once (K + 1; default {width})")
     p.add_argument("--tokens", type=int, default=64, help="greedy tokens for the texts compared")
     p.add_argument("--json", default=None, metavar="OUT.json", help="write the report as JSON")
     add_options(p.add_argument_group("models"), PairSpec)

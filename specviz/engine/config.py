@@ -23,7 +23,7 @@ CUT_MODES = ("confidence", "predicted")  # the modes that stop drafting at `conf
 
 @dataclass(frozen=True)
 class DecodeConfig:
-    k: int = Field(8, ge=1, title="K", description="tokens drafted per round (the cap, for adaptive modes)",
+    k: int = Field(12, ge=1, title="K", description="tokens drafted per round (the cap, for adaptive modes)",
                    json_schema_extra={"limit": "max_k"})
     max_new_tokens: int = Field(64, ge=1, title="max new tokens", description="tokens to generate at most",
                                 json_schema_extra={"limit": "max_new_tokens"})
