@@ -133,7 +133,7 @@ def test_the_cli_and_api_references_follow_a_spec_field(parser, endpoints, monke
     from specviz.engine import DecodeConfig
 
     before_cli, before_api = cli_reference.cli_page(parser), api_reference.api_page(endpoints)
-    assert "| `--k` | `K` | `8` | tokens drafted per round" in before_cli
+    assert f"| `--k` | `K` | `{DecodeConfig().k}` | tokens drafted per round" in before_cli
     field = DecodeConfig.__pydantic_fields__["top_n"]
     monkeypatch.setattr(field, "description", "candidates a test asked for")
     monkeypatch.setattr(field, "default", 7)
@@ -272,7 +272,7 @@ def test_the_readme_headline_is_a_generated_region():
     out = render.with_regions(text, docs="docs/")
     assert "9.99" not in out and out.startswith("intro\n<!-- docs.py: _headline.md -->\n")
     assert out.endswith("<!-- /docs.py -->\nafter\n")
-    summary = json.loads((REPORTS["bench"] / "cpu2_zen4_bf16_1128.json").read_text())["summary"]
+    summary = json.loads((REPORTS["bench"] / "cpu2_xeon207_bf16_1129_k12.json").read_text())["summary"]
     low, high = summary["speedup_ci95"]
     assert "(docs/benchmarks.md)" in out and f"**{summary['speedup']:.2f}×** [{low:.2f}, {high:.2f}]" in out
     assert "(assets/charts/headline.svg)" in out  # the chart, made from the same reports

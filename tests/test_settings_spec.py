@@ -25,7 +25,8 @@ from specviz.settings.options import add_options, options_of, values_of
 from specviz.settings.spec import fields_of, number_text, validate
 from specviz.ui.controls import controls
 
-LIMITS = Limits(max_k=12, max_new_tokens=300, max_samples=500)  # not the defaults: the surfaces must follow them
+LIMITS = Limits(max_k=8, max_new_tokens=300, max_samples=500)  # not the defaults (K: below its default): the surfaces
+# must follow them, and offer the limit where the default is beyond it
 
 
 def help_of(command: str) -> dict[str, str]:
@@ -129,7 +130,7 @@ def test_every_setting_is_an_api_parameter_with_its_default_and_range(api, name,
             what = " | ".join(map(repr, s.choices)) if s.choices else f"{s.kind.__name__}, {s.must_text}"
             assert f"{s.name} ({what}; default {s.default!r}): {s.help}" in info["description"], s.name
     assert list(params) == leading + expected  # positional order: old scripts keep working
-    assert "between 1 and 12" in info["description"]  # K's range is the server's limit
+    assert f"between 1 and {LIMITS.max_k}" in info["description"]  # K's range is the server's limit
 
 
 def test_load_pair_offers_the_dtypes_of_the_pair_spec(api):

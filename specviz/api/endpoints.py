@@ -31,7 +31,7 @@ from specviz.serving.turns import Owner
 from specviz.runs.race import race, replay_race
 from specviz.runs.replay import shipped_traces, trace_data, trace_from_text
 from specviz.serving.session import Session
-from specviz.settings.spec import Setting, fields_of, flat_values
+from specviz.settings.spec import Setting, fields_of, flat_values, offered
 from specviz.runs.trace import Trace
 from specviz.serving.turns import MODEL, REPLAY, Waiting
 
@@ -192,7 +192,8 @@ def register(session: Session, limits: Limits, pace: Pace = Pace(), page: Callab
     a shareable HTML page (the UI's, handed in by the server: the adapters do not import each other);
     `defaults` are the app's decoding defaults (the parameters' defaults), `examples` its (name, prompt)s."""
     served = flat_values(defaults)
-    settings = [replace(s, default=served[s.name]) for s in fields_of(DecodeConfig, limits)]
+    settings = [replace(s, default=offered(served[s.name], s.hi) if s.limit else served[s.name])
+                for s in fields_of(DecodeConfig, limits)]
     prompt = [("prompt", str, inspect.Parameter.empty)]
     shared = [s for s in settings if s.name not in ("temperature", "max_new_tokens")]  # the experiment's own
     timed = [  # these run the pair: one at a time, in the model's queue (serving.turns; Gradio bounds its length)

@@ -90,12 +90,19 @@ def _setting(name: str, info, limits) -> Setting:
     limit = extra.get("limit")
     hi = getattr(limits, limit) if limit and limits is not None else bounds.get("le")
     default = info.get_default(call_default_factory=True)
-    if limit and limits is not None and isinstance(default, (int, float)):
-        default = min(default, hi)  # a server with a lower limit (a room) offers its limit
+    if limit and limits is not None:
+        default = offered(default, hi)
     return Setting(name=name, path=(name,), label=info.title or name, help=info.description or "", kind=kind,
                    default=default, lo=bounds.get("ge", bounds.get("gt")),
                    hi=hi, lo_open="gt" in bounds, choices=choices, optional=optional, step=extra.get("step"),
                    min_nonzero=extra.get("min_nonzero"), must=extra.get("must"), limit=limit)
+
+
+def offered(value, limit):
+    """A default as a server offers it: a server with a lower limit than the default (a room, `--max-k`) offers its
+    limit, so that a request leaving the setting out is not refused."""
+    return min(value, limit) if isinstance(value, (int, float)) and not isinstance(value, bool) and limit is not None \
+        else value
 
 
 def as_number(label: str, value, kind: type = float):
