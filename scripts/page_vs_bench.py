@@ -4,8 +4,8 @@
 
 Each round runs `specviz bench` in a process of its own on the prompts (one repetition each, every default, as the
 app's), then clicks each prompt in the Live view of `specviz serve` (its own
-process, loaded once, after one unmeasured warm-up race as the bench warms its lanes), in headless Chromium (its own
-process). Prints each lane's tok/s and the speedup, page over bench, per round and as medians.
+process, loaded once, its recorded answers off so that every click races, after one unmeasured warm-up race as the
+bench warms its lanes), in headless Chromium (its own process). Prints each lane's tok/s and the speedup, page over bench, per round and as medians.
 """
 
 from __future__ import annotations
@@ -90,7 +90,9 @@ def main() -> None:
     args = ap.parse_args()
     common = ["--max-new-tokens", str(args.max_new_tokens)]
     rows = []
-    with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as f, served(common) as url, sync_playwright() as p:
+    # recorded answers off: a later round's click would be answered from the first round's recording, not raced
+    with tempfile.NamedTemporaryFile("w", suffix=".jsonl") as f, served([*common, "--no-recorded"]) as url, \
+            sync_playwright() as p:
         f.write("".join(json.dumps(x) + "\n" for x in PROMPTS))
         f.flush()
         browser = p.chromium.launch(executable_path=shutil.which("chromium"), args=ARGS)
