@@ -374,6 +374,10 @@ def test_prefill_is_reported_apart_and_decode_speedups_leave_it_out():
     s = report["summary"]
     assert s["decode_speedup"] == pytest.approx((60 / 0.8) / (60 / 2.0))  # ratio of totals, as the speedup
     assert s["speedup"] == pytest.approx(2.0) and "decode x" in format_table(report)
+    # each lane's share of its seconds spent reading the prompt, a ratio of totals: AR 1.0 of 3.0 s, spec 0.7 of 1.5
+    assert s["prompt_share"] == pytest.approx({"ar": 1.0 / 3.0, "spec": 0.7 / 1.5}, abs=1e-4)
+    assert "reading the prompt: 47% of the speculative lane's time (both models), 33% of the AR lane's" \
+        in format_table(report)
 
 
 def pooled_acceptance(results) -> float:

@@ -249,6 +249,11 @@ def summary_record(bench: Bench, compared: Compared, by_method: dict, record: di
         # step it models) against it; the end-to-end one above also pays the draft's prompt and a faster baseline
         "decode_efficiency": _round(ratio(ratio(decode_rate(runs_of(results, spec)),
                                                 decode_rate(runs_of(results, AR))), predicted)) if predicted else None,
+        # each lane's share of seconds reading the prompt (both models' in the speculative lane): the cost model has
+        # none, so this is where the end-to-end efficiency's gap goes
+        "prompt_share": {lane: _round(ratio(sum(x.prefill for x in runs_of(results, m)),
+                                            sum(x.seconds for x in runs_of(results, m))))
+                         for lane, m in (("ar", AR), ("spec", spec))},
         "event_overhead": record["event_overhead"], "device": device, "dtype": dtype,
         # extras beyond the issue's keys
         "setting": setting_name(chosen), "k": chosen.k, "adaptive": chosen.adaptive,

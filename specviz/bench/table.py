@@ -95,6 +95,9 @@ def summary_lines(report: dict) -> list[str]:
             f"  predicted {_fmt(s['predicted_speedup'])}x   efficiency {_fmt(s['efficiency'])} end to end, "
             f"{_fmt(s.get('decode_efficiency'))} decoding   "
             f"event overhead {_fmt(s['event_overhead'], '.3f')}   best K predicted {s['best_k_predicted']}",
+            *([f"  reading the prompt: {_fmt(share['spec'], '.0%')} of the speculative lane's time (both models), "
+               f"{_fmt(share['ar'], '.0%')} of the AR lane's: not sped up, and not in the cost model"]
+              if (share := s.get("prompt_share")) else []),
             f"  CPU contention: worst call kept stalled {_fmt(s['max_cpu_stall'], '.1%')} of its time; "
             f"{s['remeasured']} repetition(s) measured again"
             + (f"; ⚠ torch compiled inside {s['compiles_in_timed_runs']} kept call(s): those are no measure of "
