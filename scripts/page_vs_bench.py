@@ -5,7 +5,8 @@
 Each round runs `specviz bench` in a process of its own on the prompts (one repetition each, every default, as the
 app's), then clicks each prompt in the Live view of `specviz serve` (its own
 process, loaded once, its recorded answers off so that every click races, after one unmeasured warm-up race as the
-bench warms its lanes), in headless Chromium (its own process). Prints each lane's tok/s and the speedup, page over bench, per round and as medians.
+bench warms its lanes), in headless Chromium (its own process). Prints each lane's tok/s and the speedup, page over
+bench, per round and as medians.
 """
 
 from __future__ import annotations
