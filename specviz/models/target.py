@@ -84,8 +84,11 @@ def variant_reason(pair, quant: str, tuning: Tuning | None) -> str | None:
         return f"the {quant} target's kernels (torch's weight-only ones) do not keep a row's sums in one order"
     if tuning is None:
         return "its kernels are torch's own (--kernels plain)"
-    if tuning.variant:
-        return f"no invariant kernel serves its {', '.join(tuning.variant)} linears (the few-row kernel is not built)"
+    if tuning.variant:  # (a target quantized before it was tuned, as the bench's is, arrives here as "none")
+        quantized = all(shape.startswith(("int4:", "int8:")) for shape in tuning.variant)
+        return (f"no invariant kernel serves its {', '.join(tuning.variant)} linears ("
+                + ("weight-only quantized kernels do not keep a row's sums in one order)" if quantized
+                   else "the few-row kernel is not built here)"))
     if not rows.available(pair.dtype):
         return f"the row-invariant attention cannot run in {str(pair.dtype).removeprefix('torch.')} here"
     return None
