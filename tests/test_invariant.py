@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from helpers import spec_tokens
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
-from specviz.kernels import rows
+from specviz.kernels import rows, w4a8
 from specviz.models import encode_prompt
 from specviz.models.kernels import Choice, TunedLinear
 from specviz.models.target import with_target
@@ -117,13 +117,52 @@ def test_greedy_speculation_is_the_target_alones_text(invariant, drafter):
 
 def test_where_the_verify_cannot_be_invariant_it_says_why():
     pair = tiny_pair()
-    assert "int4 target's kernels" in with_target(pair, "int4", "tuned", invariant=True)[0].not_invariant
+    why = with_target(pair, "int8", "tuned", invariant=True)[0].not_invariant
+    assert "quantized kernels do not keep a row's sums in one order" in why and "not built" not in why
     assert "--kernels plain" in with_target(pair, "none", "plain", invariant=True)[0].not_invariant
     assert "--no-invariant" in with_target(pair, "none", "plain", invariant=False)[0].not_invariant
-    # the bench's way: the target quantized on the kernels as loaded, then tuned as it is (its linears int4 already)
-    quantized = with_target(pair, "int4", "plain")[0]
-    why = with_target(quantized, "none", "tuned", invariant=True)[0].not_invariant
-    assert "quantized kernels do not keep a row's sums in one order" in why and "not built" not in why
+    # the bench's way: the target quantized on the kernels as loaded, then tuned as it is (its linears int8 already)
+    quantized = with_target(pair, "int8", "plain")[0]
+    assert "quantized kernels" in with_target(quantized, "none", "tuned", invariant=True)[0].not_invariant
+
+
+@pytest.fixture(scope="module", params=["int4", "bench"])
+def int4_invariant(request, tmp_path_factory):
+    """The tiny target in int4 on the int4 x 8-bit kernel, asked to be invariant: quantized and tuned in one go, or
+    the bench's way (quantized on the kernels as loaded, then tuned as it is)."""
+    if not w4a8.applies(64, 64, 32, torch.float32):
+        pytest.skip("no int4 x 8-bit kernel here (AVX512-VNNI and a compiler)")
+    folder = tmp_path_factory.mktemp("kernels")
+    pair = tiny_pair()
+    if request.param == "bench":
+        pair = with_target(pair, "int4", "plain")[0]
+    pair = with_target(pair, "int4" if request.param == "int4" else "none", "tuned", invariant=True, folder=folder)[0]
+    assert pair.not_invariant is None and pair.target.config._attn_implementation == rows.ROWS
+    return pair
+
+
+def test_an_int4_targets_verify_rows_are_its_one_token_steps_bit_for_bit(int4_invariant):
+    """Each row's 8-bit activations are its own and the kernel sums a row in one order at every row count, so a
+    quantized target verifies as its steps compute too: every width, and greedy speculation gives its text."""
+    for width in WIDTHS:
+        check = row_check(int4_invariant.target, PROMPT, width)
+        assert check.identical, (width, check.logits, check.kv)
+    config = DecodeConfig(k=6, max_new_tokens=40, sampling=SamplingParams(0.0), adaptive="fixed")
+    ids = encode_prompt(int4_invariant.tokenizer, "the man said that it was good and")
+    alone = [s.token.id for s in autoregressive_generate(int4_invariant, ids, config)]
+    assert spec_tokens(speculative_generate(int4_invariant, ids, config)) == alone
+
+
+def test_an_int4_verify_quantized_across_its_rows_is_caught(int4_invariant, monkeypatch):
+    """The control: nine rows whose 8-bit activations come out otherwise (scaled up for the kernel, down after, as a
+    scale shared across the rows would) are no longer the steps' rows."""
+    for module in int4_invariant.target.modules():
+        if isinstance(module, TunedLinear):
+            kernel = module.kernels["w4a8"]
+            kernels = {**module.kernels, "rescaled": lambda x, kernel=kernel: kernel(x * 3.0) / 3.0}
+            mutant = TunedLinear(module.inner, {**module.plan, 9: Choice("rescaled", 9)}, kernels)
+            monkeypatch.setattr(module, "by_rows", mutant.by_rows)
+    assert not row_check(int4_invariant.target, PROMPT, 9).identical
 
 
 def test_specviz_rows_shows_the_verify_row_by_row_both_ways(tmp_path, capsys):

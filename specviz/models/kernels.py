@@ -51,9 +51,11 @@ from specviz.models.plans import MAX_PAD_ROWS, Choice, choose, lean_plans, looku
 log = logging.getLogger(__name__)
 
 PACK_HINT = 16  # the batch size oneDNN packs a weight for (its packed kernel serves any row count)
-# kernels whose every row's sums run in one order whatever the number of rows (streamed.cpp says how): a target that
-# must verify as its one-token steps compute (`tune(invariant=True)`) is planned on those of one way of summing alone
-INVARIANT = frozenset(streamed.SUMS)
+# kernels whose every row's sums run in one order whatever the number of rows (streamed.cpp and w4a8.cpp say how),
+# each with its way of summing: a target that must verify as its one-token steps compute (`tune(invariant=True)`) is
+# planned on those of one way alone (an int4 target's on the int4 x 8-bit kernel: a row's 8-bit activations are its own)
+SUMS = {**streamed.SUMS, "w4a8": "w4a8"}
+INVARIANT = frozenset(SUMS)
 GROUP_BYTES = 64 * 2**20  # time a shape over enough of its linears to leave the caches, as the model does
 
 Kernel = Callable[[torch.Tensor], torch.Tensor]  # 2-D input rows -> 2-D output rows, bias included
@@ -331,12 +333,12 @@ def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_
 
 
 def invariant_costs(costs: Costs, max_rows: int = MAX_PAD_ROWS) -> Costs:
-    """A shape's costs on the invariant kernels that sum one way (`streamed.SUMS`), the way whose plan costs a race
-    least: every row count must sum alike, so one way serves them all (all the kernels where none is invariant)."""
+    """A shape's costs on the invariant kernels that sum one way (`SUMS`), the way whose plan costs a race least:
+    every row count must sum alike, so one way serves them all (all the kernels where none is invariant)."""
     alike: dict[str, Costs] = {}
     for kernel, per in costs.items():
         if kernel in INVARIANT:
-            alike.setdefault(streamed.SUMS[kernel], {})[kernel] = per
+            alike.setdefault(SUMS[kernel], {})[kernel] = per
     return min(alike.values(), key=lambda way: plan_cost(way, choose(way, max_rows)), default=costs)
 
 

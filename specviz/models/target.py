@@ -65,7 +65,7 @@ def with_target(pair, quant: str = "none", kernels: str = "tuned", status: Calla
         target, tuning = tune(target, status=status, invariant=invariant, **tune_kw)
         release_unused_codes(target)  # (a 4-bit target: the packing of the kernel its plan uses)
         name = f"{name} [tuned kernels]"
-    why = variant_reason(pair, quant, tuning) if invariant else "it was not asked for (--no-invariant)"
+    why = variant_reason(pair, tuning) if invariant else "it was not asked for (--no-invariant)"
     if why is None:
         rows.register()
         target.config._attn_implementation = rows.ROWS  # (a copy's own config: the loaded model keeps SDPA)
@@ -75,19 +75,17 @@ def with_target(pair, quant: str = "none", kernels: str = "tuned", status: Calla
     return replace(pair, target=target, target_name=name, not_invariant=why), tuning
 
 
-def variant_reason(pair, quant: str, tuning: Tuning | None) -> str | None:
+def variant_reason(pair, tuning: Tuning | None) -> str | None:
     """Why the target's verify rows cannot be computed as its one-token steps are here (None: they can): every
     linear on an invariant kernel (`kernels.INVARIANT`) and attention a row at a time (`kernels.rows`)."""
     if not tunable(pair.device):
         return f"on {pair.device.type} the loaded model's own kernels run (cuBLAS, SDPA), not specviz's CPU kernels"
-    if quant != "none":
-        return f"the {quant} target's kernels (torch's weight-only ones) do not keep a row's sums in one order"
     if tuning is None:
         return "its kernels are torch's own (--kernels plain)"
-    if tuning.variant:  # (a target quantized before it was tuned, as the bench's is, arrives here as "none")
+    if tuning.variant:  # (an int8 target's, or an int4 one's without the int4 x 8-bit kernel)
         quantized = all(shape.startswith(("int4:", "int8:")) for shape in tuning.variant)
         return (f"no invariant kernel serves its {', '.join(tuning.variant)} linears ("
-                + ("weight-only quantized kernels do not keep a row's sums in one order)" if quantized
+                + ("torch's weight-only quantized kernels do not keep a row's sums in one order)" if quantized
                    else "the few-row kernel is not built here)"))
     if not rows.available(pair.dtype):
         return f"the row-invariant attention cannot run in {str(pair.dtype).removeprefix('torch.')} here"
