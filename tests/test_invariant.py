@@ -1,7 +1,7 @@
 """The invariant verify: every row a verify scores, and the K/V it writes, bit-identical to the one-token step at its
 position (`kernels.rows`, the invariant linears of `models.kernels`), for every row count a verify presents; so
 greedy speculation gives the target alone's text in bfloat16 too. A mutant dispatcher that sends one row count to
-another kernel, or attention back to SDPA, is caught."""
+another kernel, or attention back to SDPA, is caught. An int4 target's verify on the int4 x 8-bit kernel, too."""
 
 from __future__ import annotations
 
@@ -163,6 +163,7 @@ def test_an_int4_verify_quantized_across_its_rows_is_caught(int4_invariant, monk
             mutant = TunedLinear(module.inner, {**module.plan, 9: Choice("rescaled", 9)}, kernels)
             monkeypatch.setattr(module, "by_rows", mutant.by_rows)
     assert not row_check(int4_invariant.target, PROMPT, 9).identical
+    assert row_check(int4_invariant.target, PROMPT, 8).identical  # the other widths still are
 
 
 def test_specviz_rows_shows_the_verify_row_by_row_both_ways(tmp_path, capsys):
