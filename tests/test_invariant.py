@@ -11,7 +11,7 @@ from torch.nn import functional as F
 
 from helpers import spec_tokens
 from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
-from specviz.kernels import rows, w4a8
+from specviz.kernels import build, rows, w4a8
 from specviz.models import encode_prompt
 from specviz.models.kernels import Choice, TunedLinear
 from specviz.models.target import with_target
@@ -126,12 +126,15 @@ def test_where_the_verify_cannot_be_invariant_it_says_why():
     assert "quantized kernels" in with_target(quantized, "none", "tuned", invariant=True)[0].not_invariant
 
 
+# the int4 x 8-bit kernel needs AVX512-VNNI and a compiler; without it the int4 target says why (the test after these)
+needs_w4a8 = pytest.mark.skipif(not w4a8.applies(64, 64, 32, torch.float32),
+                                reason="no int4 x 8-bit kernel here (AVX512-VNNI and a compiler)")
+
+
 @pytest.fixture(scope="module", params=["int4", "bench"])
 def int4_invariant(request, tmp_path_factory):
     """The tiny target in int4 on the int4 x 8-bit kernel, asked to be invariant: quantized and tuned in one go, or
     the bench's way (quantized on the kernels as loaded, then tuned as it is)."""
-    if not w4a8.applies(64, 64, 32, torch.float32):
-        pytest.skip("no int4 x 8-bit kernel here (AVX512-VNNI and a compiler)")
     folder = tmp_path_factory.mktemp("kernels")
     pair = tiny_pair()
     if request.param == "bench":
@@ -141,6 +144,7 @@ def int4_invariant(request, tmp_path_factory):
     return pair
 
 
+@needs_w4a8
 def test_an_int4_targets_verify_rows_are_its_one_token_steps_bit_for_bit(int4_invariant):
     """Each row's 8-bit activations are its own and the kernel sums a row in one order at every row count, so a
     quantized target verifies as its steps compute too: every width, and greedy speculation gives its text."""
@@ -153,6 +157,7 @@ def test_an_int4_targets_verify_rows_are_its_one_token_steps_bit_for_bit(int4_in
     assert spec_tokens(speculative_generate(int4_invariant, ids, config)) == alone
 
 
+@needs_w4a8
 def test_an_int4_verify_quantized_across_its_rows_is_caught(int4_invariant, monkeypatch):
     """The control: nine rows whose 8-bit activations come out otherwise (scaled up for the kernel, down after, as a
     scale shared across the rows would) are no longer the steps' rows."""
@@ -164,6 +169,15 @@ def test_an_int4_verify_quantized_across_its_rows_is_caught(int4_invariant, monk
             monkeypatch.setattr(module, "by_rows", mutant.by_rows)
     assert not row_check(int4_invariant.target, PROMPT, 9).identical
     assert row_check(int4_invariant.target, PROMPT, 8).identical  # the other widths still are
+
+
+def test_without_the_int4_x_8_bit_kernel_an_int4_target_says_why(monkeypatch, tmp_path):
+    """Where the CPU lacks VNNI (forced here, so it runs on every machine) only torch's int4 kernel serves: the verify
+    cannot be invariant, and the pair says so in one sentence."""
+    monkeypatch.setattr(build, "cpu_flags", lambda: {"avx512f", "avx512vl", "avx512bw", "avx512_bf16"})
+    pair = with_target(tiny_pair(), "int4", "tuned", invariant=True, folder=tmp_path)[0]
+    assert "quantized kernels do not keep a row's sums in one order" in pair.not_invariant
+    assert pair.target.config._attn_implementation != rows.ROWS
 
 
 def test_specviz_rows_shows_the_verify_row_by_row_both_ways(tmp_path, capsys):
