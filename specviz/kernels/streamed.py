@@ -89,15 +89,17 @@ class Packing:
 
 
 class Streamed:
-    """The product on one way (`WAYS`) with the weight in streamed.cpp's layout (`Packing`, shared by the ways)."""
+    """The product on one way (`WAYS`) with the weight in streamed.cpp's layout (`Packing`, shared by the ways, and
+    by the tile kernel's ways, `amx`, which read the same layout): `lib`'s function `fn` (the way's own by default)
+    asking `ahead` bytes ahead."""
 
     def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL, way: str = "streamed",
-                 packing: Packing | None = None):
+                 packing: Packing | None = None, fn: tuple[str, int] | None = None):
         self.packing = packing if packing is not None else Packing(weight)
         self.bias = None if bias is None else bias.detach().contiguous()
         self.out, self.width = weight.shape
         self.dtype = weight.dtype
-        name, self.ahead = WAYS[weight.dtype][way]
+        name, self.ahead = fn if fn is not None else WAYS[weight.dtype][way]
         self.fn = getattr(lib, name)
         self.packed: torch.Tensor | None = None
 
@@ -113,7 +115,9 @@ class Streamed:
         return y
 
 
-def ways(weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL) -> dict[str, Streamed]:
-    """Every way this weight can be multiplied here (its dtype's `WAYS`), on one packed copy."""
-    packing = Packing(weight)
+def ways(weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL, packing: Packing | None = None
+         ) -> dict[str, Streamed]:
+    """Every way this weight can be multiplied here (its dtype's `WAYS`), on one packed copy (`packing`: one shared
+    with other kernels reading the layout)."""
+    packing = packing if packing is not None else Packing(weight)
     return {way: Streamed(weight, bias, lib, way, packing) for way in WAYS[weight.dtype]}

@@ -19,6 +19,7 @@ The candidates compute the same product from the same weights (only the summatio
   for a verify's few rows, a block at a time for a prompt's many; where the CPU has AVX-512 and a C++ compiler is
   at hand), and its other ways on the same copy: `widened` (bf16 weights multiplied in float32 FMAs) and each
   `_ahead` (the weight asked for before it is read);
+- `amx` (and `amx_ahead`): specviz's tile kernel on that same copy (`amx.py`: bf16 on a CPU with AMX);
 - `int4` / `int8`: a weight-only quantized linear's own kernel (a quantized target or draft step).
 
 `dense` and `native` multiply by the weight as loaded; `onednn` and `streamed` by a copy of their own (made when
@@ -43,7 +44,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specviz.kernels import streamed, w4a8
+from specviz.kernels import amx, streamed, w4a8
 from specviz.models.draft.quantized import DENSE_ABOVE, Int4Linear, Int8Linear, QuantLinear
 from specviz.models.kernel_table import Costs, KernelKey, kept_or_measured, table_costs, table_path
 from specviz.models.plans import MAX_PAD_ROWS, Choice, choose, lean_plans, lookup, plan_cost, sizes
@@ -54,7 +55,7 @@ PACK_HINT = 16  # the batch size oneDNN packs a weight for (its packed kernel se
 # kernels whose every row's sums run in one order whatever the number of rows (streamed.cpp and w4a8.cpp say how),
 # each with its way of summing: a target that must verify as its one-token steps compute (`tune(invariant=True)`) is
 # planned on those of one way alone (an int4 target's on the int4 x 8-bit kernel: a row's 8-bit activations are its own)
-SUMS = {**streamed.SUMS, "w4a8": "w4a8"}
+SUMS = {**streamed.SUMS, **amx.SUMS, "w4a8": "w4a8"}
 INVARIANT = frozenset(SUMS)
 GROUP_BYTES = 64 * 2**20  # time a shape over enough of its linears to leave the caches, as the model does
 
@@ -91,8 +92,11 @@ def kernels_of(module: nn.Module) -> dict[str, Kernel]:
     if onednn_applies(weight):
         kernels["native"] = WithoutOneDNN(weight, bias)
         kernels["onednn"] = OneDNN(weight, bias)
+    packing = streamed.Packing(weight)  # one copy in streamed.cpp's layout, for every kernel that reads it
     if streamed.applies(weight) and (lib := streamed.library()) is not None:
-        kernels |= streamed.ways(weight, bias, lib)
+        kernels |= streamed.ways(weight, bias, lib, packing)
+    if amx.applies(weight) and (lib := amx.library()) is not None:
+        kernels |= amx.ways(weight, bias, lib, packing)
     return kernels
 
 
@@ -320,8 +324,8 @@ def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_
 
     data, cached = kept_or_measured(path, key, "The kernel timings", measure, log.warning)
     costs = table_costs(data)
-    planned = {shape: {k: per for k, per in (invariant_costs(c, max_rows) if invariant else c).items()
-                       if k not in exclude} for shape, c in costs.items()}
+    allowed = {shape: {k: per for k, per in c.items() if k not in exclude} for shape, c in costs.items()}
+    planned = {shape: invariant_costs(c, max_rows) if invariant else c for shape, c in allowed.items()}
     lean = lean_plans(planned, {shape: (len(members), module_bytes(members[0][2])) for shape, members in groups.items()},
                       max_rows)
     plans = {shape: choice.plan for shape, choice in lean.items()}

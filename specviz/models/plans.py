@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from specviz.kernels.streamed import SUMS
+from specviz.kernels import amx, streamed
 from specviz.models.kernel_table import Costs
 
 MAX_PAD_ROWS = 17  # row counts timed one by one (the default K + 1 = 9, a tree of 16); larger ones are bucketed
@@ -22,7 +22,8 @@ LEAN_COST = 0.03  # the share of a race's time one copy of each weight may cost 
 # 16 verifies of K + 1 = 9 rows, after a prompt of a few 64-row chunks
 RACE_MIX = {1: 16, 9: 4, 64: 1}
 # the copy of the weight a kernel reads (`kernels.kernels_of` names the kernels)
-FORMS = {"dense": "as loaded", "native": "as loaded", "onednn": "packed", **dict.fromkeys(SUMS, "streamed")}
+FORMS = {"dense": "as loaded", "native": "as loaded", "onednn": "packed",
+         **dict.fromkeys([*streamed.SUMS, *amx.SUMS], "streamed")}
 
 
 @dataclass(frozen=True)
