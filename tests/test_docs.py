@@ -97,8 +97,23 @@ def report_values(paths: list[Path]) -> tuple[list[float], set[str]]:
                 walk(v)
 
     for path in paths:
-        walk(json.loads(path.read_text(encoding="utf-8")))
+        report = json.loads(path.read_text(encoding="utf-8"))
+        walk(report)
+        walk(derived(report))
     return values, texts
+
+
+def derived(report) -> list[float]:
+    """The figures a claim computes from a report's own (`docsgen.claims`: its decoding rates, a kind's median, a
+    ratio of two rates), which a page may show beside the report's values."""
+    from docsgen import claims
+
+    if not isinstance(report, dict) or "runs" not in report or "methods" not in report:
+        return []
+    rates = claims.rates(report)
+    kinds = [claims.by_example(report, name) for name in claims.EXAMPLE_KINDS]
+    return [*rates.values(), *(k["median"] for k in kinds if k),
+            *(a / b for a in rates.values() for b in rates.values() if b)]
 
 
 def found(number: str, unit: str, values: list[float], texts: set[str]) -> bool:
@@ -202,7 +217,9 @@ def test_every_number_on_a_benchmark_page_is_a_report_value(template):
 def test_the_number_check_catches_a_number_no_report_holds():
     rendered = render.render("_headline.md", docs="")
     values, texts = report_values(rendered.reports)
-    fp32 = json.loads((REPORTS["bench"] / "cpu2_zen5_fp32_lean.json").read_text())["summary"]["speedup"]
+    from docsgen import claims
+
+    fp32 = json.loads(claims.newest("float32").read_text())["summary"]["speedup"]
     assert found(f"{fp32:.2f}", "", values, texts) and found("68", "%", [0.6835], set())
     assert not found("1977.5", "", values, texts)
     assert numbers("bf16 at T1 on top-2, K = 8, 1,153 tokens, 68% of 3.09 GB") == [
@@ -268,11 +285,13 @@ def test_a_new_bench_report_names_its_command_from_the_flags_it_ran_with():
 def test_the_readme_headline_is_a_generated_region():
     """The README's small table (once the README has the markers) is the headline partial, rendered afresh: a stale
     copy between the markers is replaced."""
-    text = "intro\n<!-- docs.py: _headline.md -->\n| stale | 9.99× |\n<!-- /docs.py -->\nafter\n"
+    text = "intro\n<!-- docs.py: _headline.md -->\n| stale | 123.45× |\n<!-- /docs.py -->\nafter\n"
     out = render.with_regions(text, docs="docs/")
-    assert "9.99" not in out and out.startswith("intro\n<!-- docs.py: _headline.md -->\n")
+    assert "123.45" not in out and out.startswith("intro\n<!-- docs.py: _headline.md -->\n")
     assert out.endswith("<!-- /docs.py -->\nafter\n")
-    summary = json.loads((REPORTS["bench"] / "cpu2_xeon207_bf16_1129_k12.json").read_text())["summary"]
+    from docsgen import claims
+
+    summary = json.loads(claims.newest("headline").read_text())["summary"]
     low, high = summary["speedup_ci95"]
     assert "(docs/benchmarks.md)" in out and f"**{summary['speedup']:.2f}×** [{low:.2f}, {high:.2f}]" in out
     assert "(assets/charts/headline.svg)" in out  # the chart, made from the same reports

@@ -3,6 +3,7 @@ the report's own metadata (`about(report)` in templates)."""
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 from docsgen.cli_reference import build_parser, subcommands
@@ -28,6 +29,28 @@ def command_of(meta: dict) -> str | None:
         else:
             words += [action.option_strings[0], str(value)]
     return " ".join(words)
+
+
+def retired(command: str) -> list[str]:
+    """The flags of a recorded `specviz` command that today's parser no longer has (a report keeps the command as it
+    ran; the page says which of its flags are gone)."""
+    import shlex
+
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        return []
+    if len(words) < 2 or words[0] != "specviz":
+        return []
+    table = flags_by_command()
+    if words[1] not in table:
+        return [words[1]]
+    return [w for w in words[2:] if w.startswith("--") and w.split("=")[0] not in table[words[1]]]
+
+
+@functools.cache
+def flags_by_command() -> dict[str, frozenset[str]]:
+    return {n: frozenset(o for a in p._actions for o in a.option_strings) for n, _, p in subcommands(build_parser())}
 
 
 def sampling_text(s: dict) -> str:
@@ -84,7 +107,9 @@ def about(report: dict, path_hint: str = "") -> str:
     hardware, settings = hardware_text(meta.get("machine", {})), settings_text(report)
     command = command_of(meta)
     lines = [f"*Run*: {meta.get('date', 'date not recorded')}, {hardware}. {settings}.",
-             f"*Command*: `{command}`." if command else "*Command*: not recorded.",
+             (f"*Command*: `{command}` (as run then: today's `specviz` has no {', '.join(f'`{w}`' for w in gone)})."
+              if command and (gone := retired(command)) else
+              f"*Command*: `{command}`." if command else "*Command*: not recorded."),
              f"*Report*: [`{path_hint}`]({path_hint})." if path_hint else ""]
     return " ".join(line for line in lines if line)
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 
 from docsgen.markdown import banner, cell
 
@@ -56,8 +57,14 @@ def default_text(action: argparse.Action) -> str:
 
 
 def help_of(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
-    """The help as `--help` prints it (its %(default)s and %% expanded)."""
-    return parser._get_formatter()._expand_help(action) if action.help else ""
+    """The help as `--help` prints it (its %(default)s and %% expanded), its "default: X" the parser's own default
+    where a command sets another than the spec's (prove's sampling temperature)."""
+    text = parser._get_formatter()._expand_help(action) if action.help else ""
+    d = action.default
+    m = re.search(r"default: (-?\d+(?:\.\d+)?)\)", text)
+    if m and isinstance(d, (int, float)) and not isinstance(d, bool) and float(m.group(1)) != float(d):
+        text = text[:m.start(1)] + str(d) + text[m.end(1):]
+    return text
 
 
 def anchor(*words: str) -> str:

@@ -8,9 +8,9 @@ from pathlib import Path
 from docsgen.api_reference import Endpoint, api_page, served_endpoints
 from docsgen.cli_reference import build_parser, cli_page
 from docsgen.paths import DOCS, ROOT
-from docsgen.chart import CHART, HEADLINE, svg
+from docsgen.chart import CHART, headline, svg
 from docsgen.render import REGION, rendered_page, template_pages, with_regions
-from docsgen.reports import REPORTS, load_report
+from docsgen.reports import load_report
 
 
 def pages(parser: argparse.ArgumentParser | None = None, endpoints: list[Endpoint] | None = None) -> dict[Path, str]:
@@ -18,7 +18,7 @@ def pages(parser: argparse.ArgumentParser | None = None, endpoints: list[Endpoin
     out = {DOCS / "reference" / "cli.md": cli_page(parser or build_parser()),
            DOCS / "reference" / "api.md": api_page(endpoints if endpoints is not None else served_endpoints())}
     out |= {DOCS / name: rendered_page(name).text for name in template_pages()}
-    out[CHART] = svg([load_report(REPORTS["bench"] / f"{name}.json") for name in HEADLINE])
+    out[CHART] = svg([load_report(path) for path in headline()])
     for path in [ROOT / "README.md", *sorted(DOCS.glob("*.md"))]:  # hand-written files with generated regions
         text = path.read_text(encoding="utf-8") if path.exists() and path not in out else ""
         if REGION.search(text):

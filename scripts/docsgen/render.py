@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
 
-from docsgen import about, architecture, code_values
+from docsgen import about, architecture, claims, code_values, machines
 from docsgen.formats import FILTERS
 from docsgen.markdown import banner
 from docsgen.paths import ROOT, TEMPLATES
@@ -37,6 +37,9 @@ def environment(readings: Readings):
     env = jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), undefined=jinja2.StrictUndefined,
                              trim_blocks=True, lstrip_blocks=True, keep_trailing_newline=True)
     env.globals.update({kind: partial(readings.report, kind) for kind in REPORTS})
+    env.globals.update(claim=readings.claim, session=readings.session, rates=claims.rates, verdict=claims.verdict,
+                       loadtest_run=claims.loadtest_run, by_example=claims.by_example,
+                       machine=lambda r: machines.name(r["meta"]["machine"]))
     env.globals.update(modules=architecture.modules, layers=architecture.layers,
                        limit_options=code_values.limit_options, predicted_at=code_values.predicted_at,
                        pytest_counts=readings.pytest_counts, about=about_report)

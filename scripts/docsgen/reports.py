@@ -43,6 +43,18 @@ class Readings:
     def report(self, kind: str, name: str) -> Report:
         return load_report(self.record(REPORTS[kind] / f"{name}.json"))
 
+    def claim(self, name: str) -> Report | None:
+        """The newest report of a claim's kind (`claims.KINDS`), or None where none is kept."""
+        from docsgen.claims import newest
+
+        path = newest(name)
+        return load_report(self.record(path)) if path else None
+
+    def session(self, name: str) -> list[Report]:
+        from docsgen.claims import session
+
+        return [load_report(self.record(p)) for p in session(name)]
+
     def pytest_counts(self, name: str) -> str:
         return pytest_summary(self.record(REPORTS["gpu"] / f"{name}.log"))
 
