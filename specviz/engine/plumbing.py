@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 
@@ -70,9 +71,12 @@ def rollback(cache, keep: int) -> None:
 
 def prefill(model, cache, ids: torch.Tensor) -> None:
     """Read the prompt into `cache`, all but its last token: that token's forward yields the first new token
-    (the AR step's, or the first round's verify), so prefill is timed apart at no extra cost."""
+    (the AR step's, or the first round's verify), so prefill is timed apart at no extra cost. Within the model's
+    `reading_prompt` where it has one (a tuned model's prompt kernels: rows never compared with a one-token step,
+    read alike in both lanes since both read a prompt here)."""
     if ids.shape[1] > 1:
-        forward(model, ids[:, :-1], cache, 1)
+        with getattr(model, "reading_prompt", None) or contextlib.nullcontext():
+            forward(model, ids[:, :-1], cache, 1)
 
 
 def new_cache(model, static: bool = True, tokens: int = 0):

@@ -47,7 +47,7 @@ from torch.nn import functional as F
 from specviz.kernels import amx, streamed, w4a8
 from specviz.models.draft.quantized import DENSE_ABOVE, Int4Linear, Int8Linear, QuantLinear
 from specviz.models.kernel_table import Costs, KernelKey, kept_or_measured, table_costs, table_path
-from specviz.models.plans import MAX_PAD_ROWS, Choice, choose, lean_plans, lookup, plan_cost, sizes
+from specviz.models.plans import MAX_PAD_ROWS, Choice, choose, lean_plans, lookup, plan_cost, prompt_plan, sizes
 
 log = logging.getLogger(__name__)
 
@@ -169,17 +169,20 @@ def shape_key(module: nn.Module) -> str:
 
 
 class TunedLinear(nn.Module):
-    """A linear whose every call goes to the kernel measured fastest for its number of rows.
+    """A linear whose every call goes to the kernel measured fastest for its number of rows: on `plan`, or on
+    `prompt` while the model reads a prompt (`PromptReading`; the same plan where none is given).
 
     A quantized draft linear that keeps its dense weights for long inputs (`QuantLinear.dense`, the prompt)
     still sends those there: that is a choice of weights, not of kernel, and it is the draft's own."""
 
-    def __init__(self, module: nn.Module, plan: dict[int, Choice], kernels: dict[str, Kernel] | None = None):
+    def __init__(self, module: nn.Module, plan: dict[int, Choice], kernels: dict[str, Kernel] | None = None,
+                 prompt: dict[int, Choice] | None = None):
         super().__init__()
         self.inner = module  # its weights are shared with the loaded model, not copied
         kernels = kernels if kernels is not None else kernels_of(module)
         self.plan = {n: c for n, c in plan.items() if c.kernel in kernels}
-        used = {c.kernel for c in self.plan.values()} or set(kernels)
+        self.prompt = {n: c for n, c in (prompt or plan).items() if c.kernel in kernels}
+        used = {c.kernel for c in [*self.plan.values(), *self.prompt.values()]} or set(kernels)
         self.kernels = {k: f for k, f in kernels.items() if k in used}  # a packed copy never chosen is let go
         for name, kernel in self.kernels.items():  # packed now, not in a timed run; a buffer, so memory counts it
             if isinstance(kernel, (OneDNN, streamed.Streamed)):
@@ -191,6 +194,8 @@ class TunedLinear(nn.Module):
         dense = module.dense if isinstance(module, QuantLinear) else None
         self.long = (lambda x2: dense(x2)) if dense is not None else None  # (plain attributes: no Module lookup)
         self.by_rows = [None, *(self.call_for(n) for n in range(1, max(self.plan, default=0) + 1))]
+        self.prompt_rows = [None, *(self.call_for(n, self.prompt) for n in range(1, max(self.prompt, default=0) + 1))]
+        self.reading = False  # reading a prompt: `PromptReading` sets it for the forward
 
     # read like the linear it wraps, so code that takes a linear's weights (a cheaper draft made from a tuned one)
     # works on either
@@ -202,9 +207,11 @@ class TunedLinear(nn.Module):
     def bias(self) -> torch.Tensor | None:
         return self.inner.bias
 
-    def call_for(self, n: int) -> Kernel:
-        """The callable that multiplies n rows: the chosen kernel, padded to the chosen rows where that was faster."""
-        choice = lookup(self.plan, n) if self.plan else Choice(next(iter(self.kernels)), n)
+    def call_for(self, n: int, plan: dict[int, Choice] | None = None) -> Kernel:
+        """The callable that multiplies n rows on `plan` (the steps' by default): the chosen kernel, padded to the
+        chosen rows where that was faster."""
+        plan = self.plan if plan is None else plan
+        choice = lookup(plan, n) if plan else Choice(next(iter(self.kernels)), n)
         kernel = self.kernels[choice.kernel]
         return kernel if choice.rows == n else (lambda x2: run_padded(kernel, x2, choice.rows))
 
@@ -214,7 +221,8 @@ class TunedLinear(nn.Module):
         if n > DENSE_ABOVE and self.long is not None:  # a quantized draft's prompt: its own dense weights
             y = self.long(x2)
         else:
-            y = (self.by_rows[n] if n < len(self.by_rows) else self.call_for(n))(x2)
+            by_rows, plan = (self.prompt_rows, self.prompt) if self.reading else (self.by_rows, self.plan)
+            y = (by_rows[n] if n < len(by_rows) else self.call_for(n, plan))(x2)
         return y.view(*x.shape[:-1], self.out_features)
 
     def extra_repr(self) -> str:  # the kernels it keeps: a step timed on other kernels is timed again (`steps`)
@@ -281,6 +289,26 @@ class Tuning:
     path: Path | None
     one_copy_cost: dict[str, float] = field(default_factory=dict)  # per shape: `LeanChoice.extra`
     variant: tuple[str, ...] = ()  # asked to be invariant: the shapes no invariant kernel serves here
+    prompt_plans: dict[str, dict[int, Choice]] = field(default_factory=dict)  # what reads a prompt (`prompt_plan`)
+
+
+class PromptReading:
+    """A tuned model's switch (its `reading_prompt`): within it, each of its linears reads on its prompt plan.
+    Models run on one thread, and a prompt is read in one forward, so the switch never outlives that forward."""
+
+    def __init__(self, model: nn.Module):
+        self.model = model
+
+    def __enter__(self) -> None:
+        self.set(True)
+
+    def __exit__(self, *exc) -> None:
+        self.set(False)
+
+    def set(self, reading: bool) -> None:
+        for module in self.model.modules():
+            if isinstance(module, TunedLinear):
+                module.reading = reading
 
 
 def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_group, folder: Path | None = None,
@@ -329,11 +357,15 @@ def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_
     lean = lean_plans(planned, {shape: (len(members), module_bytes(members[0][2])) for shape, members in groups.items()},
                       max_rows)
     plans = {shape: choice.plan for shape, choice in lean.items()}
+    # an invariant plan binds the steps and verifies; a prompt may be read on any kernel (`prompt_plan`)
+    prompts = {shape: prompt_plan(allowed[shape], plan, max_rows) if invariant else plan
+               for shape, plan in plans.items()}
     for parent, name, module, kernels in candidates:
-        setattr(parent, name, TunedLinear(module, plans[shape_key(module)], kernels))
+        setattr(parent, name, TunedLinear(module, plans[shape_key(module)], kernels, prompts[shape_key(module)]))
+    fast.reading_prompt = PromptReading(fast)  # (`engine.plumbing.prefill` reads a prompt within it)
     variant = tuple(shape for shape, per in costs.items() if invariant and not INVARIANT & set(per))
     return fast.eval(), Tuning(costs, plans, cached, path, {shape: choice.extra for shape, choice in lean.items()},
-                               variant)
+                               variant, prompts)
 
 
 def invariant_costs(costs: Costs, max_rows: int = MAX_PAD_ROWS) -> Costs:

@@ -103,6 +103,19 @@ def lean_plans(costs: dict[str, Costs], linears: dict[str, tuple[int, int]], max
                           extra[s] / time[s] if time[s] else 0.0) for s in costs}
 
 
+def prompt_plan(costs: Costs, plan: dict[int, Choice], max_pad_rows: int = MAX_PAD_ROWS, mix: dict[int, int] = RACE_MIX,
+                limit: float = LEAN_COST) -> dict[int, Choice]:
+    """The kernels that read a prompt, beside `plan` (the one-token steps' and the verifies'). A prompt's rows are
+    never compared with a one-token step, and both lanes read a prompt alike, so any kernel may read it (an invariant
+    `plan` stays with the steps and verifies): the fastest on the copies `plan` keeps, or on every kernel where a
+    copy of its own saves the race more than `limit` of its time (at `mix`)."""
+    prompt_mix = {n: w for n, w in mix.items() if n > max_pad_rows}
+    kept = choose({k: per for k, per in costs.items() if form_of(k) in forms_of(plan)}, max_pad_rows)
+    fastest = choose(costs, max_pad_rows)
+    saved = plan_cost(costs, kept, prompt_mix) - plan_cost(costs, fastest, prompt_mix)
+    return fastest if saved > limit * plan_cost(costs, plan, mix) else kept
+
+
 def lookup(plan: dict[int, Choice], n: int) -> Choice:
     """The choice for n rows: its own where measured, else the kernel of the largest measured size below it."""
     if n in plan:
