@@ -31,7 +31,9 @@ def build_server(session: Session, limits: Limits = Limits(), options: Options =
     browser it is entered in presents (its Live runs stream to followers)."""
     demo = build_app(session, limits, options, defaults, presenter_key)
     with demo:
-        endpoints.register(session, limits, options.pace, page=share_html, defaults=defaults, examples=EXAMPLES)
+        names = endpoints.register(session, limits, options.pace, page=share_html, defaults=defaults,
+                                   examples=EXAMPLES)
+    endpoints.guarded(demo, names)
     demo.queue(default_concurrency_limit=1, max_size=limits.max_queue)
     return demo
 

@@ -9,13 +9,15 @@ import statistics
 import gradio as gr
 import pytest
 
-from specviz.analysis.whatif import shortcut_note, what_if
+from specviz.analysis.whatif import WhatIfInputs, shortcut_note, what_if
 from specviz.cli import main
 from specviz.engine import DecodeConfig
 from specviz.engine.events import ACCEPTED, NOT_VERIFIED
 from specviz.models import PairSpec
 from specviz.runs import trace as tracefile
+from specviz.settings.errors import InputError
 from specviz.settings.limits import Limits
+from specviz.settings.spec import validate
 from specviz.serving.pacing import Pace
 from specviz.serving.session import Session
 from specviz.ui import handlers as h
@@ -100,8 +102,11 @@ def test_the_shortcut_note_has_this_cases_numbers():
                                        (dict(draft_cost=-1), "draft cost"), (dict(verify_ratio=0), "verify"),
                                        (dict(target_tokens_per_s=0), "tokens/s"), (dict(gpu_hour_price=-2), "price")])
 def test_bad_inputs_are_named(bad, word):
-    with pytest.raises(ValueError, match=word):
-        what_if(**{"acceptance": 0.73, "k": 4, "draft_cost": 0.1, **bad})
+    given = {"acceptance": 0.73, "k": 4, "draft_cost": 0.1, **bad}
+    with pytest.raises(InputError, match=rf"^[^.]*{word}[^.]* must be .*, got -?[\d.]+\.$"):  # the spec's one sentence
+        validate(WhatIfInputs, given)
+    with pytest.raises(ValueError, match=list(bad)[0]):  # built directly, the calculator refuses it too
+        what_if(**given)
 
 
 ARGS = ["whatif", "--acceptance", "0.73", "--k", "4", "--draft-cost", "0.1"]
@@ -129,7 +134,7 @@ def test_cli_json_and_the_step_time(capsys):
 
 def test_cli_bad_input_is_a_bad_flag(capsys):
     assert main(["whatif", "--acceptance", "1.3", "--k", "4", "--draft-cost", "0.1"]) == 2
-    assert "bad flag: acceptance must be 0..1" in capsys.readouterr().err
+    assert "bad flag: acceptance must be between 0 and 1, got 1.3." in capsys.readouterr().err
 
 
 def test_the_view_marks_the_chosen_k():

@@ -16,11 +16,33 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from pydantic import Field
+from pydantic.dataclasses import dataclass as spec
+
 from specviz.analysis.predict import CostModel, best_k, expected_tokens, predicted_speedup
 
 CURVE_K = 16  # the speedup curve spans K = 1..16 (or up to the K asked about)
 MAX_K = 256
 HOUR_S = 3600.0
+
+
+@spec(frozen=True)
+class WhatIfInputs:
+    """The calculator's inputs as a settings spec: the API's /whatif, the app's tab and `specviz whatif` check a value
+    against it (`settings.spec.validate`: one sentence naming it); built directly, pydantic refuses what is out of
+    range. The defaults are the articles' example (4 × 0.73; they give no draft cost: 0.1 is ours)."""
+
+    acceptance: float = Field(0.73, ge=0, le=1, title="acceptance",
+                              description="a: the chance each drafted token is accepted")
+    k: int = Field(4, ge=1, le=MAX_K, title="K", description="tokens drafted per round")
+    draft_cost: float = Field(0.1, ge=0, title="draft cost", description="c: draft step / target step")
+    verify_ratio: float = Field(1.0, gt=0, title="verify ratio",
+                                description="R: target forward over K+1 tokens / one-token step (1.0: as cheap as "
+                                            "one step, as the articles assume)")
+    target_tokens_per_s: float | None = Field(None, gt=0, title="target tokens/s",
+                                              description="the target alone's speed (none: no rates)")
+    gpu_hour_price: float | None = Field(None, ge=0, title="price per GPU-hour",
+                                         description="$ per hour of the hardware one stream runs on (none: no cost)")
 
 
 @dataclass(frozen=True)
@@ -59,21 +81,10 @@ def rate(tokens_per_s: float, price_per_hour: float | None) -> Rate:
     return Rate(tokens_per_s, per_hour, cost)
 
 
-def _check(a: float, k: int, c: float, r: float, tps: float | None, price: float | None) -> None:
-    problems = [(not 0.0 <= a <= 1.0, f"acceptance must be 0..1, got {a}"),
-                (not 1 <= k <= MAX_K, f"K must be 1..{MAX_K}, got {k}"),
-                (c < 0, f"draft cost must be >= 0, got {c}"),
-                (r <= 0, f"verify ratio must be > 0, got {r}"),
-                (tps is not None and tps <= 0, f"target tokens/s must be > 0, got {tps}"),
-                (price is not None and price < 0, f"price per GPU-hour must be >= 0, got {price}")]
-    for bad, message in problems:
-        if bad:
-            raise ValueError(message)
-
-
 def what_if(acceptance: float, k: int, draft_cost: float, verify_ratio: float = 1.0,
             target_tokens_per_s: float | None = None, gpu_hour_price: float | None = None) -> WhatIf:
-    _check(acceptance, k, draft_cost, verify_ratio, target_tokens_per_s, gpu_hour_price)
+    WhatIfInputs(acceptance=acceptance, k=k, draft_cost=draft_cost, verify_ratio=verify_ratio,  # in range
+                 target_tokens_per_s=target_tokens_per_s, gpu_hour_price=gpu_hour_price)
     ks = range(1, max(CURVE_K, k) + 1)
     # time in target steps: the verify pass costs R whatever K (one number given, not a measured curve)
     cost = CostModel(1.0, draft_cost, (verify_ratio,) * (ks[-1] + 1))

@@ -12,12 +12,12 @@ from __future__ import annotations
 import inspect
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import closing
-from dataclasses import asdict, replace
+from dataclasses import asdict, astuple, replace
 from typing import Literal, get_origin
 
 import gradio as gr
 
-from specviz.analysis.whatif import what_if
+from specviz.analysis.whatif import WhatIfInputs, what_if
 from specviz.api import messages
 from specviz.engine import DecodeConfig
 from specviz.models import PairSpec
@@ -31,7 +31,7 @@ from specviz.serving.turns import Owner
 from specviz.runs.race import race, replay_race
 from specviz.runs.replay import shipped_traces, trace_data, trace_from_text
 from specviz.serving.session import Session
-from specviz.settings.spec import Setting, fields_of, flat_values, offered
+from specviz.settings.spec import Setting, fields_of, flat_values, offered, validate
 from specviz.runs.trace import Trace
 from specviz.serving.turns import MODEL, REPLAY, Waiting
 
@@ -73,9 +73,11 @@ def endpoint(fn: Callable, name: str, doc: str, leading: list[tuple[str, type, o
         given = dict(bound.arguments)
         return (given, Owner.of(given.pop("request"))) if owned else (given,)
 
+    @user_errors
     def call(*args, **kwargs):
         return fn(*values(args, kwargs))
 
+    @user_errors
     def stream(*args, **kwargs):  # Gradio streams only what a generator function returns
         yield from fn(*values(args, kwargs))
 
@@ -160,13 +162,6 @@ def replay(trace: str) -> Iterator[dict]:
 
 
 @user_errors
-def share_html(trace: str, page: Callable[[Trace], str]) -> str:
-    """One self-contained HTML page of a finished run (no server, no network needed to open it): `trace`
-    is a shipped trace's name or a trace as JSON text, e.g. the "trace" of /race's last message."""
-    return page(trace_from_text(trace))
-
-
-@user_errors
 def load_pair(session: Session, values: dict) -> str:
     """Serve another pair (only on a server started with --allow-pair-switch): it is loaded beside the served
     one, which is released once the new one is ready. Returns the served pair's name."""
@@ -174,22 +169,61 @@ def load_pair(session: Session, values: dict) -> str:
     return session.name
 
 
-def whatif(acceptance: float, k: int, draft_cost: float, verify_ratio: float = 1.0,
-           target_tokens_per_s: float | None = None, gpu_hour_price: float | None = None) -> dict:
+@user_errors
+def whatif(values: dict) -> dict:
     """The What if tab's arithmetic, no model: the articles' shortcut K × a beside the expected tokens per round
     E = (1 − a^(K+1)) / (1 − a) and the speedup E / (K·c + R), with rates and cost when a speed (and a price)
-    is given."""
-    values = (acceptance, k, draft_cost, verify_ratio, target_tokens_per_s, gpu_hour_price)
-    try:
-        return asdict(what_if(*values))
-    except (TypeError, ValueError) as e:  # the calculator names the bad input
-        raise gr.Error(f"{str(e).rstrip('.')}.", print_exception=False) from None
+    is given; a value left out is the articles' example's."""
+    return asdict(what_if(*astuple(validate(WhatIfInputs, values))))
+
+
+@user_errors
+@trace_data
+def share_html(trace: str, page: Callable[[Trace], str]) -> str:
+    """One self-contained HTML page of a finished run (no server, no network needed to open it): `trace`
+    is a shipped trace's name or a trace as JSON text, e.g. the "trace" of /race's last message."""
+    return page(trace_from_text(trace))
+
+
+def guarded(demo: gr.Blocks, names: Sequence[str]) -> None:
+    """What Gradio checks of a named endpoint's values before the endpoint's own validation, refused here in one
+    sentence naming what is wrong: too few or too many values (Gradio ignores extra ones, and answers too few with a
+    paragraph of its components' reprs and a traceback), and a value that names a file on the server (Gradio refuses
+    one that was not uploaded, with a traceback; no endpoint here takes a file)."""
+    check = demo.validate_inputs
+
+    def validate_inputs(block_fn, inputs):
+        if block_fn.api_name in names:
+            takes = [p for p in inspect.signature(block_fn.fn).parameters if p != "request"]
+            if len(inputs) != len(block_fn.inputs):
+                what = f"{len(takes)} value{'s' * (len(takes) != 1)} ({', '.join(takes)})" if takes else "no values"
+                raise gr.Error(f"/{block_fn.api_name} takes {what}, got {len(inputs)}.", print_exception=False)
+            if named := next((n for n, value in zip(takes, inputs) if holds_file(value)), None):
+                raise gr.Error(f"{named} must not be a file: /{block_fn.api_name} takes none.", print_exception=False)
+        check(block_fn, inputs)
+
+    demo.validate_inputs = validate_inputs
+
+
+def holds_file(value) -> bool:
+    """Whether a value holds, at any depth, what Gradio reads as a file: a dict typed as its FileData."""
+    stack = [value]
+    while stack:
+        v = stack.pop()
+        if isinstance(v, dict):
+            meta = v.get("meta")
+            if isinstance(meta, dict) and meta.get("_type") == "gradio.FileData":
+                return True
+            stack.extend(v.values())
+        elif isinstance(v, list):
+            stack.extend(v)
+    return False
 
 
 def register(session: Session, limits: Limits, pace: Pace = Pace(), page: Callable[[Trace], str] | None = None,
-             defaults: DecodeConfig = DecodeConfig(), examples: Sequence[tuple[str, str]] = ()) -> None:
-    """Add the endpoints to the Blocks being built (call inside its context). `page` renders a trace as
-    a shareable HTML page (the UI's, handed in by the server: the adapters do not import each other);
+             defaults: DecodeConfig = DecodeConfig(), examples: Sequence[tuple[str, str]] = ()) -> list[str]:
+    """Add the endpoints to the Blocks being built (call inside its context); returns their names. `page` renders a
+    trace as a shareable HTML page (the UI's, handed in by the server: the adapters do not import each other);
     `defaults` are the app's decoding defaults (the parameters' defaults), `examples` its (name, prompt)s."""
     served = flat_values(defaults)
     settings = [replace(s, default=offered(served[s.name], s.hi) if s.limit else served[s.name])
@@ -227,7 +261,9 @@ def register(session: Session, limits: Limits, pace: Pace = Pace(), page: Callab
     replay_beside.__doc__ = replay.__doc__
     gr.api(replay_beside, api_name="replay", concurrency_id=REPLAY, concurrency_limit=1)
     gr.api(info, api_name="info", concurrency_limit=None, queue=False)
-    gr.api(whatif, api_name="whatif", concurrency_id="whatif", concurrency_limit=None)  # queued, never waits
+    asked = endpoint(whatif, "whatif", whatif.__doc__, [], fields_of(WhatIfInputs), returns=dict)
+    gr.api(asked, api_name="whatif", api_description=asked.__doc__, concurrency_id="whatif",
+           concurrency_limit=None)  # queued, never waits
     if page is not None:
         def share(trace: str) -> str:
             with session.beside.job():
@@ -235,3 +271,4 @@ def register(session: Session, limits: Limits, pace: Pace = Pace(), page: Callab
 
         share.__doc__ = share_html.__doc__
         gr.api(share, api_name="share_html", concurrency_id=REPLAY, concurrency_limit=1)
+    return [fn.__name__ for fn in timed] + ["replay", "info", "whatif"] + ["share_html"] * (page is not None)

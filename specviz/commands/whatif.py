@@ -7,10 +7,12 @@
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
+import math
+from dataclasses import asdict, astuple
 
-from specviz.analysis.whatif import WhatIf, table, teaching_lines, what_if
+from specviz.analysis.whatif import WhatIf, WhatIfInputs, table, teaching_lines, what_if
 from specviz.settings.errors import InputError
+from specviz.settings.spec import validate
 
 
 def register(sub) -> None:
@@ -33,8 +35,8 @@ def register(sub) -> None:
 def target_speed(args) -> float | None:
     if args.target_step_ms is None:
         return args.target_tokens_per_s
-    if args.target_step_ms <= 0:
-        raise InputError(f"--target-step-ms must be > 0, got {args.target_step_ms}")
+    if not 0 < args.target_step_ms < math.inf:  # (nan too)
+        raise InputError(f"--target-step-ms must be a finite number above 0, got {args.target_step_ms:g}.")
     return 1000.0 / args.target_step_ms
 
 
@@ -50,10 +52,8 @@ def report(w: WhatIf) -> str:
 
 
 def cmd_whatif(args) -> int:
-    try:
-        w = what_if(args.acceptance, args.k, args.draft_cost, args.verify_ratio, target_speed(args),
-                    args.gpu_hour_price)
-    except ValueError as e:  # the calculator names the bad input; main() prints it as a bad flag
-        raise InputError(str(e)) from e
+    given = dict(acceptance=args.acceptance, k=args.k, draft_cost=args.draft_cost, verify_ratio=args.verify_ratio,
+                 target_tokens_per_s=target_speed(args), gpu_hour_price=args.gpu_hour_price)
+    w = what_if(*astuple(validate(WhatIfInputs, given)))  # a bad value: main() prints its sentence as a bad flag
     print(json.dumps({**asdict(w), "teaching": teaching_lines(w)}, indent=2) if args.json else report(w))
     return 0

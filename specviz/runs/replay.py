@@ -8,20 +8,18 @@ the way is the trace's fault: it becomes a `TraceError`.
 from __future__ import annotations
 
 import functools
-import json
+import inspect
 from collections.abc import Callable, Iterator
 from importlib import resources
 from pathlib import Path
 
 from specviz.runs import trace as tracefile
-from specviz.settings.errors import USER_ERRORS, InputError, TraceError
+from specviz.settings.errors import USER_ERRORS, InputError
 from specviz.serving.pacing import pacer
 from specviz.runs.race import RaceState, replay_race
 from specviz.runs.trace import Trace
 
 MAX_TRACE_CHARS = 20_000_000  # as much as the UI's upload limit (20 MB)
-# what wrong types under the right keys raise on the way through a replay (and JSON nested absurdly deep)
-TRACE_DATA_ERRORS = (TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError, RecursionError)
 
 
 def shipped_dir():
@@ -60,27 +58,35 @@ def trace_from_text(value) -> Trace:
     if len(value) > MAX_TRACE_CHARS:
         raise InputError(f"the trace is {len(value)} characters long; the limit is {MAX_TRACE_CHARS}.")
     if value.startswith("{"):
-        try:
-            t = tracefile.parse(json.loads(value))
-        except json.JSONDecodeError as e:
-            raise TraceError(f"the text is not valid JSON: {e}") from e
+        t = tracefile.parse(tracefile.loads(value))
         t.source = "Replay of uploaded JSON"
         return t
     return open_trace(None, value)
 
 
 def trace_data(fn: Callable) -> Callable:
-    """For an adapter's replay (a generator that reads nothing but a trace, rendering included): a
-    failure on the way is the trace's fault."""
+    """For an adapter's replay or page (a function or generator that reads nothing but a trace, rendering included): a
+    failure on the way is the trace's fault, said in one sentence (`trace.damaged`)."""
+    if inspect.isgeneratorfunction(fn):
+        @functools.wraps(fn)
+        def gen(*args, **kwargs):
+            try:
+                yield from fn(*args, **kwargs)
+            except USER_ERRORS:
+                raise
+            except tracefile.DAMAGE as e:
+                raise tracefile.damaged(e) from e
+        return gen
+
     @functools.wraps(fn)
-    def gen(*args, **kwargs):
+    def plain(*args, **kwargs):
         try:
-            yield from fn(*args, **kwargs)
+            return fn(*args, **kwargs)
         except USER_ERRORS:
             raise
-        except TRACE_DATA_ERRORS as e:
-            raise TraceError(f"this specviz trace is damaged ({type(e).__name__}: {e}).") from e
-    return gen
+        except tracefile.DAMAGE as e:
+            raise tracefile.damaged(e) from e
+    return plain
 
 
 def replay(t: Trace, speed) -> Iterator[Trace]:

@@ -18,7 +18,8 @@ from pathlib import Path
 from specviz.engine import DecodeConfig, Round, Step, autoregressive_generate, speculative_generate
 from specviz.engine.events import round_from_dict, step_from_dict
 from specviz.models import ModelPair, encode_prompt
-from specviz.settings.errors import TraceError
+from specviz.settings.errors import InputError, TraceError
+from specviz.settings.spec import INT64, short, validate
 from specviz.runs.outputs import write_atomic
 
 FORMAT, VERSION = "specviz-trace", 1
@@ -54,7 +55,12 @@ class RunMeta:
 
     @staticmethod
     def from_dict(d: dict) -> RunMeta:
-        return RunMeta(**{**d, "config": DecodeConfig(**d["config"])})  # the nested sampling dict too
+        """Its settings checked as a run's are (`settings.spec`: a bad one is named), the nested sampling dict too."""
+        config = d["config"]
+        if not isinstance(config, dict) or not isinstance(config.get("sampling", {}), dict):
+            raise InputError("they must be a JSON object (their sampling too).")
+        flat = {k: v for k, v in config.items() if k != "sampling"} | config.get("sampling", {})
+        return RunMeta(**{**d, "config": validate(DecodeConfig, flat)})
 
 
 @dataclass
@@ -92,17 +98,62 @@ def parse(data) -> Trace:
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise TraceError("this file is not a specviz trace (no \"format\": \"specviz-trace\" field).")
     if data.get("version") != VERSION:
-        raise TraceError(f"trace version {data.get('version')!r} is not supported (this specviz reads {VERSION}).")
+        raise TraceError(f"trace version {short(data.get('version'))} is not supported (this specviz reads {VERSION}).")
     try:
         return Trace(RunMeta.from_dict(dict(data["meta"])), [round_from_dict(r) for r in data["rounds"]],
                      [step_from_dict(s) for s in data.get("ar_steps", [])])
-    except (KeyError, TypeError, ValueError) as e:
-        raise TraceError(f"this specviz trace is damaged or incomplete ({type(e).__name__}: {e}).") from e
+    except InputError as e:  # its settings, checked as a run's are
+        raise TraceError(f"this specviz trace is damaged or incomplete: in its settings, {e}") from e
+    except DAMAGE as e:
+        raise damaged(e) from e
+
+
+# what wrong types under the right keys raise on the way through a trace (and JSON nested absurdly deep), each said
+# as what it means for the file rather than in Python's words
+DAMAGE = (TypeError, ValueError, KeyError, AttributeError, IndexError, ZeroDivisionError, RecursionError)
+
+
+def damaged(e: BaseException) -> TraceError:
+    """A failure while reading or replaying a trace, said as the file's fault in one sentence."""
+    if isinstance(e, KeyError):
+        what = f"it has no {short(e.args[0] if e.args else '', 30)} field where one is needed"
+    elif isinstance(e, RecursionError):
+        what = "its JSON is nested too deep"
+    elif isinstance(e, (IndexError, ZeroDivisionError)):
+        what = "its counts or times do not agree with each other"
+    else:
+        what = "a field holds a value of the wrong kind or out of range"
+    return TraceError(f"this specviz trace is damaged or incomplete: {what}.")
+
+
+def whole_number(text: str) -> int:
+    """JSON's integers, refused past 64 bits before Python converts them (a 5,000-digit one would be its own error,
+    and one past 64 bits, sent back in an answer, one Gradio's JSON encoder cannot write)."""
+    if len(text.lstrip("-")) > 19 or not -INT64 <= (n := int(text)) < INT64:
+        raise TraceError(f"this specviz trace is damaged or incomplete: {short(text, 24)} does not fit in 64 bits.")
+    return n
+
+
+def loads(text: str):
+    """A trace's JSON text as Python values, a failure said in one sentence."""
+    try:
+        return json.loads(text, parse_int=whole_number)
+    except json.JSONDecodeError as e:
+        raise TraceError(f"the text is not valid JSON (line {e.lineno}, column {e.colno}).") from None
+    except RecursionError as e:
+        raise damaged(e) from None
 
 
 def load(path: str | Path) -> Trace:
+    name = Path(path).name
     try:
-        data = json.loads(Path(path).read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise TraceError(f"could not read a trace from {Path(path).name}: {e}") from e
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise TraceError(f"could not read a trace from {name}: it is not UTF-8 text.") from None
+    except OSError as e:
+        raise TraceError(f"could not read a trace from {name}: {(e.strerror or 'unreadable').lower()}.") from e
+    try:
+        data = loads(text)
+    except TraceError as e:
+        raise TraceError(f"could not read a trace from {name}: {e}") from e
     return parse(data)

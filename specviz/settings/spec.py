@@ -46,9 +46,14 @@ class Setting:
             return self.must
         if self.lo is not None and self.hi is not None:
             return f"between {number_text(self.lo)} and {number_text(self.hi)}"
+        if self.lo_open:
+            return f"above {number_text(self.lo)}"
         if self.kind is int:
             return f"a whole number of at least {number_text(self.lo)}"
         return f"at least {number_text(self.lo)}"
+
+
+INT64 = 2**63  # a whole number a setting takes fits in 64 bits: JSON's encoders (Gradio's orjson) refuse any larger
 
 
 def number_text(x) -> str:
@@ -118,6 +123,8 @@ def as_number(label: str, value, kind: type = float):
     if kind is int:
         if x != int(x):
             raise InputError(f"{label} must be a whole number, got {short(value)}.")
+        if isinstance(value, str) and value.strip().lstrip("+-").isdigit():  # (a float has rounded a long one)
+            return int(value)
         return value if isinstance(value, int) else int(x)
     return x
 
@@ -143,6 +150,8 @@ def check(s: Setting, value):
     above = s.hi is not None and x > s.hi
     if below or above or (s.min_nonzero is not None and 0 < x < s.min_nonzero):
         raise InputError(f"{s.label} must be {s.must_text}, got {number_text(x)}.")
+    if s.kind is int and not -INT64 <= x < INT64:  # (unbounded) refused here, or an answer echoing it cannot be sent
+        raise InputError(f"{s.label} must be {s.must_text}; {short(value)} does not fit in 64 bits.")
     return x
 
 

@@ -6,12 +6,16 @@
 
 from __future__ import annotations
 
+from dataclasses import astuple
+
 import gradio as gr
 import plotly.graph_objects as go
 
 from specviz.analysis.stats import mean_beta, run_stats, tested_betas
-from specviz.analysis.whatif import table, teaching_lines, what_if
+from specviz.analysis.whatif import WhatIfInputs, table, teaching_lines, what_if
 from specviz.runs.trace import Trace
+from specviz.settings.errors import InputError
+from specviz.settings.spec import validate
 from specviz.ui.figures import empty_figure, speedup_figure
 
 INPUTS = ("acceptance", "k", "draft_cost", "verify_ratio", "target_tokens_per_s", "gpu_hour_price")
@@ -39,12 +43,12 @@ def whatif_view(acceptance, k, draft_cost, verify_ratio, target_tokens_per_s=Non
     """The calculator's answer for the values in the controls (an emptied speed or price: not given)."""
     if None in (acceptance, k, draft_cost, verify_ratio):
         return "*Acceptance, K, draft cost and verify ratio are all needed.*", empty_figure("", 340)
-    values = (float(acceptance), int(k), float(draft_cost), float(verify_ratio), target_tokens_per_s or None,
-              gpu_hour_price)
-    try:
-        return whatif_markdown(*values), speedup_figure(what_if(*values))
-    except ValueError as e:  # the calculator names the bad input
+    given = (acceptance, k, draft_cost, verify_ratio, target_tokens_per_s or None, gpu_hour_price)
+    try:  # the spec names the bad input, as the API's /whatif does
+        values = astuple(validate(WhatIfInputs, dict(zip(INPUTS, given))))
+    except InputError as e:
         return f"*{e}*", empty_figure(str(e), 340)
+    return whatif_markdown(*values), speedup_figure(what_if(*values))
 
 
 def prefill(record: Trace | None, expected: bool = False) -> tuple[float, int, float, float, float] | None:
