@@ -11,6 +11,7 @@ import argparse
 import atexit
 import gc
 import logging
+import re
 import sys
 
 from specviz.commands import atlas, bench, costs, engines, loadtest, prepare, prove, rows, serve, trace, whatif
@@ -19,13 +20,34 @@ from specviz.models.pair import OUT_OF_MEMORY
 from specviz.remote.policy import EngineError
 from specviz.runs.outputs import output_problem
 from specviz.settings.errors import INTERRUPTED, MACHINE_FAULT, InputError, os_fault, sigterm_as_interrupt
+from specviz.settings.spec import short
 
 COMMANDS = (prepare, trace, serve, atlas, bench, costs, prove, rows, whatif, loadtest, engines)  # `specviz --help`'s order
 FAULTS = (InputError, EngineError, ModelLoadError, KeyboardInterrupt, *OUT_OF_MEMORY, OSError)
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse, but a flag it refuses is one line naming it, as any other bad flag (not its usage block; its words for
+    a value of the wrong type said as ours, the value shortened). Its subcommands' parsers are of this class too."""
+
+    WORDS = ((r"argument (\S+): invalid int value: (.*)", "{0} must be a whole number, got {1}"),
+             (r"argument (\S+): invalid float value: (.*)", "{0} must be a number, got {1}"),
+             (r"argument (\S+): invalid choice: (.*) \(choose from (.*)\)", "{0} must be one of {2}, got {1}"),
+             (r"argument (\S+): expected one argument()", "{0} needs a value"))
+
+    def error(self, message: str):
+        for pattern, said in self.WORDS:
+            if m := re.fullmatch(pattern, message, re.S):
+                flag, quoted, *rest = m.groups()  # the value as argparse quotes it (its repr)
+                message = said.format(flag, short(quoted[1:-1]) if quoted[:1] in "'\"" else quoted, *rest)
+                break
+        else:
+            message = message if len(message) < 200 else message[:199] + "…"
+        self.exit(2, f"{self.prog}: bad flag: {message.rstrip('.')} (--help lists the flags).\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="specviz", description="See speculative decoding work.")
+    parser = Parser(prog="specviz", description="See speculative decoding work.")
     parser.add_argument("-v", "--verbose", action="store_true")
     sub = parser.add_subparsers(dest="command", required=True)
     for command in COMMANDS:

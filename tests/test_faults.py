@@ -98,7 +98,7 @@ def no_model(monkeypatch):
 ])
 def test_an_output_that_cannot_be_written_stops_a_command_before_it_runs(tmp_path, capsys, no_model, argv, flag):
     """Checked before any model loads or any measurement runs: a bench's minutes are not lost at its last line.
-    (Its folder is made if missing; here it cannot be: a file stands in the way.)"""
+    (Its folder would be made as it writes; here it cannot be: a file stands in the way.)"""
     from specviz import cli
 
     (tmp_path / "a file").write_text("")
@@ -110,11 +110,14 @@ def test_an_output_that_cannot_be_written_stops_a_command_before_it_runs(tmp_pat
     assert f"cannot make the folder {bad}: " in err and err.strip().endswith("; nothing was run.")
 
 
-def test_a_missing_output_folder_is_made_before_the_run(tmp_path):
-    from specviz.runs.outputs import unwritable
+def test_a_missing_output_folder_is_made_by_the_write_not_by_the_check(tmp_path):
+    """The check makes nothing (a command refused for another flag leaves no folder behind); the write makes it."""
+    from specviz.runs.outputs import unwritable, write_atomic
 
-    assert unwritable(str(tmp_path / "new" / "deeper" / "bench.json")) is None
-    assert (tmp_path / "new" / "deeper").is_dir()
+    out = tmp_path / "new" / "deeper" / "bench.json"
+    assert unwritable(str(out)) is None and not (tmp_path / "new").exists()
+    write_atomic(out, "{}")
+    assert out.read_text() == "{}" and [p.name for p in out.parent.iterdir()] == ["bench.json"]
 
 
 def test_an_output_on_a_read_only_disk_or_naming_a_folder_is_refused(tmp_path, monkeypatch, capsys, no_model):

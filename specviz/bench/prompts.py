@@ -27,7 +27,10 @@ def parse_prompts(lines, source: str = "prompts") -> list[BenchPrompt]:
         try:
             obj = json.loads(line)
         except json.JSONDecodeError as e:
-            raise PromptFileError(f"{source} line {number} is not JSON: {e.msg}.") from None
+            raise PromptFileError(f"{source} line {number} is not JSON (at column {e.colno}): each line must be one "
+                                  "JSON object.") from None
+        except RecursionError:  # (its objects nested thousands deep)
+            raise PromptFileError(f"{source} line {number} is nested too deep to be a prompt.") from None
         if not isinstance(obj, dict) or not isinstance(obj.get("id"), str) or not isinstance(obj.get("prompt"), str):
             raise PromptFileError(f"{source} line {number} needs string fields \"id\" and \"prompt\".")
         if not obj["prompt"].strip():
@@ -46,6 +49,9 @@ def load_prompts(path: str | Path | None = None) -> list[BenchPrompt]:
     source = resources.files("specviz.data") / "prompts.jsonl" if path is None else Path(path)
     try:
         text = source.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise PromptFileError(f"could not read {source}: {e}") from None
+    except UnicodeDecodeError:
+        raise PromptFileError(f"{source} is not text (UTF-8): give JSON Lines, one {{\"id\", \"prompt\"}} "
+                              "a line.") from None
+    except OSError as e:
+        raise PromptFileError(f"could not read {source}: {(e.strerror or 'unreadable').lower()}.") from None
     return parse_prompts(text.splitlines(), source.name)

@@ -16,6 +16,9 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 from typing import get_args
 
+from pydantic import Field
+from pydantic.dataclasses import dataclass as spec
+
 from specviz.bench.pairs import BenchPairs
 from specviz.bench.report import Beside
 from specviz.bench.runner import Plan
@@ -23,10 +26,10 @@ from specviz.engine import DecodeConfig
 from specviz.engine.config import CUT_MODES, Adaptive
 from specviz.models import PairSpec
 from specviz.runs.outputs import write_atomic
-from specviz.settings.errors import INTERRUPTED
+from specviz.settings.errors import INTERRUPTED, InputError
 from specviz.settings.limits import CLI_LIMITS
 from specviz.settings.options import add_options, several_values, values_of
-from specviz.settings.spec import validate
+from specviz.settings.spec import fields_of, short, validate
 
 log = logging.getLogger(__name__)
 GRID = ("k", "confidence", "exit_layer")  # the settings a bench may list several of: their product is tuned
@@ -75,17 +78,35 @@ def register(sub) -> None:
     p.set_defaults(func=cmd_bench)
 
 
+@spec(frozen=True)
+class BenchFlags:
+    """The ranges of the bench's own numeric flags (argparse reads them; `validate` checks them with the decoding
+    flags, before anything loads, so a bad one is one sentence naming it)."""
+
+    reps: int = Field(ge=1, title="--reps")
+    limit: int | None = Field(ge=1, title="--limit")
+    retries: int = Field(ge=0, title="--retries")
+    max_stall: float = Field(ge=0, le=1, title="--max-stall")
+    verify_curve: int = Field(ge=0, title="--verify-curve")
+    draft_group: int = Field(ge=1, title="--draft-group")
+
+
 def plan_of(args) -> Plan:
     """The decoding flags as a plan: every K, confidence cut and exit layer listed validated, as any single run's
-    settings are."""
+    settings are (and the bench's own flags)."""
+    validate(BenchFlags, {s.name: getattr(args, s.name) for s in fields_of(BenchFlags)})
     values = values_of(args, DecodeConfig)
-    points = [dict(zip(GRID, point)) for point in itertools.product(*(several_values(values[n]) for n in GRID))]
+    listed = {n: several_values(values[n]) for n in GRID}
+    if empty := [s.label for s in fields_of(DecodeConfig) if s.name in GRID and not listed[s.name]]:
+        raise InputError(f"{empty[0]} needs a value: one, or several comma-separated.")
+    points = [dict(zip(GRID, point)) for point in itertools.product(*listed.values())]
     configs = [validate(DecodeConfig, {**values, **point}, CLI_LIMITS) for point in points]
-    if args.reps < 1:
-        raise SystemExit("specviz bench: --reps must be at least 1.")
     also = tuple(also_mode(a) for a in args.also_adaptive.split(",") if a)
-    budgets = tuple(sorted({validate(DecodeConfig, {**values, **points[0], "tree_budget": b}, CLI_LIMITS).tree_budget
-                            for b in several_values(args.also_tree)})) if args.also_tree else ()
+    try:
+        budgets = tuple(sorted({validate(DecodeConfig, {**values, **points[0], "tree_budget": b}, CLI_LIMITS)
+                                .tree_budget for b in several_values(args.also_tree)})) if args.also_tree else ()
+    except InputError as e:
+        raise InputError(f"--also-tree: {e}") from None
     return Plan(configs[0], ks=tuple(sorted({c.k for c in configs})), tree_budgets=budgets,
                 confidences=tuple(sorted({c.confidence for c in configs})),
                 exit_layers=tuple(sorted({c.exit_layer for c in configs})), also_adaptive=also, reps=args.reps,
@@ -96,19 +117,17 @@ def also_mode(text: str) -> tuple[str, float | None]:
     """'predicted' or 'confidence:0.4': a mode measured beside the chosen setting, at its own cut if given."""
     mode, _, cut = text.partition(":")
     if mode not in get_args(Adaptive):
-        raise SystemExit(f"specviz bench: --also-adaptive: unknown mode {mode!r}; choose from "
-                         f"{', '.join(get_args(Adaptive))}.")
+        raise InputError(f"--also-adaptive: unknown mode {short(mode)}; choose from {', '.join(get_args(Adaptive))}.")
     if not cut:
         return mode, None
     if mode not in CUT_MODES:
-        raise SystemExit(f"specviz bench: --also-adaptive: {mode!r} has no cut ({text!r}); only "
-                         f"{' and '.join(CUT_MODES)} do.")
+        raise InputError(f"--also-adaptive: {mode!r} has no cut ({short(text)}); only {' and '.join(CUT_MODES)} do.")
     try:
         value = float(cut)
     except ValueError:
         value = float("nan")
     if not 0 <= value <= 1:  # (False for nan too)
-        raise SystemExit(f"specviz bench: --also-adaptive: the cut in {text!r} must be a number between 0 and 1.")
+        raise InputError(f"--also-adaptive: the cut in {short(text)} must be a number between 0 and 1.")
     return mode, value
 
 
@@ -275,7 +294,7 @@ def cmd_bench(args) -> int:
     try:
         prompts = load_prompts(args.prompts)[:args.limit]
     except PromptFileError as e:
-        return refuse(e)
+        return refuse(f"--prompts: {e}")
     if len(plan.settings()) > 1 and len(prompts) < 2:
         return refuse("choosing among several settings needs at least 2 prompts (one to tune on, one to report on); "
                       "give one --k and one --confidence, or more prompts.")

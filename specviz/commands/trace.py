@@ -5,6 +5,7 @@ from __future__ import annotations
 from specviz.engine import DecodeConfig
 from specviz.models import PairSpec, load_spec
 from specviz.runs.outputs import write_atomic
+from specviz.settings.errors import InputError
 from specviz.settings.limits import CLI_LIMITS
 from specviz.settings.options import add_options, values_of
 from specviz.settings.spec import validate
@@ -26,6 +27,8 @@ def cmd_trace(args) -> int:
     from specviz.runs import trace
 
     config = validate(DecodeConfig, values_of(args, DecodeConfig), CLI_LIMITS)
+    if not args.prompt.strip():  # before the pair loads (its length is the model's to judge, once it has loaded)
+        raise InputError("--prompt is empty: give the text for the models to continue.")
     pair = load_spec(validate(PairSpec, values_of(args, PairSpec)))
     t = trace.record(pair, args.prompt, config, with_ar=args.with_ar)
     trace.save(t, args.out)

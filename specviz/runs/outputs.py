@@ -13,21 +13,21 @@ OUTPUT_FLAGS = ("json", "html", "out", "save_predictor", "export_rejections")
 
 
 def unwritable(path: str) -> str | None:
-    """Why `path` cannot be written, in a few words (None: a file can be created beside it now). Tried for real:
-    permission bits do not stop root, a read-only mount does."""
+    """Why `path` cannot be written, in a few words (None: it can be, folders and all). Tried for real, in the
+    nearest folder that exists (permission bits do not stop root, a read-only mount does), and nothing is left
+    behind: a command refused for another flag has made no folder (`write_atomic` makes them as it writes)."""
     target = Path(path)
     if target.is_dir():
         return "it is a folder"
     folder = target.parent
-    try:  # made now, as a command that writes into it would (an atlas's traces folder)
-        folder.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        return f"cannot make the folder {folder}: {e.strerror or e}"
+    nearest = next(p for p in (folder, *folder.parents) if p.exists())
+    if not nearest.is_dir():
+        return f"cannot make the folder {folder}: {nearest} is a file"
     try:
-        with tempfile.NamedTemporaryFile(dir=folder, prefix=".specviz-check-"):
+        with tempfile.NamedTemporaryFile(dir=nearest, prefix=".specviz-check-"):
             pass
     except OSError as e:
-        return f"{e.strerror or e} in {folder}"
+        return f"{e.strerror or e} in {nearest}"
     return None
 
 
@@ -44,6 +44,7 @@ def write_atomic(path: str | Path, text: str) -> None:
     """`text` into `path` whole: written to a temporary file beside it, then renamed over it, so a kill or a full disk
     mid-write leaves the file as it was before (or no file), never half of one; the temporary file is removed."""
     target = Path(path)
+    target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as out:
