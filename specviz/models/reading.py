@@ -15,6 +15,9 @@ def load_failure(e: Exception, source: str, kw: dict) -> ModelLoadError:
     if isinstance(e, OUT_OF_MEMORY):
         release_memory(e)
         return ModelLoadError(f"out of memory while loading {source}: pick a smaller model or a lower-precision dtype.")
+    if (path := Path(source).expanduser()).is_file() and path.stat().st_size == 0:  # mmap's words otherwise
+        return ModelLoadError(f"{source} is an empty file (0 bytes), not a model: give a .gguf file, a model folder "
+                              "or a hub id.")
     if isinstance(e, ValueError) and "trust_remote_code" in str(e):
         return ModelLoadError(f"{source} ships its own model code; specviz runs it only if the server was started "
                               "with --trust-remote-code and this model as --draft/--target.")
