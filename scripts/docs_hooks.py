@@ -10,7 +10,8 @@ from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parents[1]
 # every report folder, so that a page may link any report (a list by hand missed a new folder once)
-SERVED = ("assets/screenshots/*.png", "assets/proof/*.html", "assets/*/*.json", "assets/gpu/*.log",
+SERVED = ("assets/screenshots/*.png", "assets/proof/*.html", "assets/*/*.json", "assets/bench/before/*.json",
+          "assets/gpu/*.log",
           "assets/charts/*.svg")
 
 

@@ -221,7 +221,9 @@ class TunedLinear(nn.Module):
         if n > DENSE_ABOVE and self.long is not None:  # a quantized draft's prompt: its own dense weights
             y = self.long(x2)
         else:
-            by_rows, plan = (self.prompt_rows, self.prompt) if self.reading else (self.by_rows, self.plan)
+            # a compiled step reads no switch (no guard on it, no recompile): it multiplies on the steps' plan
+            reading = not torch.compiler.is_compiling() and self.reading
+            by_rows, plan = (self.prompt_rows, self.prompt) if reading else (self.by_rows, self.plan)
             y = (by_rows[n] if n < len(by_rows) else self.call_for(n, plan))(x2)
         return y.view(*x.shape[:-1], self.out_features)
 
