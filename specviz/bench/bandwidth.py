@@ -20,7 +20,7 @@ TRIAD_BYTES = 256 * 2**20  # per array: far beyond any last-level cache
 def triad_bandwidth(array_bytes: int = TRIAD_BYTES, passes: int = 5, device: torch.device | str = "cpu") -> float:
     """Bytes per second of the triad a = b + s·c in float32 on `device` (on a CPU, torch's threads; best of
     `passes`)."""
-    from specviz.models.kernels import sync
+    from specviz.models.kernel_timing import sync
 
     device = torch.device(device)
     n = array_bytes // 4

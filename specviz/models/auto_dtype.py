@@ -15,7 +15,8 @@ import torch
 from torch import nn
 
 from specviz.models.kernel_table import KernelKey, kept_or_measured, table_path
-from specviz.models.kernels import Timer, kernels_of, time_group
+from specviz.models.kernel_timing import Timer, time_group
+from specviz.models.kernels import kernels_of
 from specviz.models.plans import choose
 
 log = logging.getLogger(__name__)

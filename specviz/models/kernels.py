@@ -34,9 +34,7 @@ from __future__ import annotations
 
 import copy
 import logging
-import statistics
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,11 +45,12 @@ from torch.nn import functional as F
 from specviz.kernels import amx, streamed, w4a8
 from specviz.models.draft.quantized import DENSE_ABOVE, Int4Linear, Int8Linear, QuantLinear
 from specviz.models.kernel_table import Costs, KernelKey, kept_or_measured, table_costs, table_path
+from specviz.models.kernel_timing import Kernel, Timer, time_group
+from specviz.models.onednn import OneDNN, WithoutOneDNN, onednn_applies
 from specviz.models.plans import MAX_PAD_ROWS, Choice, choose, lean_plans, lookup, plan_cost, prompt_plan, sizes
 
 log = logging.getLogger(__name__)
 
-PACK_HINT = 16  # the batch size oneDNN packs a weight for (its packed kernel serves any row count)
 # kernels whose every row's sums run in one order whatever the number of rows (streamed.cpp and w4a8.cpp say how),
 # each with its way of summing: a target that must verify as its one-token steps compute (`tune(invariant=True)`) is
 # planned on those of one way alone (an int4 target's on the int4 x 8-bit kernel: a row's 8-bit activations are its own)
@@ -59,24 +58,12 @@ SUMS = {**streamed.SUMS, **amx.SUMS, "w4a8": "w4a8"}
 INVARIANT = frozenset(SUMS)
 GROUP_BYTES = 64 * 2**20  # time a shape over enough of its linears to leave the caches, as the model does
 
-Kernel = Callable[[torch.Tensor], torch.Tensor]  # 2-D input rows -> 2-D output rows, bias included
-
 
 def run_padded(kernel: Kernel, x2: torch.Tensor, rows: int) -> torch.Tensor:
     n = x2.shape[0]
     if rows == n:
         return kernel(x2)
     return kernel(torch.cat([x2, x2[-1:].expand(rows - n, -1)]))[:n]
-
-
-def onednn_applies(weight: torch.Tensor) -> bool:
-    """oneDNN's packed linear serves this weight: its bf16 path needs AVX-512 (BW, VL, DQ) or AVX-NE-CONVERT, which
-    a CPU without them, or one kept below them (ONEDNN_MAX_CPU_ISA=AVX2), lacks: packing raises there."""
-    if not (weight.device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_linear_pointwise")):
-        return False
-    return weight.dtype == torch.float32 or (weight.dtype == torch.bfloat16
-                                             and torch.ops.mkldnn._is_mkldnn_bf16_supported())
 
 
 def kernels_of(module: nn.Module) -> dict[str, Kernel]:
@@ -115,40 +102,6 @@ def w4a8_products(model: nn.Module) -> list[w4a8.W4A8]:
     kernels = [getattr(k, "kernel", k) for m in model.modules() if isinstance(m, TunedLinear)
                for k in m.kernels.values()]
     return [k for k in kernels if isinstance(k, w4a8.W4A8)]
-
-
-class WithoutOneDNN:
-    """The module's product with oneDNN switched off for the call: torch's own kernel for the dtype runs. torch keeps
-    that switch once for the process, so it is set and put back around the call (models run on one thread)."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        self.weight, self.bias = weight, bias
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        was = torch._C._get_mkldnn_enabled()
-        torch._C._set_mkldnn_enabled(False)
-        try:
-            return F.linear(x, self.weight, self.bias)
-        finally:
-            torch._C._set_mkldnn_enabled(was)
-
-
-class OneDNN:
-    """oneDNN's linear on a copy of the weight packed for it: at the first call (a candidate the plan never uses
-    costs no memory), or by `prepare` before anything is timed."""
-
-    def __init__(self, weight: torch.Tensor, bias: torch.Tensor | None):
-        self.weight, self.bias = weight, bias
-        self.packed: torch.Tensor | None = None
-
-    def prepare(self) -> None:
-        if self.packed is None:
-            self.packed = torch.ops.mkldnn._reorder_linear_weight(self.weight.detach(), PACK_HINT)
-            self.weight = None  # the plain weight is the model's, not ours to keep
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        self.prepare()
-        return torch.ops.mkldnn._linear_pointwise(x, self.packed, self.bias, "none", [], "")
 
 
 def kind_of(module: nn.Module) -> str:
@@ -246,39 +199,6 @@ def sites(model: nn.Module, skip: tuple[str, ...] = ("full",)) -> list[tuple[nn.
                 walk(child)
     walk(model)
     return found
-
-
-# ---- timing -------------------------------------------------------------------------------------------------
-
-def sync(device: torch.device) -> None:
-    """Wait for the device: CUDA runs asynchronously, so a clock read before its work is done reads too early."""
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def time_group(group: list[dict[str, Kernel]], width: int, dtype: torch.dtype, device: torch.device,
-               row_counts: Iterable[int], reps: int = 5) -> Costs:
-    """Seconds for one pass of n rows through every linear of `group` in turn (so the weights come from memory,
-    as in a forward), per kernel and row count: the median of `reps` passes, interleaved, after a warm-up."""
-    row_counts = list(row_counts)
-    xs = {n: torch.randn(n, width, dtype=dtype, device=device) for n in row_counts}
-    names = list(group[0])
-    samples: dict[str, dict[int, list[float]]] = {k: {n: [] for n in row_counts} for k in names}
-    with torch.inference_mode():
-        for rep in range(reps + 1):  # the first pass warms up and is dropped
-            for n in row_counts:
-                for k in names:
-                    sync(device)
-                    t0 = time.perf_counter()
-                    for kernels in group:
-                        kernels[k](xs[n])
-                    sync(device)
-                    if rep:
-                        samples[k][n].append(time.perf_counter() - t0)
-    return {k: {n: statistics.median(ts) / len(group) for n, ts in per.items()} for k, per in samples.items()}
-
-
-Timer = Callable[[list[dict[str, Kernel]], int, torch.dtype, torch.device, list[int]], Costs]
 
 
 @dataclass(frozen=True)

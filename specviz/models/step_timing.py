@@ -14,7 +14,7 @@ from dataclasses import dataclass, replace
 import torch
 from torch import nn
 
-from specviz.models.kernels import sync
+from specviz.models.kernel_timing import sync
 from specviz.compat import forward
 
 # The compiled step replaces the eager one only when faster by more than this: on a 2-core Zen 4 the probe chose
