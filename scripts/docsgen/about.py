@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 from pathlib import Path
 
+from docsgen import machines
 from docsgen.cli_reference import build_parser, subcommands
 
 
@@ -62,14 +63,11 @@ def sampling_text(s: dict) -> str:
 
 
 def hardware_text(machine: dict) -> str:
-    described = machine.get("described") or ""  # a report's own since it names its cores; typed in before that
-    return ", ".join(x for x in [
-        described if "cores" in described else
-        f"{described}: `{machine.get('cpu')}`, {machine.get('cpu_count')} cores" if described else
-        f"`{machine.get('cpu')}`, {machine.get('cpu_count')} cores",
-        *([f"`{machine['gpu']}`"] if machine.get("gpu") else []),
-        *([f"torch {machine['torch']}"] if "torch" in machine else []),
-        *([f"transformers {machine['transformers']}"] if "transformers" in machine else [])])
+    """The machine as a person recognises it (`machines.name`: maker, generation, cores, the units that decide the
+    kernels, a GPU), then the library versions; the CPUID stays in the report the paragraph links."""
+    return ", ".join([machines.name(machine),
+                      *([f"torch {machine['torch']}"] if "torch" in machine else []),
+                      *([f"transformers {machine['transformers']}"] if "transformers" in machine else [])])
 
 
 def settings_text(report: dict) -> str:

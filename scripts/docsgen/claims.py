@@ -221,7 +221,8 @@ def rates(report: dict) -> dict:
 
 
 def loadtest_run(report: dict) -> str:
-    """A load test's run in words, from its command: "30 visitors, 2 clicks each, seed 0"."""
+    """A load test's run in words, from its command: "30 visitors, 2 clicks each, seed 0". A command without
+    `--requests` (the mix's own count) is counted from the report: its completed requests per visitor."""
     import re
 
     cmd = report["meta"]["command"]
@@ -231,6 +232,8 @@ def loadtest_run(report: dict) -> str:
     loadtest = dict((n, p) for n, _, p in subcommands(build_parser()))["loadtest"]
     defaults = {a.dest: a.default for a in loadtest._actions}
     clicks = flag("requests", defaults["requests"])
+    if clicks is None:
+        clicks = round(sum(v.get("ok", 0) for v in report["requests"].values()) / report["users"])
     return f"{report['users']} visitors, {clicks} click{'s' * (str(clicks) != '1')} each, seed {flag('seed', defaults['seed'])}"
 
 

@@ -1,5 +1,5 @@
-"""Values templates read from the package itself rather than from a report: the limits `specviz serve` takes, and
-the cost model's prediction at an acceptance (specviz is imported when a template calls one, not before)."""
+"""Values templates read from the package itself rather than from a report: the limits `specviz serve` takes
+(specviz is imported when a template calls it, not before)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,3 @@ def limit_options() -> list[tuple[str, object, str]]:
 
     return [(flag, s.default, s.help) for s, flag, _ in options_of(Limits)]
 
-
-def predicted_at(step: dict, acceptance: float) -> dict:
-    """The cost model's best K and speedup at one acceptance, from a `specviz costs` step report."""
-    from specviz.bench.shape_costs import cost_of, predictions
-
-    return predictions(cost_of(step), (acceptance,))[0]

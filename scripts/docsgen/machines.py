@@ -42,10 +42,11 @@ def name(machine: dict) -> str:
     described = machine.get("described") or machine.get("cpu") or ""
     cpu = re.sub(r"^an? ", "", described.split(" (")[0].split(",")[0])
     cpu = re.sub(r"\((R|TM)\)| Processor| CPU| with .*", "", cpu).strip()
-    cpu = re.sub(r"^(AMD EPYC) (Zen \d)$", r"\1 (\2)", cpu)
     gen = generation(cpu, described)
-    if gen and gen in cpu:
-        cpu, gen = cpu.replace(f" ({gen})", ""), gen
+    if gen is None and (m := re.match(r"^(AMD EPYC) (Zen \d)$", cpu)):  # an older report's words: "AMD EPYC Zen 4"
+        cpu, gen = m.group(1), m.group(2)
+    if gen:  # said once: "AMD EPYC Zen 5" or "AMD EPYC (Zen 5)" named it already
+        cpu = re.sub(rf" \(?{re.escape(gen)}\)?$", "", cpu)
     cores = machine.get("cpu_count") or (m.group(1) if (m := re.search(r"(\d+) cores", described)) else "?")
     gpu = machine.get("gpu")
     detail = ", ".join(x for x in (gen, f"{cores} cores", units(described)) if x)

@@ -39,9 +39,10 @@ def environment(readings: Readings):
     env.globals.update({kind: partial(readings.report, kind) for kind in REPORTS})
     env.globals.update(claim=readings.claim, session=readings.session, rates=claims.rates, verdict=claims.verdict,
                        loadtest_run=claims.loadtest_run, by_example=claims.by_example,
+                       bench_defaults=claims.bench_defaults,
                        machine=lambda r: machines.name(r["meta"]["machine"]))
     env.globals.update(modules=architecture.modules, layers=architecture.layers,
-                       limit_options=code_values.limit_options, predicted_at=code_values.predicted_at,
+                       limit_options=code_values.limit_options,
                        pytest_counts=readings.pytest_counts, about=about_report)
     env.filters.update(FILTERS)
     return env
