@@ -48,7 +48,7 @@ def verify_with(accept_rows=lambda p, k: p[:k], residual=rules.residual, bonus_r
         res = residual(p[:k], q)
         next_dist = at(torch.cat([res, bonus_row(p, k)]), n)
         token = draw(next_dist, next_dist, greedy, generator)
-        return rules.Verdict(n, token, at(next_dist, token), accept_prob, u, res)
+        return rules.Verdict(n, token, at(next_dist, token), accept_prob, u, next_dist)
     return verify
 
 

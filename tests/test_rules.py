@@ -160,4 +160,4 @@ def test_greedy_reduces_to_argmax_matching(seed):
         assert int(verdict.next_token) == int(argmax[mismatch])  # the correction, or the bonus if mismatch == k
         assert int(verify(p, q, tokens, gen).n_accepted) == mismatch  # the sampled path agrees on point masses
         if mismatch < k:
-            torch.testing.assert_close(verdict.residual[mismatch], one_hot(v, int(argmax[mismatch])))
+            torch.testing.assert_close(verdict.drawn_from, one_hot(v, int(argmax[mismatch])))

@@ -106,7 +106,7 @@ def test_negative_control_top_k_treated_as_sampled_from_q_is_not_exact():
 def test_a_chain_walked_as_a_tree_is_todays_rule_exactly(seed):
     """A width-1 tree (each node one child) with the same uniforms decides exactly as `rules.verify`: the same
     accepted prefix, and the same distribution for the correction (or the bonus)."""
-    from specviz.engine.rules import verify
+    from specviz.engine.rules import residual, verify
     from specviz.engine.sampling import sample
     from specviz.engine.siblings import walk_tree
 
@@ -121,7 +121,7 @@ def test_a_chain_walked_as_a_tree_is_todays_rule_exactly(seed):
     walked = walk_tree(list(range(-1, k - 1)), tokens.tolist(), p, q, chain.u.tolist())
     n = int(chain.n_accepted)
     assert walked.path == list(range(n)) and walked.bonus == (n == k)
-    expected = torch.cat([chain.residual, p[k:]])[n]
+    expected = torch.cat([residual(p[:k], q), p[k:]])[n]
     torch.testing.assert_close(walked.next_dist, expected, atol=1e-6, rtol=0)
 
 

@@ -158,7 +158,7 @@ def _round_stats(draft, logits, p, verdict, config) -> dict[str, torch.Tensor]:
         q_soft=q_soft.gather(-1, idx).squeeze(-1), p_soft=p_soft[:k].gather(-1, idx).squeeze(-1),
         q_entropy=entropy(draft.logits, q_soft),
         **target, **top(q_soft if greedy else draft.q, top_n, "q"),  # the shown q: greedy's point mass says little
-        **top(verdict.residual, top_n, "r"),
+        **top(verdict.drawn_from[None], top_n, "r"),  # where the correction came from (the rejected row's)
     )
 
 
@@ -203,7 +203,7 @@ def _round_event(h, n, new, k, pieces, predictor: AcceptanceModel, **fields) -> 
             id=tid, text=pieces(tid), q=h["q"][i], p=h["p"][i], accept_prob=h["accept_prob"][i], u=h["u"][i],
             status=status, q_soft=h["q_soft"][i], p_soft=h["p_soft"][i], target_top2_gap=h["gap"][i],
             q_top=candidates(h, "q", i, pieces), p_top=candidates(h, "p", i, pieces),
-            residual_top=candidates(h, "r", i, pieces), q_entropy=h["q_entropy"][i], beta=h["beta"][i],
+            residual_top=candidates(h, "r", 0, pieces) if status == REJECTED else [], q_entropy=h["q_entropy"][i], beta=h["beta"][i],
         )
         token.predicted = predictor.predict(token_features(token, i, fields["drafter"]))
         drafted.append(token)

@@ -29,7 +29,7 @@ from specviz.engine import DecodeConfig, autoregressive_generate, speculative_ge
 from specviz.engine.events import NOT_VERIFIED
 from specviz.engine.exact import path_distributions
 from specviz.engine.plumbing import PromptCache, at
-from specviz.engine.rules import Verdict as RoundVerdict, residual
+from specviz.engine.rules import Verdict as RoundVerdict
 from specviz.engine.sampling import draw, make_generator
 from specviz.engine.siblings import walk_point_masses
 from specviz.engine.speculative import EXACT, Rule
@@ -60,7 +60,7 @@ def accept_every_draft(p, q, tokens, generator, greedy: bool = False) -> RoundVe
     n = torch.tensor(k, device=p.device)
     token = draw(p[k], p[k], greedy, generator)
     ones = torch.ones(k, device=p.device)
-    return RoundVerdict(n, token, at(p[k], token), ones, 0 * ones, residual(p[:k], q))
+    return RoundVerdict(n, token, at(p[k], token), ones, 0 * ones, p[k])
 
 
 def accept_first_children(parents, p_at, q_at, u):
