@@ -11,9 +11,10 @@ import pytest
 import torch
 from torch import nn
 
-from specviz.kernels import amx, build, streamed
+from specviz.kernels import amx, build, streamed, w4a8
 from specviz.models import kernels as K
 from specviz.models.kernels import TunedLinear
+from specviz.models.draft.quantized import int4_codes
 from specviz.models.plans import Choice
 from specviz.models.target import with_target
 from specviz.models.tiny import tiny_pair
@@ -84,6 +85,36 @@ def test_the_tiles_read_the_vector_kernels_packed_copy():
     TunedLinear(linear, {1: Choice("widened_ahead", 1), 13: Choice("amx", 13)}, kernels)
     assert kernels["amx"].packed is kernels["widened_ahead"].packed is not None
     assert K.SUMS["amx"] == K.SUMS["amx_ahead"] != K.SUMS["widened"]  # their own way: a plan does not mix them
+
+
+def w4_rows(x: torch.Tensor, packed: torch.Tensor, out: int) -> torch.Tensor:
+    """amx.cpp's product of a 4-bit weight (w4a8.cpp's layout) over x's rows, float32 in and out."""
+    n, width = x.shape
+    y = torch.empty(n, out)
+    room = torch.zeros((n + 15) // 16 * 16, width, dtype=torch.bfloat16)
+    amx.library().linear_w4(x.data_ptr(), room.data_ptr(), packed.data_ptr(), y.data_ptr(), n, width, out)
+    return y
+
+
+@needs_amx
+@pytest.mark.parametrize("out,width", [(1152, 896), (896, 4864), (48, 64)])
+def test_a_4bit_weight_over_a_prompts_rows_is_its_widened_bf16_product(out, width):
+    """The draft's codes widened to bf16 (code * scale + low) on the tiles: every row of 1 to 40 (a tile, past it) is
+    the rows in bf16 times those weights, to float32's rounding of the sums; the control: the same codes read with
+    each group's nibbles in the other order (inputs 8t + j and 8t + 4 + j exchanged) are far from it."""
+    g = torch.Generator().manual_seed(out + width)
+    codes, scale, low = int4_codes(torch.randn(out, width, generator=g) * 0.05, 32)
+    packed = w4a8.pack(codes, scale.squeeze(-1), low.squeeze(-1))
+
+    def weights(c: torch.Tensor) -> torch.Tensor:
+        w = c.float().view(out, -1, 32) * scale.half().float() + low.half().float()
+        return w.view(out, width).bfloat16().double()
+    swapped = codes.view(out, -1, 2, 4).flip(2).reshape(out, width)
+    for n in (1, 5, 16, 17, 40):
+        x = torch.randn(n, width, generator=g)
+        got, rows = w4_rows(x, packed, out).double(), x.bfloat16().double()
+        assert float((got - rows @ weights(codes).T).norm() / got.norm()) < 1e-5, n
+        assert float((got - rows @ weights(swapped).T).norm() / got.norm()) > 0.1, n
 
 
 @pytest.fixture(scope="module")

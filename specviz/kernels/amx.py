@@ -52,8 +52,18 @@ def library() -> ctypes.CDLL | None:
                     f"({errno.errorcode.get(refused, refused)}).")
         return None
     lib.linear_amx.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 4
-    lib.linear_amx.restype = None
+    lib.linear_w4.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 3
+    lib.linear_amx.restype = lib.linear_w4.restype = None
     return lib
+
+
+def w4_rows() -> int | None:
+    """The address of amx.cpp's `w4_rows` (a 4-bit draft's products over a prompt's rows on the tiles, called from
+    inside w4a8.cpp's step), where the tiles serve and the CPU has AVX512-VBMI for unpacking the codes; else None."""
+    lib = library()
+    if lib is None or "avx512vbmi" not in build.cpu_flags():
+        return None
+    return ctypes.cast(lib.w4_rows, ctypes.c_void_p).value
 
 
 def applies(weight: torch.Tensor) -> bool:

@@ -273,9 +273,15 @@ void attend(const float* q, long stride, const C* k, const C* v, float* out, lon
     }
 }
 
+// `tiles`: where the process may use AMX, amx.cpp's `w4_rows` (the products of `tile_rows` rows or more on the
+// tiles: a prompt), else null
+typedef void (*Tiles)(const float* x, uint16_t* xb, const uint8_t* w, float* y, long n, long k, long o);
+
 struct Shape {
     long hidden, heads, kv_heads, d, ffn, capacity, prefetch;
     float eps, scale;
+    Tiles tiles;
+    long tile_rows;
 };
 
 // n new tokens at positions pos.., their hidden states h (n rows of `hidden`) in and the last layer's out; cos and
@@ -288,18 +294,27 @@ void lean_step(float* h, long n, long layers, void* const* params, C* const* key
     std::vector<float> x(n * s.hidden), qkv(n * width), a(n * q_size), gu(n * 2 * s.ffn), act(n * s.ffn),
         proj(n * s.hidden), scores(s.heads * (pos + n));
     long widest = s.hidden > s.ffn ? s.hidden : s.ffn;
-    Quantized qa(n, widest > q_size ? widest : q_size);  // room for every product's input
-    auto norms = [&](const float* w) {  // each row's norm into x, then its 8-bit activations
+    if (q_size > widest) widest = q_size;
+    const bool tiled = s.tiles && n >= s.tile_rows;
+    Quantized qa(n, widest);  // room for every product's input
+    // the tiles' input rows in bf16, whole tiles of them (rows past n are multiplied too and their outputs dropped)
+    std::vector<uint16_t> xb(tiled ? (n + 15) / 16 * 16 * widest : 0, 0);
+    // every product of the step: all threads call it (its `omp for` splits the outputs)
+    auto product = [&](const float* in, long k, const void* w, float* out, long o) {
+        if (tiled && o % 16 == 0) return s.tiles(in, xb.data(), (const uint8_t*)w, out, n, k, o);
+#pragma omp single
+        qa.rows(in, n, k);
+        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)w, out, n, k, o, s.prefetch);
+    };
+    auto norms = [&](const float* w) {  // each row's norm into x
         for (long r = 0; r < n; r++) rms_norm(h + r * s.hidden, w, x.data() + r * s.hidden, s.hidden, s.eps);
-        qa.rows(x.data(), n, s.hidden);
     };
 #pragma omp parallel
     for (long l = 0; l < layers; l++) {
         void* const* p = params + 7 * l;
 #pragma omp single
         norms((const float*)p[0]);
-        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[1], qkv.data(), n, s.hidden,
-                     width, s.prefetch);
+        product(x.data(), s.hidden, p[1], qkv.data(), width);
 #pragma omp single
         for (long r = 0; r < n; r++) {
             float* row = qkv.data() + r * width;
@@ -315,30 +330,22 @@ void lean_step(float* h, long n, long layers, void* const* params, C* const* key
         }
         attend(qkv.data(), width, keys[l], values[l], a.data(), n, s.heads, s.kv_heads, pos, s.capacity, s.d, s.scale,
                scores.data());
-#pragma omp single
-        qa.rows(a.data(), n, q_size);
-        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[3], proj.data(), n, q_size,
-                     s.hidden, s.prefetch);
+        product(a.data(), q_size, p[3], proj.data(), s.hidden);
 #pragma omp single
         {
             for (long i = 0; i < n * s.hidden; i++) h[i] += proj[i];
             norms((const float*)p[4]);
         }
-        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[5], gu.data(), n, s.hidden,
-                     2 * s.ffn, s.prefetch);
+        product(x.data(), s.hidden, p[5], gu.data(), 2 * s.ffn);
 #pragma omp single
-        {
-            for (long r = 0; r < n; r++)
-                for (long i = 0; i < s.ffn; i += 16) {  // silu(gate) * up
-                    const float* row = gu.data() + r * 2 * s.ffn;
-                    __m512 g = _mm512_loadu_ps(row + i);
-                    __m512 sig = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-                    _mm512_storeu_ps(&act[r * s.ffn + i], _mm512_mul_ps(sig, _mm512_loadu_ps(row + s.ffn + i)));
-                }
-            qa.rows(act.data(), n, s.ffn);
-        }
-        pairs<float>(qa.quads.data(), qa.xs.data(), qa.bsum.data(), (const uint8_t*)p[6], proj.data(), n, s.ffn,
-                     s.hidden, s.prefetch);
+        for (long r = 0; r < n; r++)
+            for (long i = 0; i < s.ffn; i += 16) {  // silu(gate) * up
+                const float* row = gu.data() + r * 2 * s.ffn;
+                __m512 g = _mm512_loadu_ps(row + i);
+                __m512 sig = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+                _mm512_storeu_ps(&act[r * s.ffn + i], _mm512_mul_ps(sig, _mm512_loadu_ps(row + s.ffn + i)));
+            }
+        product(act.data(), s.ffn, p[6], proj.data(), s.hidden);
 #pragma omp single
         for (long i = 0; i < n * s.hidden; i++) h[i] += proj[i];
     }
@@ -350,15 +357,15 @@ extern "C" {
 // the draft's step over every layer for n new tokens: h (float, their embeddings) in, the last layer's output out
 void lean_step_bf16(float* h, long n, long layers, void* const* params, uint16_t* const* keys, uint16_t* const* values,
                     long pos, const float* cos, const float* sin, long hidden, long heads, long kv_heads, long d,
-                    long ffn, long capacity, float eps, float scale, long prefetch) {
+                    long ffn, long capacity, float eps, float scale, long prefetch, void* tiles, long tile_rows) {
     lean_step(h, n, layers, params, keys, values, pos, cos, sin,
-              Shape{hidden, heads, kv_heads, d, ffn, capacity, prefetch, eps, scale});
+              Shape{hidden, heads, kv_heads, d, ffn, capacity, prefetch, eps, scale, (Tiles)tiles, tile_rows});
 }
 void lean_step_f32(float* h, long n, long layers, void* const* params, float* const* keys, float* const* values, long pos,
                    const float* cos, const float* sin, long hidden, long heads, long kv_heads, long d, long ffn,
-                   long capacity, float eps, float scale, long prefetch) {
+                   long capacity, float eps, float scale, long prefetch, void* tiles, long tile_rows) {
     lean_step(h, n, layers, params, keys, values, pos, cos, sin,
-              Shape{hidden, heads, kv_heads, d, ffn, capacity, prefetch, eps, scale});
+              Shape{hidden, heads, kv_heads, d, ffn, capacity, prefetch, eps, scale, (Tiles)tiles, tile_rows});
 }
 // x: n rows of k (k a multiple of 32); w: o outputs packed (o a multiple of 8); y: n rows of o
 void w4a8_bf16(const uint16_t* x, const uint8_t* w, uint16_t* y, long n, long k, long o, long prefetch) {

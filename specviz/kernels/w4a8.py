@@ -47,7 +47,8 @@ def library() -> ctypes.CDLL | None:
             fn.restype = None
         for fn in (lib.lean_step_bf16, lib.lean_step_f32):
             fn.argtypes = [ctypes.c_void_p, ctypes.c_long, ctypes.c_long] + [ctypes.c_void_p] * 3 + [ctypes.c_long] \
-                + [ctypes.c_void_p] * 2 + [ctypes.c_long] * 6 + [ctypes.c_float] * 2 + [ctypes.c_long]
+                + [ctypes.c_void_p] * 2 + [ctypes.c_long] * 6 + [ctypes.c_float] * 2 + [ctypes.c_long] \
+                + [ctypes.c_void_p, ctypes.c_long]
             fn.restype = None
     return lib
 
@@ -109,13 +110,19 @@ class LeanStep:
     products (on this kernel), rotary embedding, K/V written into the cache in place, causal attention and residuals,
     in one parallel region. `layers`: per layer (norm1, qkv, qkv bias or None, o, norm2, gate/up, down), the products
     as packed codes and the rest as float32 tensors, kept here so that the pointers stay valid. `prefetch`: as
-    `W4A8`'s."""
+    `W4A8`'s. `tiles`: where AMX serves (`amx.w4_rows`), the products of `TILE_ROWS` new tokens or more (a prompt) run
+    on the tiles."""
 
-    def __init__(self, layers: list[tuple], shape: LayerShape, lib: ctypes.CDLL):
+    # the fewest new tokens whose products go to the tiles. Widening the codes costs about two steps' time whatever
+    # the rows (the embedded draft's 96 products: 32 ms), then a row costs 0.44 ms against 1.25 here (2-core Xeon with
+    # AMX, family 6 model 167, 2026-12-02): 16 rows 35 against 27 ms, 74 rows 77 against 103, 142 rows 107 against 189
+    TILE_ROWS = 32
+
+    def __init__(self, layers: list[tuple], shape: LayerShape, lib: ctypes.CDLL, tiles: int | None = None):
         self.kept = [t for layer in layers for t in layer if t is not None]
         pointers = [None if t is None else t.data_ptr() for layer in layers for t in layer]
         self.params = (ctypes.c_void_p * len(pointers))(*pointers)
-        self.layers, self.shape, self.lib, self.prefetch = len(layers), shape, lib, 0
+        self.layers, self.shape, self.lib, self.prefetch, self.tiles = len(layers), shape, lib, 0, tiles
 
     def __call__(self, h: torch.Tensor, keys: list[torch.Tensor], values: list[torch.Tensor], position: int,
                  cos: torch.Tensor, sin: torch.Tensor, capacity: int) -> None:
@@ -127,4 +134,4 @@ class LeanStep:
         vs = (ctypes.c_void_p * self.layers)(*[v.data_ptr() for v in values])
         fn(h.data_ptr(), h.shape[0], self.layers, ctypes.addressof(self.params), ctypes.addressof(ks),
            ctypes.addressof(vs), position, cos.data_ptr(), sin.data_ptr(), *self.shape.sizes(), capacity,
-           self.shape.eps, self.shape.scale, self.prefetch)
+           self.shape.eps, self.shape.scale, self.prefetch, self.tiles, self.TILE_ROWS)

@@ -22,7 +22,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from specviz.kernels import w4a8
+from specviz.kernels import amx, w4a8
 from specviz.kernels.w4a8 import LeanStep
 from specviz.models.draft.quantized import DraftQuant, quantize_linear, supports
 from specviz.models.draft.store import CodedLinear
@@ -256,7 +256,7 @@ def fused_step(draft: LeanDraft) -> LeanStep | None:
         return None  # (the step's vectors: 16 floats; its activations: blocks of 32)
     shape = w4a8.LayerShape(draft.embed.weight.shape[1], first.q_size // first.head_dim,
                             first.kv_size // first.head_dim, first.head_dim, first.ffn, first.eps, first.scaling)
-    return LeanStep(layers, shape, lib)
+    return LeanStep(layers, shape, lib, amx.w4_rows())
 
 
 def release_replaced(model: nn.Module) -> int:
