@@ -1,4 +1,4 @@
-"""Shared fixtures. The real embedded pair is loaded once per test session (it takes a minute)."""
+"""Shared fixtures. The real embedded pair is loaded once per test session (seconds from `make app`'s bfloat16 copy)."""
 
 from __future__ import annotations
 
@@ -77,10 +77,27 @@ def tiny():
 
 @pytest.fixture(scope="session")
 def embedded_pair():
-    """The real Qwen2.5-Coder 0.5B -> 1.5B pair in float32, where exactness is proven."""
+    """The real Qwen2.5-Coder 0.5B -> 1.5B pair as loaded (torch's own kernels), in bfloat16: what `--dtype auto`
+    runs on a CPU with AVX512-BF16 or AMX, read from the copy `make app` made. Not float32: its copies would add
+    9 GB to the cache for the tests alone, and exactness to float32's rounding is proven on the tiny pairs."""
     from specviz.models import load_pair
 
-    return load_pair("embedded", "embedded", device="cpu", dtype="float32", progress=False)
+    return load_pair("embedded", "embedded", device="cpu", dtype="bfloat16", progress=False)
+
+
+@pytest.fixture(scope="session")
+def served_pair(embedded_pair):
+    """The real pair as `specviz serve` runs it on a CPU: the draft's step in int4, every linear of the target on the
+    kernel this machine's table chose for its row count and its verify's rows computed as its one-token steps
+    (`kernels.rows`: greedy speculation is then the target alone's text bit for bit), the weights shared with
+    `embedded_pair`, not loaded again. Eager steps: a compiled step's choice is not what these tests prove."""
+    from specviz.models import PairSpec
+    from specviz.models.loading import with_speedups
+
+    pair = with_speedups(embedded_pair, PairSpec(dtype="bfloat16", step="eager"))
+    assert pair.target_name.endswith("[tuned kernels]") and pair.draft_name.endswith("[int4 draft step]")
+    assert pair.not_invariant is None, pair.not_invariant
+    return pair
 
 
 @pytest.fixture(scope="session")

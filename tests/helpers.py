@@ -33,12 +33,13 @@ NO_WAIT = Quiet(cap=0.0)
 NEAR_TIE = 0.25  # a top-2 logit gap bf16's rounding (~3 significant digits over ~30 layers of sums) can close
 
 
-def same_greedy(tokens: list[int], steps) -> bool:
+def same_greedy(tokens: list[int], steps, exact: bool = EXACT) -> bool:
     """Greedy speculation's tokens against the target alone's `steps` (autoregressive `Step` events): equal in
     float32. In a lower precision the target's one-token step and its verify over K + 1 rows round differently,
-    so the two may part, but only where the target alone's top two logits were a near-tie."""
+    so the two may part, but only where the target alone's top two logits were a near-tie. `exact`: whether they
+    must be equal (the suite's dtype says, unless a test runs a pair in another)."""
     alone = [s.token.id for s in steps]
-    if tokens == alone or EXACT:
+    if tokens == alone or exact:
         return tokens == alone
     first = next((i for i, (a, b) in enumerate(zip(tokens, alone)) if a != b), min(len(tokens), len(alone)))
     return first < len(steps) and steps[first].token.target_top2_gap < NEAR_TIE

@@ -16,14 +16,14 @@ pytestmark = pytest.mark.embedded
 KINDS = ("code", "json", "prose")
 
 
-def test_cli_atlas_on_shipped_prompts(embedded_pair, tmp_path, monkeypatch, capsys):
+def test_cli_atlas_on_shipped_prompts(served_pair, tmp_path, monkeypatch, capsys):
     shipped = (resources.files("specviz.data") / "prompts.jsonl").read_text(encoding="utf-8").splitlines()
     first = {}
     for line in sorted(shipped, key=len):  # the shortest prompt of each kind: prompt reading is most of the time
         first.setdefault(json.loads(line)["kind"], line)
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("\n".join(first[kind] for kind in KINDS) + "\n")
-    monkeypatch.setattr(atlas, "load_spec", lambda spec: embedded_pair)  # the session's pair, loaded once
+    monkeypatch.setattr(atlas, "load_spec", lambda spec: served_pair)  # the session's pair as served, loaded once
     code = cli.main(["atlas", "--prompts", str(prompts), "--max-new-tokens", "8", "--json", str(tmp_path / "a.json"),
                      "--html", str(tmp_path / "a.html"), "--export-rejections", str(tmp_path / "r.jsonl")])
     out = capsys.readouterr()
