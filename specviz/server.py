@@ -11,7 +11,7 @@ from __future__ import annotations
 import gradio as gr
 from starlette.middleware import Middleware
 
-from specviz.api import endpoints
+from specviz.api import diffs, endpoints
 from specviz.engine import DecodeConfig
 from specviz.settings.limits import Limits
 from specviz.serving.session import Session
@@ -29,6 +29,7 @@ def build_server(session: Session, limits: Limits = Limits(), options: Options =
                  defaults: DecodeConfig = DecodeConfig(), presenter_key: str | None = None) -> gr.Blocks:
     """The app and its JSON endpoints, with one queue: a full queue turns requests away. `presenter_key`: the
     browser it is entered in presents (its Live runs stream to followers)."""
+    gr.utils.diff = diffs.diff  # Gradio's own shifts a nested list's deletions twice (`api.diffs`)
     demo = build_app(session, limits, options, defaults, presenter_key)
     with demo:
         names = endpoints.register(session, limits, options.pace, page=share_html, defaults=defaults,
