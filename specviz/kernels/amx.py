@@ -10,6 +10,9 @@ Its sums are its own way (`SUMS`): a row's outputs are summed a tile step of 32 
 tile's rows never mix, so every row count sums a row alike (the verify bit-identical to the one-token step where a
 plan puts every row count here); they are not `streamed`'s sums, so a plan does not mix the two.
 
+The draft's int4 products over a prompt run here too (`w4_rows`, called from inside w4a8.cpp's fused step): its codes
+widened to bf16 a panel at a time, every prompt row run past the panel on the tiles.
+
 Built at first use like the others (`build`), with AMX-TILE and AMX-BF16. Linux lends a process the tile state only
 when asked (`arch_prctl(ARCH_REQ_XCOMP_PERM)`), once per process; where the CPU lacks AMX, `isa_cap` keeps the
 process below AVX-512, or the kernel refuses, one sentence says so and the other kernels serve.
