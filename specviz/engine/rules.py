@@ -70,8 +70,8 @@ def verify(p: torch.Tensor, q: torch.Tensor, tokens: torch.Tensor, generator, gr
 
 def next_distribution(p: torch.Tensor, q: torch.Tensor, n: torch.Tensor) -> torch.Tensor:
     """Row n of [residual rows..., bonus row]: the residual at the first rejection, or p's last row if every draft
-    passed. Only row n's residual is made: all K of them cost 15 ms a round for 13 rows of a 152k vocabulary on a
-    2-core Xeon, and the round uses one."""
+    passed. Only row n's residual is made: all K of them cost 15.8 ms a round for 13 rows of a 152k vocabulary on a
+    2-core Xeon with AMX (family 6 model 167; row n's alone 0.46 ms), and the round uses one."""
     k = q.shape[0]
     row = at(p, n)
     if k == 0:

@@ -203,7 +203,8 @@ def _round_event(h, n, new, k, pieces, predictor: AcceptanceModel, **fields) -> 
             id=tid, text=pieces(tid), q=h["q"][i], p=h["p"][i], accept_prob=h["accept_prob"][i], u=h["u"][i],
             status=status, q_soft=h["q_soft"][i], p_soft=h["p_soft"][i], target_top2_gap=h["gap"][i],
             q_top=candidates(h, "q", i, pieces), p_top=candidates(h, "p", i, pieces),
-            residual_top=candidates(h, "r", 0, pieces) if status == REJECTED else [], q_entropy=h["q_entropy"][i], beta=h["beta"][i],
+            residual_top=candidates(h, "r", 0, pieces) if status == REJECTED else [],
+            q_entropy=h["q_entropy"][i], beta=h["beta"][i],
         )
         token.predicted = predictor.predict(token_features(token, i, fields["drafter"]))
         drafted.append(token)

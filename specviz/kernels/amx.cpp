@@ -112,8 +112,9 @@ void blocks_out(const uint16_t* x, long m, long k, const uint16_t* w_block, int 
 
 // ---- a 4-bit weight (w4a8.cpp's layout: the draft's) over many rows (a prompt). The vector kernel unpacks a group's
 // codes for every 8 rows and multiplies them on 8-bit units: its products over a prompt cost the draft about a step
-// per 11 tokens (2-core Xeon with AMX, family 6 model 167). Here each thread widens a panel of BLOCKS blocks of 16 outputs once to bf16 (code * scale + low, rounded
-// once), in the tiles' layout, and every row goes past it 16 at a time: the rows cost tile steps, not a step each.
+// per 11 tokens (2-core Xeon with AMX, family 6 model 167). Here each thread widens a panel of BLOCKS blocks of 16
+// outputs once to bf16 (code * scale + low, rounded once), in the tiles' layout, and every row goes past it 16 at a
+// time: the rows cost tile steps, not a step each.
 // The activations go in as bf16, not 8 bits: the draft's arithmetic rounds otherwise (exactness never depends on it).
 const long W4_GROUP = 160;  // bytes of a w4a8 block of 8 outputs for a group of 32 inputs: codes, 8 scales, 8 lows
 
