@@ -48,19 +48,20 @@ def test_torch_or_onednn_kept_below_avx512_keeps_specviz_kernels_and_tables_belo
     assert capped == plain + " | ONEDNN_MAX_CPU_ISA=avx2"
 
 
-def test_under_the_cap_no_specviz_kernel_serves_and_the_report_says_why(monkeypatch, caplog):
+def test_under_the_cap_specviz_kernels_serve_at_avx2_and_the_report_says_so(monkeypatch, caplog):
     import torch
 
     from specviz.bench.machine import machine
-    from specviz.kernels import build, rows, streamed, w4a8
+    from specviz.kernels import amx, build, rows, streamed
 
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     weight = torch.empty(64, 64, dtype=torch.bfloat16)
-    kernels = lambda: (streamed.applies(weight), rows.available(torch.bfloat16),  # noqa: E731
-                       w4a8.applies(64, 64, w4a8.GROUP, torch.bfloat16))
-    assert kernels() == (False, False, False)
+    if build.AVX2 <= build.cpu_flags():  # the few-row kernel and the attention at the AVX2 level; the tiles not at all
+        assert (streamed.level_for(torch.bfloat16), rows.level_for(torch.bfloat16)) == ("avx2", "avx2")
+        assert streamed.applies(weight) and rows.available(torch.bfloat16) and not amx.applies(weight)
     assert machine()["described"].endswith(", run below AVX-512 (ATEN_CPU_CAPABILITY=avx2)")
     if "avx512f" in build.cpu_flags(environ={}):  # the sentence names the setting, not a CPU that lacks it
         with caplog.at_level("WARNING"):
-            assert build.library(streamed.SOURCE, streamed.FLAGS, {"avx512f"}, "A kernel") is None
+            flags = streamed.FLAGS + streamed.LEVELS["avx512"]
+            assert build.library(streamed.SOURCE, flags, {"avx512f"}, "A kernel") is None
         assert "A kernel is not used: this process is kept below AVX-512 (ATEN_CPU_CAPABILITY=avx2)." in caplog.text

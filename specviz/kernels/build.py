@@ -67,6 +67,25 @@ def cpu_flags(cpuinfo: str = "/proc/cpuinfo", environ=os.environ) -> set[str]:
     return {f for f in flags if not f.startswith(ABOVE_AVX2)} if isa_cap(environ) else flags
 
 
+# The vector level a kernel is built for: AVX-512 where the process may use it, else AVX2 with FMA and F16C (Intel's
+# laptops and desktops since 2021, AMD's before Zen 4, or this machine under `isa_cap`). A source compiled at the AVX2
+# level gets no AVX-512 flag, so nothing above AVX2 can slip into it.
+AVX2 = frozenset({"avx2", "fma", "f16c"})
+LEVEL_FLAGS = {"avx512": ("-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq"), "avx2": ("-mavx2", "-mfma", "-mf16c")}
+
+
+def vector_level(flags: set[str] | None = None) -> str | None:
+    """"avx512", "avx2" or None: the widest vectors this process may use (`cpu_flags`, so `isa_cap` holds)."""
+    flags = cpu_flags() if flags is None else flags
+    return "avx512" if "avx512f" in flags else "avx2" if AVX2 <= flags else None
+
+
+def level_for(needs: dict[str, set[str]]) -> str | None:
+    """The first level in `needs` (widest first: level -> the CPU flags a kernel needs there) this process meets."""
+    flags = cpu_flags()
+    return next((level for level, need in needs.items() if need <= flags), None)
+
+
 @functools.cache  # the sources do not change under a process
 def sources_digest(folder: Path = Path(__file__).parent) -> str:
     """A digest of every kernel source and header here: what a timing of specviz's kernels was made with."""

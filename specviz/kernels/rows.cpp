@@ -3,14 +3,14 @@
 //
 // Row i of head h (keys and values of head h / group) sees, in increasing slot order, the keys a causal row sees
 // (slots 0 .. offset + i) or those its mask allows (a tree's node: the prompt, the pending tokens, its ancestors).
-// The r-th key it sees is scored s_r = scale * (q . k_r): the dot product 16 lanes at a time over the head's
-// dimension in order, the lanes then summed by one fixed tree. m = max s_r; w_r = exp(s_r - m), one polynomial for
-// every lane; l = the sum of w_r, 16 keys at a time by rank (the r-th key in lane r % 16), then across the lanes;
-// out = (sum over r in order of w_r v_r) / l. Everything in float32 (bf16 widened exactly), bf16 output rounded to
-// nearest even. So a row's result depends on its query and the keys it sees, not on which slots hold them, how many
-// rows came with it, or the threads: each (head, row) is computed whole by one thread of the OpenMP runtime torch
-// loaded. Built at first use by specviz/kernels/rows.py and called through ctypes.
-#include <immintrin.h>
+// The r-th key it sees is scored s_r = scale * (q . k_r): the dot product a register of lanes at a time (16 with
+// AVX-512, 8 with AVX2: `V`, simd.h) over the head's dimension in order, the lanes then summed by one fixed tree.
+// m = max s_r; w_r = exp(s_r - m), one polynomial for every lane; l = the sum of w_r, a register of keys at a time by
+// rank (the r-th key in lane r % lanes), then across the lanes; out = (sum over r in order of w_r v_r) / l.
+// Everything in float32 (bf16 widened exactly), bf16 output rounded to nearest even. So a row's result depends on its
+// query and the keys it sees, not on which slots hold them, how many rows came with it, or the threads: each
+// (head, row) is computed whole by one thread of the OpenMP runtime torch loaded. Built at first use by
+// specviz/kernels/rows.py (for AVX-512 or AVX2) and called through ctypes.
 #include <math.h>
 #include <stdint.h>
 #include <vector>
@@ -19,24 +19,16 @@
 
 namespace {
 
-const int LANES = 16;
-
-inline __m512 load(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 load(const uint16_t* p) {  // 16 bf16 values as float32 (exact)
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
-inline void store(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void store(uint16_t* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v)); }
-
+const int LANES = V::L;  // 16 with AVX-512, 8 with AVX2 (simd.h): each build sums a row one way at every row count
 
 template <typename T>
 float dot(const T* q, const T* k, long d) {
-    __m512 acc = _mm512_setzero_ps();
-    for (long c = 0; c < d; c += LANES) acc = _mm512_fmadd_ps(load(q + c), load(k + c), acc);
-    return _mm512_reduce_add_ps(acc);
+    V::R acc = V::zero();
+    for (long c = 0; c < d; c += LANES) acc = V::fma(V::load(q + c), V::load(k + c), acc);
+    return V::sum(acc);
 }
 
-// one (head, row): `seen` the key slots it sees, in order; `w` room for them rounded up to 16; `acc` d floats
+// one (head, row): `seen` the key slots it sees, in order; `w` room for them rounded up to the lanes; `acc` d floats
 template <typename T>
 void attend_row(const T* q, const T* k, const T* v, T* out, const std::vector<long>& seen, long d, float scale,
                 std::vector<float>& w, std::vector<float>& acc) {
@@ -47,20 +39,20 @@ void attend_row(const T* q, const T* k, const T* v, T* out, const std::vector<lo
         w[r] = scale * dot(q, k + seen[r] * d, d);
         m = w[r] > m ? w[r] : m;
     }
-    __m512 sum = _mm512_setzero_ps(), mv = _mm512_set1_ps(m);
+    V::R sum = V::zero(), mv = V::set1(m);
     for (long r = 0; r < padded; r += LANES) {
-        __m512 e = exp16(_mm512_sub_ps(load(&w[r]), mv));  // a padding lane: exp(-inf) = 0
-        store(&w[r], e);
-        sum = _mm512_add_ps(sum, e);
+        V::R e = vexp(V::sub(V::load(&w[r]), mv));  // a padding lane: exp(-inf) = 0
+        V::store(&w[r], e);
+        sum = V::add(sum, e);
     }
-    float inv = 1.0f / _mm512_reduce_add_ps(sum);
+    float inv = 1.0f / V::sum(sum);
     acc.assign(d, 0.0f);
     for (long r = 0; r < count; r++) {
-        __m512 wr = _mm512_set1_ps(w[r]);
+        V::R wr = V::set1(w[r]);
         const T* vr = v + seen[r] * d;
-        for (long c = 0; c < d; c += LANES) store(&acc[c], _mm512_fmadd_ps(wr, load(vr + c), load(&acc[c])));
+        for (long c = 0; c < d; c += LANES) V::store(&acc[c], V::fma(wr, V::load(vr + c), V::load(&acc[c])));
     }
-    for (long c = 0; c < d; c += LANES) store(out + c, _mm512_mul_ps(load(&acc[c]), _mm512_set1_ps(inv)));
+    for (long c = 0; c < d; c += LANES) V::store(out + c, V::mul(V::load(&acc[c]), V::set1(inv)));
 }
 
 // q [heads, n, d]; k, v [kv_heads, slots, d]; allowed [n, slots] (1: seen) or null (causal: row i sees slots

@@ -26,17 +26,22 @@ import torch
 from specviz.kernels import build
 
 SOURCE = Path(__file__).with_name("rows.cpp")
-FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq",
-         "-mavx512bf16")
-NEEDS = {torch.float32: {"avx512f"}, torch.bfloat16: {"avx512f", "avx512_bf16"}}
+FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp")
+# per vector level (`build.vector_level`): the source's flags and what the CPU needs per dtype (as `streamed`'s)
+LEVELS = {"avx512": (*build.LEVEL_FLAGS["avx512"], "-mavx512bf16"), "avx2": build.LEVEL_FLAGS["avx2"]}
+NEEDS = {"avx512": {torch.float32: {"avx512f"}, torch.bfloat16: {"avx512f", "avx512_bf16"}},
+         "avx2": dict.fromkeys((torch.float32, torch.bfloat16), set(build.AVX2))}
 ROWS = "specviz_rows"  # the attention implementation's name in transformers' registry
 MAX_ROWS = 256  # the widest verify taken (K <= 255): a prompt read into a cache that holds some is wider
 
 
-@functools.cache  # built and loaded once per process; why not said once
-def library() -> ctypes.CDLL | None:
-    lib = build.library(SOURCE, FLAGS, NEEDS[torch.float32], "The row-invariant attention (a verify's rows then "
-                        "round as the one-token steps do not, and greedy texts may part at a near-tie)")
+@functools.cache  # built and loaded once per process and level; why not said once
+def library(level: str | None = None) -> ctypes.CDLL | None:
+    """The kernel built for `level` (the widest this process may use by default), or None (said once)."""
+    level = level or build.vector_level() or "avx2"
+    lib = build.library(SOURCE, FLAGS + LEVELS[level], NEEDS[level][torch.float32], "The row-invariant attention (a "
+                        "verify's rows then round as the one-token steps do not, and greedy texts may part at a "
+                        "near-tie)")
     if lib is not None:
         for fn in (lib.attend_bf16, lib.attend_f32):
             fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 5 + [ctypes.c_float]
@@ -44,9 +49,15 @@ def library() -> ctypes.CDLL | None:
     return lib
 
 
+def level_for(dtype: torch.dtype) -> str | None:
+    """The widest level whose kernel takes `dtype` on this CPU, or None."""
+    return build.level_for({level: needs[dtype] for level, needs in NEEDS.items() if dtype in needs})
+
+
 def available(dtype: torch.dtype) -> bool:
     """Can this machine run the kernel in `dtype` (instructions and a build)?"""
-    return dtype in NEEDS and NEEDS[dtype] <= build.cpu_flags() and library() is not None
+    level = level_for(dtype)
+    return level is not None and library(level) is not None
 
 
 def allowed_keys(mask: torch.Tensor | None, n: int, slots: int) -> torch.Tensor | None:
@@ -61,7 +72,7 @@ def allowed_keys(mask: torch.Tensor | None, n: int, slots: int) -> torch.Tensor 
 
 def takes(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> bool:
     n, slots = query.shape[2], key.shape[2]
-    return (query.device.type == "cpu" and query.shape[0] == 1 and query.dtype in NEEDS and query.shape[-1] % 16 == 0
+    return (query.device.type == "cpu" and query.shape[0] == 1 and query.shape[-1] % 16 == 0
             and query.dtype == key.dtype and slots > n and n <= MAX_ROWS and kwargs.get("softcap") is None
             and kwargs.get("sliding_window") is None and available(query.dtype))
 
@@ -73,7 +84,8 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed:
     kv_heads, slots = key.shape[1], key.shape[2]
     q, k, v = (t[0].contiguous() for t in (query, key, value))
     out = torch.empty(1, n, heads, d, dtype=query.dtype)
-    fn = library().attend_bf16 if query.dtype == torch.bfloat16 else library().attend_f32
+    lib = library(level_for(query.dtype))
+    fn = lib.attend_bf16 if query.dtype == torch.bfloat16 else lib.attend_f32
     fn(q.data_ptr(), k.data_ptr(), v.data_ptr(), None if allowed is None else allowed.data_ptr(), out.data_ptr(),
        heads, kv_heads, n, slots, d, scale)
     return out

@@ -10,40 +10,39 @@
 // registers in place (a shift and a mask) and float32 FMAs, the pair's second input first as the dot product adds
 // them. Which is faster is the CPU's: on one 2-core Xeon (6/207) a core ran 1.4 G dot products a second and 5.9 G
 // FMAs, so from four rows on `Wide` did the same sums in less time; the dispatcher times both.
+// Built for AVX-512 or for AVX2 (a CPU without AVX-512: `V` in simd.h, 8 lanes, 16 registers): `Wide` and `F32` do
+// each output's sums in the same order at either level, so their results are the same bits; `Dot` is AVX-512's alone.
 // Threads: the process's OpenMP runtime, torch's own (it loaded libgomp.so.1 before this library), so torch's
 // thread count holds. Built at first use by specviz/kernels/streamed.py and called through ctypes.
-#include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
 #include <vector>
 
+#include "simd.h"
+
 namespace {
 
-const long LANES = 16;  // outputs in a block: one 512-bit register of float32
-
-inline __m512 bf16_to_f32(const uint16_t* p) {  // 16 bf16 values as float32
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
-}
-inline void store(uint16_t* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v)); }
-inline void store(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline __m512 load_bias(const uint16_t* p) { return bf16_to_f32(p); }
-inline __m512 load_bias(const float* p) { return _mm512_loadu_ps(p); }
+const long LANES = 16;  // outputs in a block of the layout (streamed.py)
+// A register holds V::L outputs (simd.h): a block is one register with AVX-512, two with AVX2. The kernel walks
+// "units" of one register's outputs: unit u is part u % PARTS of block u / PARTS.
+const long PARTS = LANES / V::L;
 
 // The three ways: X the rows' type as the kernel reads them, W the weight's, STEP the inputs one load covers,
-// WEIGHTS the registers a block's loaded weights take, and `step`: the sums of input pair/element p into acc[r][i]
+// WEIGHTS the registers a unit's loaded weights take, and `step`: the sums of input pair/element p into acc[r][i]
 struct F32 {
     using X = float; using W = float; static const int STEP = 1, WEIGHTS = 1;
     template <int N, int R>
-    static void step(__m512 (&acc)[R][N], const float* x, const float* const* w, long k, long p) {
-        __m512 wv[R];
-        for (int r = 0; r < R; r++) wv[r] = _mm512_loadu_ps(w[r] + p * LANES);
+    static void step(V::R (&acc)[R][N], const float* x, const float* const* w, long k, long p) {
+        V::R wv[R];
+        for (int r = 0; r < R; r++) wv[r] = V::load(w[r] + p * LANES);
         for (int i = 0; i < N; i++) {
-            __m512 xv = _mm512_set1_ps(x[i * k + p]);
-            for (int r = 0; r < R; r++) acc[r][i] = _mm512_fmadd_ps(xv, wv[r], acc[r][i]);
+            V::R xv = V::set1(x[i * k + p]);
+            for (int r = 0; r < R; r++) acc[r][i] = V::fma(xv, wv[r], acc[r][i]);
         }
     }
 };
 
+#ifdef __AVX512BF16__
 struct Dot {
     using X = uint16_t; using W = uint16_t; static const int STEP = 2, WEIGHTS = 1;
     template <int N, int R>
@@ -56,97 +55,97 @@ struct Dot {
         }
     }
 };
+#endif
 
 struct Wide {  // the rows widened to float32 once per call (`product`), the weights in registers
     using X = float; using W = uint16_t; static const int STEP = 2, WEIGHTS = 2;
     template <int N, int R>
-    static void step(__m512 (&acc)[R][N], const float* x, const uint16_t* const* w, long k, long p) {
-        __m512 second[R], first[R];
-        const __m512i high = _mm512_set1_epi32((int)0xFFFF0000u);
-        for (int r = 0; r < R; r++) {
-            __m512i v = _mm512_loadu_si512(w[r] + p * 2 * LANES);  // lane j: input 2p+1 (high half), 2p (low)
-            second[r] = _mm512_castsi512_ps(_mm512_and_si512(v, high));
-            first[r] = _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-        }
+    static void step(V::R (&acc)[R][N], const float* x, const uint16_t* const* w, long k, long p) {
+        V::R second[R], first[R];  // lane j: input 2p + 1 (the pair's high half), then 2p (low)
+        for (int r = 0; r < R; r++) V::pairs(w[r] + p * 2 * LANES, second[r], first[r]);
         for (int i = 0; i < N; i++) {
-            __m512 xv = _mm512_set1_ps(x[i * k + 2 * p + 1]);
-            for (int r = 0; r < R; r++) acc[r][i] = _mm512_fmadd_ps(xv, second[r], acc[r][i]);
-            xv = _mm512_set1_ps(x[i * k + 2 * p]);
-            for (int r = 0; r < R; r++) acc[r][i] = _mm512_fmadd_ps(xv, first[r], acc[r][i]);
+            V::R xv = V::set1(x[i * k + 2 * p + 1]);
+            for (int r = 0; r < R; r++) acc[r][i] = V::fma(xv, second[r], acc[r][i]);
+            xv = V::set1(x[i * k + 2 * p]);
+            for (int r = 0; r < R; r++) acc[r][i] = V::fma(xv, first[r], acc[r][i]);
         }
     }
 };
 
-// as many blocks at a time as the 32 registers hold: R * N accumulators, R * WEIGHTS weights and a broadcast input
+// as many units at a time as the registers hold: R * N accumulators, R * WEIGHTS weights and a broadcast input
+// (AVX-512's counts for the dot product as measured; with 16 registers, the most that fit, at least one)
 template <class Op>
-constexpr int blocks_at_once(int n) {
+constexpr int units_at_once(int n) {
+    if (V::REGISTERS == 16) return (14 / (n + Op::WEIGHTS)) < 1 ? 1 : 14 / (n + Op::WEIGHTS);
     if (Op::WEIGHTS == 2) return 30 / (n + 2) > 8 ? 8 : 30 / (n + 2);
     return n <= 2 ? 8 : n <= 3 ? 6 : n <= 4 ? 5 : n <= 6 ? 4 : n <= 8 ? 3 : 2;
 }
 
+inline long unit_start(long u, long k, int step) { return (u / PARTS) * k * LANES + (u % PARTS) * V::L * step; }
+
 template <class Op, int N, int R, typename Y>
-void tile(const typename Op::X* x, const typename Op::W* w, const Y* bias, Y* y, long k, long o, long b, long ahead) {
-    __m512 acc[R][N];
+void tile(const typename Op::X* x, const typename Op::W* w, const Y* bias, Y* y, long k, long o, long u, long ahead) {
+    V::R acc[R][N];
     for (int r = 0; r < R; r++)
-        for (int i = 0; i < N; i++) acc[r][i] = _mm512_setzero_ps();
-    const typename Op::W* blocks[R];  // R blocks one after another, k * 16 values each
-    for (int r = 0; r < R; r++) blocks[r] = w + (b + r) * k * LANES;
+        for (int i = 0; i < N; i++) acc[r][i] = V::zero();
+    const typename Op::W* units[R];  // R units one after another, each a stream of k / STEP loads LANES * STEP apart
+    for (int r = 0; r < R; r++) units[r] = w + unit_start(u + r, k, Op::STEP);
     for (long p = 0; p < k / Op::STEP; p++) {
-        if (ahead)  // each block's stream asked for `ahead` bytes on: a hint (the bits do not change)
+        if (ahead)  // each unit's stream asked for `ahead` bytes on: a hint (the bits do not change)
             for (int r = 0; r < R; r++)
-                _mm_prefetch((const char*)(blocks[r] + p * Op::STEP * LANES) + ahead, _MM_HINT_T0);
-        Op::template step<N, R>(acc, x, blocks, k, p);
+                _mm_prefetch((const char*)(units[r] + p * Op::STEP * LANES) + ahead, _MM_HINT_T0);
+        Op::template step<N, R>(acc, x, units, k, p);
     }
     for (int r = 0; r < R; r++) {
-        long j = (b + r) * LANES;
-        __m512 add = bias ? load_bias(bias + j) : _mm512_setzero_ps();
-        for (int i = 0; i < N; i++) store(y + i * o + j, _mm512_add_ps(acc[r][i], add));
+        long j = (u + r) * V::L;
+        V::R add = bias ? V::load(bias + j) : V::zero();
+        for (int i = 0; i < N; i++) V::store(y + i * o + j, V::add(acc[r][i], add));
     }
 }
 
-// up to 13 rows: one pass over the weight, the threads splitting its blocks, R at a time
+// up to 13 rows: one pass over the weight, the threads splitting its units, R at a time
 template <class Op, int N, typename Y>
 void few(const typename Op::X* x, const typename Op::W* w, const Y* bias, Y* y, long k, long o, long ahead) {
-    constexpr int R = blocks_at_once<Op>(N);
-    long blocks = o / LANES, groups = (blocks + R - 1) / R;
+    constexpr int R = units_at_once<Op>(N);
+    long units = o / V::L, groups = (units + R - 1) / R;
 #pragma omp parallel for schedule(static)
     for (long g = 0; g < groups; g++) {
-        long b = g * R;
-        if (b + R <= blocks) tile<Op, N, R>(x, w, bias, y, k, o, b, ahead);
-        else  // where R does not divide the blocks
-            for (; b < blocks; b++) tile<Op, N, 1>(x, w, bias, y, k, o, b, ahead);
+        long u = g * R;
+        if (u + R <= units) tile<Op, N, R>(x, w, bias, y, k, o, u, ahead);
+        else  // where R does not divide the units
+            for (; u < units; u++) tile<Op, N, 1>(x, w, bias, y, k, o, u, ahead);
     }
 }
 
 template <class Op, int R, typename Y>
-void chunk(int rows, const typename Op::X* x, const typename Op::W* w, const Y* bias, Y* y, long k, long o, long b,
+void chunk(int rows, const typename Op::X* x, const typename Op::W* w, const Y* bias, Y* y, long k, long o, long u,
            long ahead) {
     switch (rows) {
-#define CASE(N) case N: tile<Op, N, R>(x, w, bias, y, k, o, b, ahead); break;
+#define CASE(N) case N: tile<Op, N, R>(x, w, bias, y, k, o, u, ahead); break;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
 #undef CASE
     }
 }
 
-// more rows (a prompt): each group of MANY_R blocks is read from memory once and kept in the core's caches
+// more rows (a prompt): each group of MANY_R units is read from memory once and kept in the core's caches
 // while the rows go past it CHUNK at a time (MANY_R x CHUNK accumulators: few loads per multiply)
 const int MANY_R = 3, CHUNK = 8;
 
 template <class Op, typename Y>
 void many(const typename Op::X* x, const typename Op::W* w, const Y* bias, Y* y, long n, long k, long o,
           long ahead) {
-    constexpr int R = blocks_at_once<Op>(CHUNK) < MANY_R ? blocks_at_once<Op>(CHUNK) : MANY_R;
-    long blocks = o / LANES, groups = (blocks + R - 1) / R;
+    constexpr int R = units_at_once<Op>(CHUNK) < MANY_R ? units_at_once<Op>(CHUNK) : MANY_R;
+    long units = o / V::L, groups = (units + R - 1) / R;
 #pragma omp parallel for schedule(static)
     for (long g = 0; g < groups; g++) {
-        long b = g * R;
+        long u = g * R;
         for (long start = 0; start < n; start += CHUNK) {
             int rows = n - start < CHUNK ? (int)(n - start) : CHUNK;
-            long on = start ? 0 : ahead;  // the first chunk reads the blocks from memory, the others from the caches
+            long on = start ? 0 : ahead;  // the first chunk reads the units from memory, the others from the caches
             const typename Op::X* part = x + start * k;
-            if (b + R <= blocks) chunk<Op, R>(rows, part, w, bias, y + start * o, k, o, b, on);
+            if (u + R <= units) chunk<Op, R>(rows, part, w, bias, y + start * o, k, o, u, on);
             else
-                for (long e = b; e < blocks; e++) chunk<Op, 1>(rows, part, w, bias, y + start * o, k, o, e, on);
+                for (long e = u; e < units; e++) chunk<Op, 1>(rows, part, w, bias, y + start * o, k, o, e, on);
         }
     }
 }
@@ -168,10 +167,12 @@ void product(const typename Op::X* x, const typename Op::W* w, const Y* bias, Y*
 extern "C" {
 // x: n rows of k; w: the packed weight of o outputs (o a multiple of 16; bf16: k even); y: n rows of o; ahead: how
 // far on (bytes) each thread asks for the weight it will read next, 0 for nothing (left to the CPU's prefetchers)
+#ifdef __AVX512BF16__
 void linear_bf16(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* y, long n, long k, long o,
                  long ahead) {
     product<Dot>(x, w, bias, y, n, k, o, ahead);
 }
+#endif
 
 void linear_bf16_wide(const uint16_t* x, const uint16_t* w, const uint16_t* bias, uint16_t* y, long n, long k, long o,
                       long ahead) {

@@ -15,9 +15,11 @@ below float32's normal range to zero, so another way of summing), and each `_ahe
 bytes before it is read (a hint: the same bits; where the CPU's prefetchers fall behind). A row's sums run in one
 order at every row count on each way; `SUMS` says which ways sum alike (a prefetch changes no sum).
 
-It is built at first use with the machine's C++ compiler (`CXX`, else g++), once per machine, into the cache;
-where there is no compiler or the CPU lacks AVX-512 (AVX512-BF16 for bf16), the dispatcher goes on without it
-and says so once.
+It is built at first use with the machine's C++ compiler (`CXX`, else g++), once per machine, into the cache, for
+the widest vectors the process may use: AVX-512 (AVX512-BF16 for bf16), or AVX2 with FMA (a laptop's CPU, or this
+machine under `isa_cap`), where `widened` and float32's `streamed` sum every row as at AVX-512, bit for bit, on
+8-lane registers (no bf16 dot product there). Where there is no compiler or the CPU has neither, the dispatcher goes
+on without it and says so once.
 """
 
 from __future__ import annotations
@@ -28,17 +30,21 @@ from pathlib import Path
 
 import torch
 
-from specviz.kernels.build import cpu_flags
 from specviz.kernels import build, pages
 
 SOURCE = Path(__file__).with_name("streamed.cpp")
-FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512bf16")
+FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp")
+# per vector level (`build.vector_level`): the source's flags, and what the CPU needs per dtype there (bf16 at the
+# AVX-512 level: AVX512-BF16's dot product and rounding; below it, the same sums on 8-lane registers)
+LEVELS = {"avx512": (*build.LEVEL_FLAGS["avx512"], "-mavx512bf16"), "avx2": build.LEVEL_FLAGS["avx2"]}
+NEEDS = {"avx512": {torch.float32: {"avx512f"}, torch.bfloat16: {"avx512f", "avx512_bf16"}},
+         "avx2": dict.fromkeys((torch.float32, torch.bfloat16), set(build.AVX2))}
 LANES = 16  # outputs in a block (streamed.cpp)
-NEEDS = {torch.float32: {"avx512f"}, torch.bfloat16: {"avx512f", "avx512_bf16"}}
 # how far on a thread asks for the weight it will read: on a 2-core Xeon (6/207) the target's products at one row
 # took 105-109 ms asking 1-4 KB ahead against 120 ms leaving it to the CPU (9 rows, widened: 132-139 against 186)
 AHEAD = 2048
-# each way of summing per dtype: its function in streamed.cpp
+# each way of summing per dtype: its function in streamed.cpp (`streamed` in bf16, the dot product, is AVX-512's
+# alone; the others sum a row alike at either level, so a way keeps its name below AVX-512)
 SUMMING = {torch.float32: {"streamed": "linear_f32"},
            torch.bfloat16: {"streamed": "linear_bf16", "widened": "linear_bf16_wide"}}
 # each way: its function and how far ahead it asks (every way of summing, and the same asking `AHEAD`), per dtype
@@ -47,23 +53,38 @@ WAYS = {dtype: {name + suffix: (fn, ahead) for name, fn in ways.items()
 SUMS = {way: way.removesuffix("_ahead") for ways in WAYS.values() for way in ways}  # how each way sums
 
 
-@functools.cache  # built and loaded once per process; a missing compiler said once
-def library() -> ctypes.CDLL | None:
-    """The loaded kernels, or None (said once) where they cannot be had here."""
-    lib = build.library(SOURCE, FLAGS, NEEDS[torch.float32], "The few-row kernel (the other kernels serve every row "
-                        "count)")
+@functools.cache  # built and loaded once per process and level; a missing compiler said once
+def library(level: str | None = None) -> ctypes.CDLL | None:
+    """The kernels built for `level` (the widest this process may use by default), or None (said once) where they
+    cannot be had here."""
+    level = level or build.vector_level() or "avx2"
+    lib = build.library(SOURCE, FLAGS + LEVELS[level], NEEDS[level][torch.float32], "The few-row kernel (the other "
+                        "kernels serve every row count)")
     if lib is not None:
-        for fn in [getattr(lib, name) for name in {n for ways in SUMMING.values() for n in ways.values()}]:
+        for fn in [getattr(lib, name) for name in {n for ways in SUMMING.values() for n in ways.values()}
+                   if hasattr(lib, name)]:
             fn.argtypes = [ctypes.c_void_p] * 4 + [ctypes.c_long] * 4
             fn.restype = None
     return lib
 
 
+def level_for(dtype: torch.dtype) -> str | None:
+    """The widest level whose kernels take `dtype` on this CPU (a CPU with AVX-512 but not its bf16 instructions
+    multiplies bf16 at the AVX2 level), or None."""
+    return build.level_for({level: needs[dtype] for level, needs in NEEDS.items() if dtype in needs})
+
+
+def library_for(weight: torch.Tensor) -> ctypes.CDLL | None:
+    """The kernels for this weight here (`applies` first), or None."""
+    level = level_for(weight.dtype)
+    return library(level) if level is not None else None
+
+
 def applies(weight: torch.Tensor) -> bool:
     """A CPU weight in a dtype this CPU has the instructions for, in a shape the layout takes."""
     out, width = weight.shape
-    return (weight.device.type == "cpu" and weight.dtype in NEEDS and NEEDS[weight.dtype] <= cpu_flags()
-            and out % LANES == 0 and width % 2 == 0)
+    return (weight.device.type == "cpu" and level_for(weight.dtype) is not None and out % LANES == 0
+            and width % 2 == 0)
 
 
 def pack(weight: torch.Tensor) -> torch.Tensor:
@@ -117,7 +138,8 @@ class Streamed:
 
 def ways(weight: torch.Tensor, bias: torch.Tensor | None, lib: ctypes.CDLL, packing: Packing | None = None
          ) -> dict[str, Streamed]:
-    """Every way this weight can be multiplied here (its dtype's `WAYS`), on one packed copy (`packing`: one shared
-    with other kernels reading the layout)."""
+    """Every way this weight can be multiplied by `lib` (its dtype's `WAYS` that its level has), on one packed copy
+    (`packing`: one shared with other kernels reading the layout)."""
     packing = packing if packing is not None else Packing(weight)
-    return {way: Streamed(weight, bias, lib, way, packing) for way in WAYS[weight.dtype]}
+    return {way: Streamed(weight, bias, lib, way, packing) for way, (fn, _) in WAYS[weight.dtype].items()
+            if hasattr(lib, fn)}

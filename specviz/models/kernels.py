@@ -80,7 +80,7 @@ def kernels_of(module: nn.Module) -> dict[str, Kernel]:
         kernels["native"] = WithoutOneDNN(weight, bias)
         kernels["onednn"] = OneDNN(weight, bias)
     packing = streamed.Packing(weight)  # one copy in streamed.cpp's layout, for every kernel that reads it
-    if streamed.applies(weight) and (lib := streamed.library()) is not None:
+    if streamed.applies(weight) and (lib := streamed.library_for(weight)) is not None:
         kernels |= streamed.ways(weight, bias, lib, packing)
     if amx.applies(weight) and (lib := amx.library()) is not None:
         kernels |= amx.ways(weight, bias, lib, packing)
