@@ -342,17 +342,34 @@ def test_a_quantized_target_on_a_gpu_is_refused_in_one_sentence():
         with_target(pair, "int4", "plain")
 
 
-def test_auto_picks_the_dtype_measured_fastest_here_and_caches_it(tmp_path):
+def test_auto_picks_the_dtype_whose_verify_is_fastest_here_and_caches_it(tmp_path):
+    from specviz.engine.config import DecodeConfig
+
     measured = []
 
     def measure(dtype):
         measured.append(dtype)
-        return {torch.float32: 0.4, torch.bfloat16: 0.2}[dtype]
+        return {torch.float32: {"step": 0.4, "verify": 0.5}, torch.bfloat16: {"step": 0.2, "verify": 0.3}}[dtype]
     assert auto_dtype.fastest_cpu_dtype(folder=tmp_path, cpu="x", measure=measure) == torch.bfloat16
     assert auto_dtype.fastest_cpu_dtype(folder=tmp_path, cpu="x", measure=lambda d: 1 / 0) == torch.bfloat16  # cached
     assert len(measured) == 2
-    slow_bf16 = {torch.float32: 0.2, torch.bfloat16: 0.3}
-    assert auto_dtype.fastest_cpu_dtype(folder=tmp_path, cpu="y", measure=slow_bf16.get) == torch.float32
+    # a faster one-token step does not decide it: the speculative lane's target cost is its verify
+    slow_verify = {torch.float32: {"step": 0.3, "verify": 0.35}, torch.bfloat16: {"step": 0.2, "verify": 0.4}}
+    dtype, why = auto_dtype.race_dtype(folder=tmp_path, cpu="y", measure=slow_verify.get)
+    assert dtype == torch.float32
+    assert why.startswith("dtype auto: float32, whose verify of 13 rows") and "bfloat16 400.00 ms (a step 200.00)" in why
+    assert auto_dtype.VERIFY_ROWS == DecodeConfig().k + 1  # the default K's verify
+
+
+def test_the_verify_is_timed_on_the_invariant_kernels_where_the_dtype_has_them():
+    def timer(group, width, dtype, device, rows):  # a split-K kernel fastest at every width: not the race's verify
+        return {k: {n: 0.001 if k == "onednn" else 0.002 if k.startswith("widened") else 0.004 for n in rows}
+                for k in group[0]}
+    seconds = auto_dtype.layer_seconds(torch.bfloat16, timer)
+    layer = sum(count for *_, count in auto_dtype.REFERENCE_LAYER)
+    assert seconds["step"] == pytest.approx(0.001 * layer)
+    if K.INVARIANT & set(K.kernels_of(nn.Linear(64, 64, bias=False, dtype=torch.bfloat16))):
+        assert seconds["verify"] == pytest.approx(0.002 * layer)
 
 
 def test_step_bytes_count_each_linear_once_whatever_its_kernels_keep(tmp_path):

@@ -110,8 +110,9 @@ def load_pair(draft: str | None = EMBEDDED, target: str = EMBEDDED, *, device: s
         status(f"Building {_display(draft, 'draft')} → {target} with random weights on {dev}…")
         return synthetic_pair(draft, target, device=str(dev), dtype=dt)
     if dtype == "auto" and dev.type == "cpu":
-        status(f"dtype auto: {str(dt).removeprefix('torch.')}, the faster tuned one-token step on this CPU "
-               "(measured once, cached; --dtype float32 is where exactness is proven)")
+        from specviz.models.auto_dtype import race_dtype  # (read from the cache resolve_dtype just filled)
+
+        status(race_dtype()[1])
     try:
         t_model, t_tok = load_model(target, "target", dt, trust_remote_code=trust_remote_code,
                                     device_map=device_map, status=status, progress=progress)

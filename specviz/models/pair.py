@@ -40,9 +40,8 @@ class PairSpec:
     target: str = Field(EMBEDDED, title="target", description="same choices as the draft")
     device: str = Field("auto", title="device", description="auto (cuda if available), cpu, cuda, cuda:1 ...")
     dtype: Dtype = Field("auto", title="dtype",
-                         description="auto = bfloat16 on GPUs; on a CPU the dtype whose tuned one-token step "
-                                     "was measured fastest on this machine (once, cached); float32 is where "
-                                     "exactness is proven")
+                         description="auto = bfloat16 on GPUs; on a CPU the dtype whose verify (the speculative "
+                                     "lane's cost) was measured fastest on this machine (once, cached)")
     device_map: str | None = Field(None, title="device map",
                                    description="e.g. 'auto': spread a large target over GPUs (accelerate)")
     trust_remote_code: bool = Field(False, title="trust remote code",
@@ -171,10 +170,9 @@ def measured_cpu_dtype() -> torch.dtype:
 
 
 def resolve_dtype(dtype: str, device: torch.device, cpu_auto=measured_cpu_dtype) -> torch.dtype:
-    """auto: bf16 on GPUs; on a CPU whichever of float32 and bfloat16 runs a tuned one-token step faster here,
-    measured once per machine (`auto_dtype.fastest_cpu_dtype`). No flag in /proc/cpuinfo says it: a CPU with
-    AVX512-BF16 had one-row bf16 products slower than two-row ones, one without bf16 units emulates them.
-    float32 is also the dtype in which exactness against plain decoding is proven."""
+    """auto: bf16 on GPUs; on a CPU whichever of float32 and bfloat16 verifies faster here (the speculative lane's
+    cost), measured once per machine (`auto_dtype.race_dtype`). No flag in /proc/cpuinfo says it: a CPU with
+    AVX512-BF16 had one-row bf16 products slower than two-row ones, one without bf16 units emulates them."""
     if dtype == "auto":
         return torch.bfloat16 if device.type != "cpu" else cpu_auto()
     if dtype not in DTYPES:
