@@ -162,6 +162,28 @@ def deprecations_said() -> Iterator[list[str]]:
     said += [line for line in lines.lines if "deprecated" in line]
 
 
+@contextmanager
+def tables_kept_at(threads: int) -> Iterator[None]:
+    """Tuning within reads the kernel table kept for `threads` (`make app`'s, all of the machine's threads) where the
+    thread count it runs at has none kept; where neither is kept, it measures at its own count, as the app does.
+    A test that needs *a* plan (the invariant kernels compute the same bits on any plan) then skips minutes of timing
+    a pytest-xdist worker's one thread; the app's own rule, a table per thread count, is unchanged."""
+    from specviz.models import kernels
+    from specviz.models.kernel_table import read_keyed, table_path
+
+    measured_here = kernels.kept_or_measured
+
+    def kept_or_measured(path, key, *args, **kwargs):
+        other = replace(key, threads=threads)
+        if read_keyed(path, key) is None and (kept := read_keyed(table_path(other, path.parent), other)) is not None:
+            return kept, True
+        return measured_here(path, key, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(kernels, "kept_or_measured", kept_or_measured)
+        yield
+
+
 def slow_target(session, monkeypatch, module, seconds: float) -> list[float]:
     """Each target forward costs `seconds` of a fake clock, and the budget `module` gives a request reads that
     clock: the budget ends a run after the same forwards on any machine, however loaded (no sleeps, no wall

@@ -189,6 +189,26 @@ def test_the_table_is_reused_and_measured_again_when_the_machine_torch_or_model_
     assert not changed.cached
 
 
+def test_a_table_of_another_thread_count_is_measured_again_unless_a_test_reads_make_apps(tmp_path):
+    """The app times each thread count's own table; the suite's real pair (`helpers.tables_kept_at`) reads the one
+    `make app` kept at all threads instead of timing a pytest-xdist worker's one thread."""
+    from helpers import tables_kept_at
+
+    model, timer, threads = tiny_model(0, 64), fake_timer({"onednn": {1: 0.5}}), torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        _, app = tune(model, folder=tmp_path, timer=timer, max_rows=3, cpu="cpu A")
+        measured = len(timer.calls)
+        torch.set_num_threads(1)
+        with tables_kept_at(2):
+            _, read = tune(model, folder=tmp_path, timer=timer, max_rows=3, cpu="cpu A")
+        assert read.cached and read.plans == app.plans and len(timer.calls) == measured
+        _, own = tune(model, folder=tmp_path, timer=timer, max_rows=3, cpu="cpu A")  # the app's rule: timed again
+        assert not own.cached and len(timer.calls) == 2 * measured
+    finally:
+        torch.set_num_threads(threads)
+
+
 def test_a_shape_is_timed_over_enough_of_its_linears_to_leave_the_caches(tmp_path, monkeypatch):
     model = tiny_model(0, 64)
     monkeypatch.setattr(K, "GROUP_BYTES", 10**12)  # more than the model: every linear of each shape
