@@ -1,5 +1,10 @@
-// y = x W^T with 4-bit weights and 8-bit activations, multiplied on the CPU's integer dot-product units (AVX512-VNNI's
-// vpdpbusd: unsigned bytes times signed bytes, four products summed into each 32-bit lane).
+// y = x W^T with 4-bit weights and 8-bit activations, multiplied on the CPU's integer dot-product units: four products
+// of an unsigned byte (a code) and a signed byte (an activation) summed into each 32-bit lane. One source, built at a
+// vector level (w4a8.py): AVX-512 multiplies with AVX512-VNNI's vpdpbusd, on 512-bit registers two blocks at once;
+// AVX2 with AVX-VNNI's vpdpbusd on 256-bit registers where the CPU has it, else with vpmaddubsw (pairs of products
+// into 16 bits: at most 2 * 15 * 127, never saturated) and vpmaddwd (pairs of those into 32). The integer sums are
+// exact either way, and each output's float operations are the same at both levels in the same order: the same
+// products, bit for bit (a bf16 output below float32's normal range aside: AVX512-BF16 rounds it to zero).
 //
 // Weights: per output and group of 32 inputs, codes 0..15 with w = code * scale + low (scale and low half precision).
 // Activations: each row quantized here per block of 32 inputs, x = a * xs (a in -127..127, xs = max |x| / 127).
@@ -26,73 +31,119 @@ namespace {
 
 const long OUTS = 8, GROUP = 32, BLOCK_BYTES = 160;  // outputs in a block; inputs in a group; bytes a group in a block
 
-inline float to_f32(float v) { return v; }
-inline float to_f32(uint16_t v) {
-    uint32_t bits = (uint32_t)v << 16;
-    float f;
-    __builtin_memcpy(&f, &bits, 4);
-    return f;
-}
 inline void store8(float* y, __m256 v) { _mm256_storeu_ps(y, v); }
+#ifdef __AVX512F__
 inline void store8(uint16_t* y, __m256 v) {  // round to nearest even, as torch does
     _mm_storeu_si128((__m128i*)y, (__m128i)_mm256_cvtneps_pbh(v));
 }
-inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
-inline void store16(uint16_t* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v)); }
+#else
+inline void store8(uint16_t* y, __m256 v) { V::store(y, v); }  // (V: 8 lanes below AVX-512)
+#endif
 
-// one row's activations in 8 bits per block of 32: a (as 32-bit quads), the block's scale xs, and xs * sum(a)
-inline __m512 widen16(const float* p) { return _mm512_loadu_ps(p); }
-inline __m512 widen16(const uint16_t* p) {
-    return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
+// a row's 8 inputs as floats
+inline __m256 load8(const float* p) { return _mm256_loadu_ps(p); }
+inline __m256 load8(const uint16_t* p) {
+    return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p)), 16));
+}
+inline float max8(__m256 v) {
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    return _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+}
+inline int32_t sum8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    return _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32(s, 1)));
 }
 
+// one row's activations in 8 bits per block of 32: a (as 32-bit quads), the block's scale xs, and xs * sum(a). The
+// maximum, the rounding to integers and their sum are exact: any width gives these bits
 template <typename T>
 void quantize_row(const T* x, long k, int32_t* quads, float* xs, float* bsum) {
     int8_t* a = (int8_t*)quads;
+    const __m256 sign = _mm256_set1_ps(-0.0f);
     for (long g = 0; g < k / GROUP; g++) {
-        __m512 lo = widen16(x + g * GROUP), hi = widen16(x + g * GROUP + 16);
-        float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(lo), _mm512_abs_ps(hi)));
+        __m256 v[4], m = _mm256_setzero_ps();
+        for (int i = 0; i < 4; i++) {
+            v[i] = load8(x + g * GROUP + 8 * i);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[i]));
+        }
+        float amax = max8(m);
         float scale = amax / 127.0f, inv = amax > 0.0f ? 127.0f / amax : 0.0f;
-        __m512i qlo = _mm512_cvtps_epi32(_mm512_mul_ps(lo, _mm512_set1_ps(inv)));  // to nearest even
-        __m512i qhi = _mm512_cvtps_epi32(_mm512_mul_ps(hi, _mm512_set1_ps(inv)));
-        _mm_storeu_si128((__m128i*)(a + g * GROUP), _mm512_cvtsepi32_epi8(qlo));
-        _mm_storeu_si128((__m128i*)(a + g * GROUP + 16), _mm512_cvtsepi32_epi8(qhi));
+        __m256i q[4];
+        for (int i = 0; i < 4; i++)  // to nearest even
+            q[i] = _mm256_cvtps_epi32(_mm256_mul_ps(v[i], _mm256_set1_ps(inv)));
+        // to bytes with saturation (none happens: |a| <= 127), then the 32-bit quads back in input order
+        __m256i bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        _mm256_storeu_si256((__m256i*)(a + g * GROUP),
+                            _mm256_permutevar8x32_epi32(bytes, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
         xs[g] = scale;
-        bsum[g] = scale * (float)_mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi));
+        bsum[g] = scale * (float)sum8(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
     }
 }
 
-// N rows (N <= 4) by one block of 8 outputs over every group, on 256-bit registers (an odd last block)
-template <typename T, int N>
-void block_rows(const uint8_t* blk, long groups, const int32_t* const* quads, const float* const* xs,
+// sum + the four products of each lane's codes (unsigned, 0..15) and activations (signed), exactly
+inline __m256i dot4(__m256i sum, __m256i codes, __m256i a) {
+#if defined(__AVX512VNNI__)
+    return _mm256_dpbusd_epi32(sum, codes, a);
+#elif defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(sum, codes, a);
+#else
+    return _mm256_add_epi32(sum, _mm256_madd_epi16(_mm256_maddubs_epi16(codes, a), _mm256_set1_epi16(1)));
+#endif
+}
+
+// N rows (N <= 4) by B blocks of 8 outputs (B = 1 or 2, `blocks`; the outputs of block b at y[r] + 8b) over every
+// group, on 256-bit registers: below AVX-512 every pair of blocks (two streams), at AVX-512 an odd last block
+template <typename T, int N, int B>
+void block_rows(const uint8_t* const* blocks, long groups, const int32_t* const* quads, const float* const* xs,
                 const float* const* bsum, T* const* y, long prefetch) {
     const __m256i nibble = _mm256_set1_epi8(0x0F);
-    __m256 acc[N];
-    for (int r = 0; r < N; r++) acc[r] = _mm256_setzero_ps();
-    for (long g = 0; g < groups; g++, blk += BLOCK_BYTES) {
-        if (prefetch)  // the group's 160 bytes span at most three lines
-            for (long line = 0; line < BLOCK_BYTES; line += 64)
-                _mm_prefetch((const char*)blk + prefetch + line, _MM_HINT_T0);
-        __m256i codes[8];
-        for (int t = 0; t < 4; t++) {
-            __m256i v = _mm256_loadu_si256((const __m256i*)(blk + 32 * t));
-            codes[2 * t] = _mm256_and_si256(v, nibble);
-            codes[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
-        }
-        __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + 128)));
-        __m256 low = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk + 144)));
-        for (int r = 0; r < N; r++) {
-            const int32_t* q = quads[r] + g * 8;  // the group's 8 quads of activations
-            __m256i sum = _mm256_setzero_si256();
+    const uint8_t* blk[B];
+    __m256 acc[B][N];
+    for (int b = 0; b < B; b++) {
+        blk[b] = blocks[b];
+        for (int r = 0; r < N; r++) acc[b][r] = _mm256_setzero_ps();
+    }
+    for (long g = 0; g < groups; g++)
+        for (int b = 0; b < B; b++) {
+            if (prefetch)  // the group's 160 bytes span at most three lines
+                for (long line = 0; line < BLOCK_BYTES; line += 64)
+                    _mm_prefetch((const char*)blk[b] + prefetch + line, _MM_HINT_T0);
+            __m256i codes[8];
             for (int t = 0; t < 4; t++) {
-                sum = _mm256_dpbusd_epi32(sum, codes[2 * t], _mm256_set1_epi32(q[2 * t]));
-                sum = _mm256_dpbusd_epi32(sum, codes[2 * t + 1], _mm256_set1_epi32(q[2 * t + 1]));
+                __m256i v = _mm256_loadu_si256((const __m256i*)(blk[b] + 32 * t));
+                codes[2 * t] = _mm256_and_si256(v, nibble);
+                codes[2 * t + 1] = _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble);
             }
-            acc[r] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(scale, _mm256_set1_ps(xs[r][g])), acc[r]);
-            acc[r] = _mm256_fmadd_ps(low, _mm256_set1_ps(bsum[r][g]), acc[r]);
+            __m256 scale = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk[b] + 128)));
+            __m256 low = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i*)(blk[b] + 144)));
+            for (int r = 0; r < N; r++) {
+                const int32_t* q = quads[r] + g * 8;  // the group's 8 quads of activations
+                __m256i sum = _mm256_setzero_si256();
+                for (int t = 0; t < 8; t++) sum = dot4(sum, codes[t], _mm256_set1_epi32(q[t]));
+                __m256 a = acc[b][r];
+                a = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sum), _mm256_mul_ps(scale, _mm256_set1_ps(xs[r][g])), a);
+                acc[b][r] = _mm256_fmadd_ps(low, _mm256_set1_ps(bsum[r][g]), a);
+            }
+            blk[b] += BLOCK_BYTES;
+        }
+    for (int b = 0; b < B; b++)
+        for (int r = 0; r < N; r++) store8(y[r] + OUTS * b, acc[b][r]);
+}
+
+// `rows` rows (up to 8) by B blocks on 256-bit registers, four rows at a time
+template <typename T, int B>
+void narrow(const uint8_t* const* blocks, long groups, int rows, const int32_t* const* q, const float* const* s,
+            const float* const* bs, T* const* out, long prefetch) {
+    for (int i = 0; i < rows; i += 4) {
+        switch (rows - i < 4 ? rows - i : 4) {
+            case 1: block_rows<T, 1, B>(blocks, groups, q + i, s + i, bs + i, out + i, prefetch); break;
+            case 2: block_rows<T, 2, B>(blocks, groups, q + i, s + i, bs + i, out + i, prefetch); break;
+            case 3: block_rows<T, 3, B>(blocks, groups, q + i, s + i, bs + i, out + i, prefetch); break;
+            default: block_rows<T, 4, B>(blocks, groups, q + i, s + i, bs + i, out + i, prefetch);
         }
     }
-    for (int r = 0; r < N; r++) store8(y[r], acc[r]);
 }
 
 // room for n rows of k activations in 8 bits
@@ -107,6 +158,11 @@ struct Quantized {
     }
 };
 
+// rows a pass over a pair of blocks takes: at AVX-512 at once (8 accumulators beside the 8 codes, scale, low and mask:
+// 20 of the 32 registers), at AVX2 four at a time (`narrow`)
+const int ROWS_AT_ONCE = 8;
+
+#ifdef __AVX512F__
 // ---- two blocks side by side in a 512-bit register (lanes 0-7 block b's 8 outputs, 8-15 block b + 1's: 16 outputs in
 // a row), so each vpdpbusd does twice a 256-bit one's work, its row's quad broadcast straight from memory, in two
 // chains of four (one of eight waited on its latency: 64 rows 1.3x faster than 256-bit registers with one chain, 1.7x
@@ -115,7 +171,8 @@ struct Quantized {
 // Xeon, from memory). Each lane's integer sum is exact and its float operations the 256-bit path's (`block_rows`, left
 // for an odd last block) in its order: the same bits, row by row.
 
-const int ROWS_AT_ONCE = 8;  // accumulators beside the 8 codes, scale, low and mask: 20 of the 32 registers
+inline void store16(float* p, __m512 v) { _mm512_storeu_ps(p, v); }
+inline void store16(uint16_t* p, __m512 v) { _mm256_storeu_si256((__m256i*)p, (__m256i)_mm512_cvtneps_pbh(v)); }
 
 inline __m512i side_by_side(const uint8_t* a, const uint8_t* b) {  // 32 bytes from each
     return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)a)),
@@ -161,8 +218,27 @@ void two_blocks(const uint8_t* blk, const uint8_t* next, long groups, const int3
     for (int r = 0; r < N; r++) store16(y[r], acc[r]);
 }
 
-// every pair of blocks for n rows already quantized (an odd last block: `blocks`' own path); an orphaned `omp for`,
-// as `blocks`
+// `rows` rows (up to ROWS_AT_ONCE) by the pair of blocks `blocks` (two streams)
+template <typename T>
+void both_blocks(const uint8_t* const* blocks, long groups, int rows, const int32_t* const* q, const float* const* s,
+                 const float* const* bs, T* const* out, long prefetch) {
+    switch (rows) {
+#define CASE(N) case N: two_blocks<T, N>(blocks[0], blocks[1], groups, q, s, bs, out, prefetch); break;
+        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
+#undef CASE
+    }
+}
+#else
+// ---- below AVX-512: a pair of blocks on 256-bit registers, each block's 8 outputs in one, four rows at a time
+template <typename T>
+void both_blocks(const uint8_t* const* blocks, long groups, int rows, const int32_t* const* q, const float* const* s,
+                 const float* const* bs, T* const* out, long prefetch) {
+    narrow<T, 2>(blocks, groups, rows, q, s, bs, out, prefetch);
+}
+#endif
+
+// every pair of blocks for n rows already quantized (an odd last block alone on 256-bit registers); an orphaned
+// `omp for`: the caller's parallel region splits the pairs
 template <typename T>
 void pairs(const int32_t* quads, const float* xs, const float* bsum, const uint8_t* w, T* y, long n, long k, long o,
            long prefetch) {
@@ -170,6 +246,7 @@ void pairs(const int32_t* quads, const float* xs, const float* bsum, const uint8
 #pragma omp for schedule(static)
     for (long b = 0; b < nblocks; b += 2) {
         const uint8_t* blk = w + b * groups * BLOCK_BYTES;
+        const uint8_t* blocks[2] = {blk, b + 1 < nblocks ? blk + groups * BLOCK_BYTES : nullptr};
         for (long r0 = 0; r0 < n; r0 += ROWS_AT_ONCE) {
             const int32_t* q[ROWS_AT_ONCE];
             const float *s[ROWS_AT_ONCE], *bs[ROWS_AT_ONCE];
@@ -181,24 +258,10 @@ void pairs(const int32_t* quads, const float* xs, const float* bsum, const uint8
                 bs[i] = bsum + (r0 + i) * groups;
                 out[i] = y + (r0 + i) * o + b * OUTS;
             }
-            if (b + 1 == nblocks) {  // the odd one: four rows at a time on 256-bit registers
-                for (int i = 0; i < rows; i += 4) {
-                    int part = rows - i < 4 ? rows - i : 4;
-                    switch (part) {
-                        case 1: block_rows<T, 1>(blk, groups, q + i, s + i, bs + i, out + i, prefetch); break;
-                        case 2: block_rows<T, 2>(blk, groups, q + i, s + i, bs + i, out + i, prefetch); break;
-                        case 3: block_rows<T, 3>(blk, groups, q + i, s + i, bs + i, out + i, prefetch); break;
-                        default: block_rows<T, 4>(blk, groups, q + i, s + i, bs + i, out + i, prefetch);
-                    }
-                }
-                continue;
-            }
-            const uint8_t* next = blk + groups * BLOCK_BYTES;
-            switch (rows) {
-#define CASE(N) case N: two_blocks<T, N>(blk, next, groups, q, s, bs, out, prefetch); break;
-                CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8)
-#undef CASE
-            }
+            if (b + 1 == nblocks)
+                narrow<T, 1>(blocks, groups, rows, q, s, bs, out, prefetch);
+            else
+                both_blocks<T>(blocks, groups, rows, q, s, bs, out, prefetch);
         }
     }
 }
@@ -213,18 +276,22 @@ void product(const T* x, const uint8_t* w, T* y, long n, long k, long o, long pr
 
 // ---- the draft's step over new tokens (one, a round's last draft and its bonus, a short prompt), layer after layer,
 // in one call: its glue in C++ (not ~30 Python ops a layer), in one parallel region (the products' blocks and the
-// heads split between the threads, the rest done by one)
+// heads split between the threads, the rest done by one). Its vectors are `V`'s (simd.h): a sum across lanes (a norm's,
+// an attention score's) is summed per lane, then across in V::sum's tree, so the two levels differ there by rounding
 
-inline float load_f(const float* p, long i) { return p[i]; }
-inline float load_f(const uint16_t* p, long i) { return to_f32(p[i]); }
+void rms_norm(const float* x, const float* w, float* y, long n, float eps) {  // n a multiple of V::L
+    V::R sum = V::zero();
+    for (long i = 0; i < n; i += V::L) sum = V::fma(V::load(x + i), V::load(x + i), sum);
+    V::R inv = V::set1(1.0f / sqrtf(V::sum(sum) / n + eps));
+    for (long i = 0; i < n; i += V::L) V::store(y + i, V::mul(V::mul(V::load(x + i), inv), V::load(w + i)));
+}
 
-
-void rms_norm(const float* x, const float* w, float* y, long n, float eps) {  // n a multiple of 16
-    __m512 sum = _mm512_setzero_ps();
-    for (long i = 0; i < n; i += 16) sum = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(x + i), sum);
-    __m512 inv = _mm512_set1_ps(1.0f / sqrtf(_mm512_reduce_add_ps(sum) / n + eps));
-    for (long i = 0; i < n; i += 16)
-        _mm512_storeu_ps(y + i, _mm512_mul_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), inv), _mm512_loadu_ps(w + i)));
+inline V::R divide(V::R a, V::R b) {
+#ifdef __AVX512F__
+    return _mm512_div_ps(a, b);
+#else
+    return _mm256_div_ps(a, b);
+#endif
 }
 
 void rope(float* x, long heads, long d, const float* cos, const float* sin) {  // rotate_half, as Llama/Qwen2
@@ -255,19 +322,19 @@ void attend(const float* q, long stride, const C* k, const C* v, float* out, lon
             long len = first + r + 1;
             float m = -INFINITY;
             for (long j = 0; j < len; j++) {
-                __m512 acc = _mm512_setzero_ps();
-                for (long c = 0; c < d; c += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(qr + c), widen16(kh + j * d + c), acc);
-                sc[j] = _mm512_reduce_add_ps(acc) * scale;
+                V::R acc = V::zero();
+                for (long c = 0; c < d; c += V::L) acc = V::fma(V::load(qr + c), V::load(kh + j * d + c), acc);
+                sc[j] = V::sum(acc) * scale;
                 m = sc[j] > m ? sc[j] : m;
             }
             float sum = 0.0f;
             for (long j = 0; j < len; j++) sum += (sc[j] = expf(sc[j] - m));
             float inv = 1.0f / sum;
             float* o = out + (r * heads + h) * d;
-            for (long c = 0; c < d; c += 16) {
-                __m512 acc = _mm512_setzero_ps();
-                for (long j = 0; j < len; j++) acc = _mm512_fmadd_ps(_mm512_set1_ps(sc[j]), widen16(vh + j * d + c), acc);
-                _mm512_storeu_ps(o + c, _mm512_mul_ps(acc, _mm512_set1_ps(inv)));
+            for (long c = 0; c < d; c += V::L) {
+                V::R acc = V::zero();
+                for (long j = 0; j < len; j++) acc = V::fma(V::set1(sc[j]), V::load(vh + j * d + c), acc);
+                V::store(o + c, V::mul(acc, V::set1(inv)));
             }
         }
     }
@@ -295,7 +362,11 @@ void lean_step(float* h, long n, long layers, void* const* params, C* const* key
         proj(n * s.hidden), scores(s.heads * (pos + n));
     long widest = s.hidden > s.ffn ? s.hidden : s.ffn;
     if (q_size > widest) widest = q_size;
+#ifdef __AVX512F__
     const bool tiled = s.tiles && n >= s.tile_rows;
+#else
+    const bool tiled = false;  // (the tiles' kernel is AVX-512 code: below it, never called)
+#endif
     Quantized qa(n, widest);  // room for every product's input
     // the tiles' input rows in bf16, whole tiles of them (rows past n are multiplied too and their outputs dropped)
     std::vector<uint16_t> xb(tiled ? (n + 15) / 16 * 16 * widest : 0, 0);
@@ -323,9 +394,9 @@ void lean_step(float* h, long n, long layers, void* const* params, C* const* key
             rope(row, s.heads, s.d, cos + r * s.d, sin + r * s.d);
             rope(k, s.kv_heads, s.d, cos + r * s.d, sin + r * s.d);
             for (long g = 0; g < s.kv_heads; g++)
-                for (long c = 0; c < s.d; c += 16) {
-                    store16(keys[l] + (g * s.capacity + pos + r) * s.d + c, _mm512_loadu_ps(k + g * s.d + c));
-                    store16(values[l] + (g * s.capacity + pos + r) * s.d + c, _mm512_loadu_ps(v + g * s.d + c));
+                for (long c = 0; c < s.d; c += V::L) {
+                    V::store(keys[l] + (g * s.capacity + pos + r) * s.d + c, V::load(k + g * s.d + c));
+                    V::store(values[l] + (g * s.capacity + pos + r) * s.d + c, V::load(v + g * s.d + c));
                 }
         }
         attend(qkv.data(), width, keys[l], values[l], a.data(), n, s.heads, s.kv_heads, pos, s.capacity, s.d, s.scale,
@@ -339,11 +410,11 @@ void lean_step(float* h, long n, long layers, void* const* params, C* const* key
         product(x.data(), s.hidden, p[5], gu.data(), 2 * s.ffn);
 #pragma omp single
         for (long r = 0; r < n; r++)
-            for (long i = 0; i < s.ffn; i += 16) {  // silu(gate) * up
+            for (long i = 0; i < s.ffn; i += V::L) {  // silu(gate) * up
                 const float* row = gu.data() + r * 2 * s.ffn;
-                __m512 g = _mm512_loadu_ps(row + i);
-                __m512 sig = _mm512_div_ps(g, _mm512_add_ps(_mm512_set1_ps(1.0f), exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
-                _mm512_storeu_ps(&act[r * s.ffn + i], _mm512_mul_ps(sig, _mm512_loadu_ps(row + s.ffn + i)));
+                V::R g = V::load(row + i);
+                V::R sig = divide(g, V::add(V::set1(1.0f), vexp(V::sub(V::zero(), g))));
+                V::store(&act[r * s.ffn + i], V::mul(sig, V::load(row + s.ffn + i)));
             }
         product(act.data(), s.ffn, p[6], proj.data(), s.hidden);
 #pragma omp single

@@ -3,14 +3,22 @@
 The draft's int4 weights are a quarter of its bytes, but torch's int4 kernel (`_weight_int4pack_mm_for_cpu`) turns
 every weight back into floating point before multiplying: at one row that is compute-bound on cores that run
 512-bit operations as two halves, and the draft's step read its bytes at a third of the bandwidth (issue 61's
-measure on a 2-core Zen 4). `w4a8.cpp` keeps the codes as bytes, quantizes each activation row to 8 bits per block
-of 32 (as llama.cpp's Q8 blocks) and multiplies with vpdpbusd, 8 outputs at a time, applying a group's scale and its
-low (through the block's sum) once per 32 weights. A row's result differs from the float kernel's by the 8-bit
-activations' rounding (tested against a float reference of the same codes); exactness does not depend on the draft.
+measure on a 2-core Zen 4; a quarter on a 2-core Xeon kept below AVX-512, issue 75). `w4a8.cpp` keeps the codes as
+bytes, quantizes each activation row to 8 bits per block of 32 (as llama.cpp's Q8 blocks) and multiplies them on the
+integer dot-product units, 8 outputs at a time, applying a group's scale and its low (through the block's sum) once
+per 32 weights. A row's result differs from the float kernel's by the 8-bit activations' rounding (tested against a
+float reference of the same codes); exactness does not depend on the draft.
+
+One source, built at the vector level this process may use (`build.vector_level`): with AVX-512, AVX512-VNNI's
+vpdpbusd on 512-bit registers; with AVX2 (FMA, F16C), AVX-VNNI's vpdpbusd on 256-bit registers where the CPU has it
+(Intel since 2021), else vpmaddubsw and vpmaddwd (AMD before Zen 4). Each level's products are the others', bit for bit
+(the integer sums are exact, the float operations the same in the same order: w4a8.cpp); the fused step's norms and
+attention scores sum across a register's lanes, so they differ between levels by rounding.
 
 `pack` lays out an `Int4Linear`'s codes for it (`Int4Linear` keeps this copy beside torch's while the dispatcher
-chooses between them, then drops the one not chosen). Where the CPU lacks AVX512-VNNI or there is no compiler,
-`library()` says so once and torch's int4 kernel serves.
+chooses between them, then drops the one not chosen). Where the CPU lacks what the level needs (AVX512-VNNI at
+AVX-512, AVX2 with FMA and F16C below it) or there is no compiler, `library()` says so once and torch's int4 kernel
+serves.
 """
 
 from __future__ import annotations
@@ -25,10 +33,16 @@ import torch
 from specviz.kernels import build
 
 SOURCE = Path(__file__).with_name("w4a8.cpp")
-FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp", "-mavx512f", "-mavx512vl", "-mavx512bw", "-mavx512vnni",
-         "-mavx512bf16", "-mf16c", "-mfma")
-NEEDS = {torch.float32: {"avx512f", "avx512vl", "avx512_vnni"},
-         torch.bfloat16: {"avx512f", "avx512vl", "avx512_vnni", "avx512_bf16"}}
+# every build's flags, then each level's (its vectors', `build.LEVEL_FLAGS`, and its dot products'); at the AVX2 level
+# -mavxvnni too where AVX-VNNI multiplies
+FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp")
+LEVELS = {"avx512": (*build.LEVEL_FLAGS["avx512"], "-mavx512vnni", "-mavx512bf16", "-mf16c", "-mfma"),
+          "avx2": build.LEVEL_FLAGS["avx2"]}
+AVX_VNNI = "avx_vnni"  # the CPU's flag for AVX-VNNI
+# what each level's build needs of the CPU, per dtype (below AVX-512 a bf16 output is rounded without AVX512-BF16)
+NEEDS = {"avx512": {torch.float32: {"avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512_vnni"},
+                    torch.bfloat16: {"avx512f", "avx512vl", "avx512bw", "avx512dq", "avx512_vnni", "avx512_bf16"}},
+         "avx2": {torch.float32: set(build.AVX2), torch.bfloat16: set(build.AVX2)}}
 OUTS, GROUP = 8, 32  # outputs in a block; inputs in a group (w4a8.cpp)
 # how far ahead of its reads a thread may ask for the codes, in bytes: the draft's step is timed at each, and without
 # asking, and the fastest kept (`models.target.prefetch_or_not`). On a 2-core Xeon (family 6 model 207) the draft's
@@ -37,10 +51,25 @@ OUTS, GROUP = 8, 32  # outputs in a block; inputs in a group (w4a8.cpp)
 PREFETCH = (4096, 8192)
 
 
-@functools.cache  # built and loaded once per process; why not said once
-def library() -> ctypes.CDLL | None:
-    lib = build.library(SOURCE, FLAGS, NEEDS[torch.float32], "The 4-bit x 8-bit draft kernel (torch's int4 kernel "
-                        "serves the draft)")
+def library(level: str | None = None, vnni: bool | None = None) -> ctypes.CDLL | None:
+    """The kernel built at `level` ("avx512" or "avx2"; None: `build.vector_level()`, what this process may use) and
+    loaded, or None where it cannot be (said once). `vnni`, at the AVX2 level: multiply with AVX-VNNI (None: where the
+    CPU has it) or with vpmaddubsw; AVX-512 always multiplies with AVX512-VNNI."""
+    level = level or build.vector_level() or "avx2"  # (below AVX2: the AVX2 build says what the CPU lacks)
+    return built(level, level == "avx2" and (AVX_VNNI in build.cpu_flags() if vnni is None else vnni))
+
+
+@functools.cache  # built and loaded once per process and variant; why not said once
+def built(level: str, vnni: bool) -> ctypes.CDLL | None:
+    flags = (*FLAGS, *LEVELS[level], *(("-mavxvnni",) if vnni else ()))
+    needs = NEEDS[level][torch.float32] | ({AVX_VNNI} if vnni else set())
+    what = f"The 4-bit x 8-bit draft kernel ({level}{' with AVX-VNNI' if vnni else ''}; torch's int4 kernel serves " \
+        "the draft)"
+    return declared(build.library(SOURCE, flags, needs, what))
+
+
+def declared(lib: ctypes.CDLL | None) -> ctypes.CDLL | None:
+    """`lib` with its functions' argument types (as w4a8.cpp's `extern "C"` declares them)."""
     if lib is not None:
         for fn in (lib.w4a8_bf16, lib.w4a8_f32):
             fn.argtypes = [ctypes.c_void_p] * 3 + [ctypes.c_long] * 4
@@ -54,8 +83,9 @@ def library() -> ctypes.CDLL | None:
 
 
 def applies(out_features: int, in_features: int, group_size: int, dtype: torch.dtype) -> bool:
-    return (group_size == GROUP and out_features % OUTS == 0 and in_features % GROUP == 0 and dtype in NEEDS
-            and NEEDS[dtype] <= build.cpu_flags() and library() is not None)
+    level = build.vector_level()
+    return (group_size == GROUP and out_features % OUTS == 0 and in_features % GROUP == 0 and level is not None
+            and dtype in NEEDS[level] and NEEDS[level][dtype] <= build.cpu_flags() and library() is not None)
 
 
 def pack(codes: torch.Tensor, scale: torch.Tensor, low: torch.Tensor) -> torch.Tensor:
@@ -111,7 +141,7 @@ class LeanStep:
     in one parallel region. `layers`: per layer (norm1, qkv, qkv bias or None, o, norm2, gate/up, down), the products
     as packed codes and the rest as float32 tensors, kept here so that the pointers stay valid. `prefetch`: as
     `W4A8`'s. `tiles`: where AMX serves (`amx.w4_rows`), the products of `TILE_ROWS` new tokens or more (a prompt) run
-    on the tiles."""
+    on the tiles (an AVX-512 build's step: below it the tiles are never called)."""
 
     # the fewest new tokens whose products go to the tiles. Widening the codes costs about two steps' time whatever
     # the rows (the embedded draft's 96 products: 32 ms), then a row costs 0.44 ms against 1.25 here (2-core Xeon with
