@@ -73,10 +73,13 @@ struct Wide {  // the rows widened to float32 once per call (`product`), the wei
 };
 
 // as many units at a time as the registers hold: R * N accumulators, R * WEIGHTS weights and a broadcast input
-// (AVX-512's counts for the dot product as measured; with 16 registers, the most that fit, at least one)
+// (AVX-512's counts for the dot product as measured). With AVX2's 16 registers, R * (N + 1) + 1 <= 16: the compiler
+// keeps one of a unit's two widened weights at a time. That lets 6 rows take two units (12 independent sums for the
+// FMAs' latency, a broadcast input feeding both): on a 2-core Xeon under the cap (model 167) 6 rows cost 1.30-1.51
+// one-row products against 1.87-2.00 with one unit; from 7 rows on the FMAs themselves bound it either way.
 template <class Op>
 constexpr int units_at_once(int n) {
-    if (V::REGISTERS == 16) return (14 / (n + Op::WEIGHTS)) < 1 ? 1 : 14 / (n + Op::WEIGHTS);
+    if (V::REGISTERS == 16) return 15 / (n + 1) < 1 ? 1 : 15 / (n + 1) > 8 ? 8 : 15 / (n + 1);
     if (Op::WEIGHTS == 2) return 30 / (n + 2) > 8 ? 8 : 30 / (n + 2);
     return n <= 2 ? 8 : n <= 3 ? 6 : n <= 4 ? 5 : n <= 6 ? 4 : n <= 8 ? 3 : 2;
 }
