@@ -52,13 +52,14 @@ def test_under_the_cap_specviz_kernels_serve_at_avx2_and_the_report_says_so(monk
     import torch
 
     from specviz.bench.machine import machine
-    from specviz.kernels import amx, build, rows, streamed
+    from specviz.kernels import amx, build, rows, streamed, w4a8
 
     monkeypatch.setenv("ATEN_CPU_CAPABILITY", "avx2")
     weight = torch.empty(64, 64, dtype=torch.bfloat16)
-    if build.AVX2 <= build.cpu_flags():  # the few-row kernel and the attention at the AVX2 level; the tiles not at all
+    if build.AVX2 <= build.cpu_flags():  # the few-row kernel, the attention and the draft's at AVX2; the tiles not at all
         assert (streamed.level_for(torch.bfloat16), rows.level_for(torch.bfloat16)) == ("avx2", "avx2")
         assert streamed.applies(weight) and rows.available(torch.bfloat16) and not amx.applies(weight)
+        assert w4a8.applies(64, 64, w4a8.GROUP, torch.bfloat16)
     assert machine()["described"].endswith(", run below AVX-512 (ATEN_CPU_CAPABILITY=avx2)")
     if "avx512f" in build.cpu_flags(environ={}):  # the sentence names the setting, not a CPU that lacks it
         with caplog.at_level("WARNING"):

@@ -24,13 +24,10 @@ from pathlib import Path
 import torch
 
 from specviz.kernels import build
+from specviz.kernels.streamed import LEVELS, NEEDS, level_for  # the same per level and dtype as the few-row kernel's
 
 SOURCE = Path(__file__).with_name("rows.cpp")
 FLAGS = ("-O3", "-shared", "-fPIC", "-fopenmp")
-# per vector level (`build.vector_level`): the source's flags and what the CPU needs per dtype (as `streamed`'s)
-LEVELS = {"avx512": (*build.LEVEL_FLAGS["avx512"], "-mavx512bf16"), "avx2": build.LEVEL_FLAGS["avx2"]}
-NEEDS = {"avx512": {torch.float32: {"avx512f"}, torch.bfloat16: {"avx512f", "avx512_bf16"}},
-         "avx2": dict.fromkeys((torch.float32, torch.bfloat16), set(build.AVX2))}
 ROWS = "specviz_rows"  # the attention implementation's name in transformers' registry
 MAX_ROWS = 256  # the widest verify taken (K <= 255): a prompt read into a cache that holds some is wider
 
@@ -47,11 +44,6 @@ def library(level: str | None = None) -> ctypes.CDLL | None:
             fn.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_long] * 5 + [ctypes.c_float]
             fn.restype = None
     return lib
-
-
-def level_for(dtype: torch.dtype) -> str | None:
-    """The widest level whose kernel takes `dtype` on this CPU, or None."""
-    return build.level_for({level: needs[dtype] for level, needs in NEEDS.items() if dtype in needs})
 
 
 def available(dtype: torch.dtype) -> bool:
