@@ -451,12 +451,11 @@ def test_the_fused_step_at_avx2_computes_what_it_computes_at_avx512(lean_tiny):
 
 
 @needs_avx2
+@pytest.mark.skipif(amx.w4_rows() is None, reason="no AMX tiles here")
 def test_below_avx512_the_fused_step_never_calls_the_tiles(lean_tiny):
     """The tiles' kernel is AVX-512 code: a prompt of TILE_ROWS tokens or more, given the tiles, computes at AVX2 what
     it computes without them; at AVX-512 the tiles change it (the control: their bf16 rows)."""
     tiles = amx.w4_rows()
-    if tiles is None:
-        pytest.skip("no AMX tiles here")
     draft = lean_tiny.draft
     ids = torch.tensor([[(7 + 31 * i) % 90 for i in range(draft.fused().TILE_ROWS + 9)]])
     narrow = w4a8.library("avx2", vnni=False)
