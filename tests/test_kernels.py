@@ -387,7 +387,9 @@ def test_the_verify_is_timed_on_the_invariant_kernels_where_the_dtype_has_them()
                 for k in group[0]}
     seconds = auto_dtype.layer_seconds(torch.bfloat16, timer)
     layer = sum(count for *_, count in auto_dtype.REFERENCE_LAYER)
-    assert seconds["step"] == pytest.approx(0.001 * layer)
+    here = set(K.kernels_of(nn.Linear(64, 64, bias=False, dtype=torch.bfloat16)))  # oneDNN's bf16 needs AVX-512
+    fastest = 0.001 if "onednn" in here else 0.002 if any(k.startswith("widened") for k in here) else 0.004
+    assert seconds["step"] == pytest.approx(fastest * layer)
     if K.INVARIANT & set(K.kernels_of(nn.Linear(64, 64, bias=False, dtype=torch.bfloat16))):
         assert seconds["verify"] == pytest.approx(0.002 * layer)
 

@@ -16,6 +16,8 @@
 // thread count holds. Built at first use by specviz/kernels/streamed.py and called through ctypes.
 #include <stdint.h>
 #include <string.h>
+
+#include <algorithm>
 #include <vector>
 
 #include "simd.h"
@@ -153,9 +155,76 @@ void many(const typename Op::X* x, const typename Op::W* w, const Y* bias, Y* y,
     }
 }
 
+// AVX2 from 7 rows on: 16 registers hold two units' sums (one block) for at most `chunk_rows` rows, so with more
+// rows `few` could take one unit at a time, a broadcast input per FMA, and read each 64-byte line of a block twice.
+// Instead each block goes SLICE input pairs at a time, the rows a chunk at a time over each slice: the first chunk
+// reads the slice from memory, the others from the first-level cache, and each chunk's sums wait in memory between
+// slices (float32, stored and loaded back exactly: every sum runs in `tile`'s order, so a row's result is the same
+// bits at every row count). On a 2-core AMD EPYC (Zen 3, family 25 model 1), the embedded target's FFN shapes past
+// its caches: 7-13 rows 9-18% less time than one unit at a time, 17 rows 26-33% less, a 64-row prompt chunk 13-16%.
+const long SLICE = 128;
+const long SLICED_FROM = 7;  // at 6 rows two units at once (`few`) measured faster than chunks of 3 (Wide)
+
+template <class Op>
+constexpr int chunk_rows() { return (15 - 2 * Op::WEIGHTS) / 2; }  // 2 * (N + WEIGHTS) + 1 <= 16 registers
+
+template <class Op, int N>
+void slice_part(const typename Op::X* x, const typename Op::W* const* units, float* sums, long k, long p0, long p1,
+                long ahead) {
+    V::R acc[2][N];
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < N; i++) acc[r][i] = V::load(sums + (i * 2 + r) * V::L);
+    for (long p = p0; p < p1; p++) {
+        if (ahead)
+            for (int r = 0; r < 2; r++)
+                _mm_prefetch((const char*)(units[r] + p * Op::STEP * LANES) + ahead, _MM_HINT_T0);
+        Op::template step<N, 2>(acc, x, units, k, p);
+    }
+    for (int r = 0; r < 2; r++)
+        for (int i = 0; i < N; i++) V::store(sums + (i * 2 + r) * V::L, acc[r][i]);
+}
+
+template <class Op, typename Y>
+void sliced(const typename Op::X* x, const typename Op::W* w, const Y* bias, Y* y, long n, long k, long o,
+            long ahead) {
+    long blocks = o / LANES, pairs = k / Op::STEP;
+    long chunks = (n + chunk_rows<Op>() - 1) / chunk_rows<Op>();
+#pragma omp parallel
+    {
+        std::vector<float> sums(n * LANES);  // each row's 16 sums of the block in hand
+#pragma omp for schedule(static)
+        for (long b = 0; b < blocks; b++) {
+            const typename Op::W* units[2] = {w + unit_start(2 * b, k, Op::STEP),
+                                              w + unit_start(2 * b + 1, k, Op::STEP)};
+            std::fill(sums.begin(), sums.end(), 0.0f);
+            for (long p0 = 0; p0 < pairs; p0 += SLICE) {
+                long p1 = p0 + SLICE < pairs ? p0 + SLICE : pairs;
+                for (long c = 0; c < chunks; c++) {  // rows [start, end): chunks of near-equal size
+                    long start = n * c / chunks, end = n * (c + 1) / chunks;
+                    const typename Op::X* part = x + start * k;
+                    float* s = sums.data() + start * LANES;
+                    long on = c ? 0 : ahead;  // the first chunk reads the slice from memory
+                    switch (end - start) {
+#define CASE(N) case N: if constexpr (N <= chunk_rows<Op>()) slice_part<Op, N>(part, units, s, k, p0, p1, on); break;
+                        CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
+#undef CASE
+                    }
+                }
+            }
+            for (long i = 0; i < n; i++)
+                for (int r = 0; r < 2; r++) {
+                    long j = (2 * b + r) * V::L;
+                    V::R add = bias ? V::load(bias + j) : V::zero();
+                    V::store(y + i * o + j, V::add(V::load(sums.data() + (i * 2 + r) * V::L), add));
+                }
+        }
+    }
+}
+
 template <class Op, typename Y>
 void product(const typename Op::X* x, const typename Op::W* w, const Y* bias, Y* y, long n, long k, long o,
              long ahead) {
+    if (V::REGISTERS == 16 && n >= SLICED_FROM) return sliced<Op>(x, w, bias, y, n, k, o, ahead);
     switch (n) {
 #define CASE(N) case N: few<Op, N>(x, w, bias, y, k, o, ahead); return;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9)
