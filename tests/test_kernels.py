@@ -390,7 +390,7 @@ def test_the_verify_is_timed_on_the_invariant_kernels_where_the_dtype_has_them()
     here = set(K.kernels_of(nn.Linear(64, 64, bias=False, dtype=torch.bfloat16)))  # oneDNN's bf16 needs AVX-512
     fastest = 0.001 if "onednn" in here else 0.002 if any(k.startswith("widened") for k in here) else 0.004
     assert seconds["step"] == pytest.approx(fastest * layer)
-    if K.INVARIANT & set(K.kernels_of(nn.Linear(64, 64, bias=False, dtype=torch.bfloat16))):
+    if K.INVARIANT & here:
         assert seconds["verify"] == pytest.approx(0.002 * layer)
 
 
