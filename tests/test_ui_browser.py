@@ -175,6 +175,9 @@ COUNT_ALL_FRAMES = """window.__all = 0; const all = window.requestAnimationFrame
 window.requestAnimationFrame = tick => { window.__all++; return all(tick); };"""
 
 
+FRAMES_IN_A_SECOND = "new Promise(done => { const n = window.__all; setTimeout(() => done(window.__all - n), 1000); })"
+
+
 def test_an_idle_page_asks_for_about_a_frame_a_second(browser_page, app_url):
     """A status tracker's loading animation, started at page load, keeps Svelte's shared animation loop asking for
     frames from its own code: `live.HEAD` slows those too (19 frames a second on an idle page before, counted here
@@ -184,7 +187,11 @@ def test_an_idle_page_asks_for_about_a_frame_a_second(browser_page, app_url):
         page.add_init_script(COUNT_ALL_FRAMES)
         page.goto(app_url)
         page.wait_for_selector("#sv-run", timeout=60_000)
-        page.wait_for_timeout(3000)  # the page's own start-up frames over
+        # the page's own start-up over: its load events answered (under pytest-xdist's other worker the server can
+        # take seconds, while each of their outputs' trackers ticks once a second), at most 30 s
+        for _ in range(30):
+            if page.evaluate(FRAMES_IN_A_SECOND) <= 1:
+                break  # the old script never got here: 19 frames every second
         before = page.evaluate("window.__all")
         page.wait_for_timeout(5000)
         assert page.evaluate("window.__all") - before <= 15
