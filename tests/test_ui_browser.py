@@ -191,7 +191,7 @@ def test_an_idle_page_asks_for_about_a_frame_a_second(browser_page, app_url):
         # take seconds, while each of their outputs' trackers ticks once a second), at most 30 s
         for _ in range(30):
             if page.evaluate(FRAMES_IN_A_SECOND) <= 1:
-                break  # the old script never got here: 19 frames every second
+                break  # a hook passing every frame on never gets here (about 60 frames every second)
         before = page.evaluate("window.__all")
         page.wait_for_timeout(5000)
         assert page.evaluate("window.__all") - before <= 15
