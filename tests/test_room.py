@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from dataclasses import replace
+from types import SimpleNamespace
 
 import gradio as gr
 import pytest
@@ -171,6 +172,39 @@ def test_the_queue_gives_each_waiting_job_its_place_and_an_estimate_from_the_job
     assert (w.position, w.ahead) == (2, 2) and w.estimate_s == pytest.approx(8.0 + 6.0)  # + a 24-token race
     now[0] += 30.0  # the running job is past its estimate: at least a second of it is still counted
     assert next(turns.wait(second)).estimate_s == 1.0
+
+
+def test_the_running_job_s_rest_is_projected_from_its_own_pace_once_it_has_done_a_quarter():
+    now = [0.0]
+    turns = Turns(clock=lambda: now[0])
+    done = turns.join("race", 48, None)
+    next(turns.wait(done), None)
+    now[0] += 12.0  # a race of 48 tokens measured at 12 s (before a room's load came)
+    turns.leave(done, timed=True)
+    running, waiting = turns.join("race", 48, "a"), turns.join("race", 48, "b")
+    next(turns.wait(running), None)
+    now[0] += 5.0
+    turns.advance(running, 0.2)  # too little done to judge its pace by (the prompt's reading comes first)
+    assert next(turns.wait(waiting)).estimate_s == pytest.approx(12.0 - 5.0)
+    now[0] += 7.0
+    turns.advance(running, 0.5)  # half done in 12 s: 12 s more, not the measured duration's none
+    assert next(turns.wait(waiting)).estimate_s == pytest.approx(12.0)
+    behind = turns.join("race", 48, "c")
+    assert next(turns.wait(behind)).estimate_s == pytest.approx(12.0 + 12.0)  # those waiting: as measured
+    turns.advance(running)  # an event that does not say keeps the share last said
+    assert next(turns.wait(behind)).estimate_s == pytest.approx(12.0 + 12.0)
+    now[0] += 6.0
+    turns.advance(running, 0.75)
+    assert next(turns.wait(waiting)).estimate_s == pytest.approx(6.0)
+
+
+def test_a_race_s_share_done_is_both_lanes_tokens_a_finished_lane_all_done():
+    from specviz.runs.race import race_done
+
+    state = SimpleNamespace(lanes=[SimpleNamespace(tokens=12, finished=None), SimpleNamespace(tokens=30, finished=None)])
+    assert race_done(state, 48) == pytest.approx((12 / 48 + 30 / 48) / 2)
+    state.lanes[1].finished = "eos"  # the speculative lane ended early: it has nothing left to do
+    assert race_done(state, 48) == pytest.approx((12 / 48 + 1) / 2)
 
 
 def test_the_estimate_counts_the_measured_hand_off_before_each_job_yet_to_start():

@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import closing
 from dataclasses import dataclass, field
+from functools import partial
 
 from specviz.analysis.divergence import Divergence, first_divergence
 from specviz.analysis.stats import RunStats, ratio, run_stats
@@ -247,9 +248,15 @@ def raced(session: Session, limits: Limits, job, key, owner: str | None, first_i
 
     found = Meanwhile(session.recordings, key)
     yield from session.stream(run, kind="race", work=job.config.max_new_tokens, owner=owner, needed=found.missing,
-                              first=first_in_line)
+                              first=first_in_line, progress=partial(race_done, tokens=job.config.max_new_tokens))
     if found.recording is not None:
         yield from beside(session, replay_recorded(found.recording, job.meta))
+
+
+def race_done(state: RaceState, tokens: int) -> float:
+    """The share of a race done: its lanes' tokens over both lanes' `tokens` (a finished lane's all done). The
+    lanes take turns by their clocks, so this grows about as the race's time does."""
+    return sum(1.0 if lane.finished else min(lane.tokens / max(tokens, 1), 1.0) for lane in state.lanes) / 2
 
 
 def timing_note(compiled: CompileCounts, session: Session, pair, state: RaceState) -> str | None:

@@ -178,20 +178,22 @@ class Session:
         return self.pair
 
     def stream(self, events_of: Callable[[ModelPair], Iterator], kind: str = "run", work: float = 1.0,
-               owner: str | None = None, needed: Callable[[], bool] = lambda: True, first: bool = False) -> Iterator:
+               owner: str | None = None, needed: Callable[[], bool] = lambda: True, first: bool = False,
+               progress: Callable[[object], float | None] = lambda _: None) -> Iterator:
         """Wait for the model's turn (a `Waiting` while other jobs are ahead), then run an event stream holding
         the pair, unless it is no longer `needed` then (the same request was recorded meanwhile). Closing this
         generator while it waits leaves the queue; between two events (Stop) it closes the engine's generator
         and releases the pair at once: what the queue's watchdog does to a stream that stopped advancing.
-        `owner`, `first`: see `Turns` (one waiting job each; the presenter's first)."""
+        `owner`, `first`: see `Turns` (one waiting job each; the presenter's first); `progress`: the share of
+        the work an event says is done (None: it does not say), the pace the queue's estimates then follow."""
         made: list[weakref.ref] = []
-        run = self._stream(events_of, kind, work, owner, needed, first, made)
+        run = self._stream(events_of, kind, work, owner, needed, first, progress, made)
         # the watchdog's handle on the generator the caller holds: weak, or the generator's own frame would keep it
         # alive in a cycle, and one dropped by its client would no longer close (and free the model) at once
         made.append(weakref.ref(run))
         return run
 
-    def _stream(self, events_of, kind, work, owner, needed, first, made: list[weakref.ref]) -> Iterator:
+    def _stream(self, events_of, kind, work, owner, needed, first, progress, made: list[weakref.ref]) -> Iterator:
         with self.turns.turn(kind, work, owner, first) as ticket:
             yield from self.turns.wait(ticket)
             if not needed():
@@ -200,7 +202,7 @@ class Session:
             ticket.stop = lambda: (run := made[0]()) is not None and run.close()
             with self.using() as pair, closing(self.worker.iterate(lambda: events_of(pair))) as events:
                 for event in events:
-                    self.turns.advance(ticket)
+                    self.turns.advance(ticket, progress(event))
                     yield event
 
     @contextmanager

@@ -1,5 +1,6 @@
 """The honest queue: model jobs take turns, first come first served, and a waiting job knows its place
-and about how long it will wait, from the measured durations of the jobs ahead of it.
+and about how long it will wait, from the measured durations of the jobs ahead of it and the pace of the one
+holding the model (a room's load can slow it well past what was measured before the load came).
 
     with turns.turn("race", work=48, owner=session_hash) as ticket:
         for waiting in turns.wait(ticket):  # a `Waiting` when the place or the estimate changes
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 BACKGROUND = "warm-up"  # the owner of the app's own background jobs (runs.room.record_examples)
 REFRESH_SECONDS = 1.0  # a waiting job hears from the queue at least this often (its estimate counts down)
 KEPT = 9  # durations remembered per kind of job: the recent ones, so that the estimate follows the load
+# the share of its work a running job must have done before its own pace projects its end: before it, the prompt's
+# reading (no token yet, its whole cost up front) would make the projection run long
+JUDGED_FROM = 0.25
 
 
 class Replaced(InputError):
@@ -84,6 +88,7 @@ class Ticket:
     replaced: bool = False
     first: bool = False  # the presenter's: ahead of every job waiting without it
     advanced: float | None = None  # when its stream last gave an item
+    done: float | None = None  # the share of its work done (0-1), where its stream tells (`Session.stream`)
     stop: Callable[[], None] | None = None  # ends its run (a stream's close): what the watchdog calls
 
 
@@ -207,9 +212,10 @@ class Turns:
                 else:
                     self.changed.wait(self.refresh - since)
 
-    def advance(self, ticket: Ticket) -> None:
-        """`ticket`'s stream gave an item: it is alive."""
+    def advance(self, ticket: Ticket, done: float | None = None) -> None:
+        """`ticket`'s stream gave an item: it is alive, `done` of its work done where the item tells."""
         ticket.advanced = self.clock()
+        ticket.done = done if done is not None else ticket.done
 
     def stalled(self) -> Callable[[], None] | None:
         """The stop of the run holding the model if it has not advanced for `stall_seconds`, taken so that one
@@ -239,19 +245,30 @@ class Turns:
             return any(t.started is None and t.owner != BACKGROUND for t in self.queue)
 
     def estimate(self, ahead: list[Ticket]) -> float | None:
-        """The expected durations of the jobs ahead, less what the running one has already done (at least a
-        second of it is left: a job past its estimate is still running), and a hand-off before each job that
-        has yet to start, this one's own included."""
+        """The rest of the running job (`projected`), the expected durations of those waiting ahead, and a
+        hand-off before each job that has yet to start, this one's own included."""
         total = self.durations.handoff() * (1 + sum(t.started is None for t in ahead))
         for t in ahead:
             expected = self.durations.expected(t.kind, t.work)
             if expected is None:
                 return None
-            total += expected if t.started is None else max(expected - (self.clock() - t.started), 1.0)
+            if t.started is None:
+                total += expected
+            else:
+                elapsed = self.clock() - t.started
+                total += projected(elapsed, t.done, expected) - elapsed
         return total
 
     def __len__(self) -> int:
         return len(self.queue)
+
+
+def projected(elapsed: float, done: float | None, expected: float) -> float:
+    """A running job's whole duration: its elapsed time over its share done, once it has done `JUDGED_FROM`;
+    before that, its expected duration, or a second more than it has run where it is past that."""
+    if done is not None and done >= JUDGED_FROM:
+        return elapsed / min(done, 1.0)
+    return max(expected, elapsed + 1.0)
 
 
 def stopped(stop: Callable[[], None]) -> None:

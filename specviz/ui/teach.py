@@ -228,8 +228,8 @@ def duration(seconds: float) -> str:
 
 def queue_line(w) -> str:
     """A job's place in the model's queue (`serving.turns.Waiting`), and how long it will likely wait."""
-    when = (f"about {duration(w.estimate_s)} (from the measured durations of the jobs ahead)"
-            if w.estimate_s is not None else "no estimate yet: no job like those ahead has finished")
+    when = (f"about {duration(w.estimate_s)} (from the measured durations of the jobs ahead and the running "
+            "one's pace)" if w.estimate_s is not None else "no estimate yet: no job like those ahead has finished")
     if w.background and w.position == 1:  # only the app's own warm-up is ahead, and it yields at its next event
         return ("Waiting for the model: the app is recording its examples in the background, and stops for you at "
                 "its next token; yours starts in a moment.")
