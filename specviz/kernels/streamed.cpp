@@ -157,27 +157,36 @@ void many(const typename Op::X* x, const typename Op::W* w, const Y* bias, Y* y,
 
 // AVX2 from 7 rows on: 16 registers hold two units' sums (one block) for at most `chunk_rows` rows, so with more
 // rows `few` could take one unit at a time, a broadcast input per FMA, and read each 64-byte line of a block twice.
-// Instead each block goes SLICE input pairs at a time, the rows a chunk at a time over each slice: the first chunk
-// reads the slice from memory, the others from the first-level cache, and each chunk's sums wait in memory between
-// slices (float32, stored and loaded back exactly: every sum runs in `tile`'s order, so a row's result is the same
-// bits at every row count). On a 2-core AMD EPYC (Zen 3, family 25 model 1), the embedded target's FFN shapes past
-// its caches: 7-13 rows 9-18% less time than one unit at a time, 17 rows 26-33% less, a 64-row prompt chunk 13-16%.
+// Instead each block goes SLICE input pairs at a time, the rows a chunk at a time over each slice, all from the
+// first-level cache, and each chunk's sums wait in memory between slices (float32, stored and loaded back exactly:
+// every sum runs in `tile`'s order, so a row's result is the same bits at every row count). While a slice's chunks
+// multiply, they ask for the next slice (one 64-byte line of it every few pairs, each chunk its share): memory stays
+// busy through all the chunks, not only the first (`ahead` is not used here). On a 2-core AMD EPYC (Zen 3, family
+// 25 model 1), the embedded target's FFN shapes past its caches: 7-13 rows 9-18% less time than one unit at a time,
+// 17 rows 26-33% less, a 64-row prompt chunk 13-16%; asking for the next slice then took 8-22% off 7-17 rows (7
+// rows the most) and 8% off 64, against the first chunk asking `ahead` in its own slice.
 const long SLICE = 128;
+const long LINE = 64;  // bytes: one pair (bf16) or input (float32) of a whole block
 const long SLICED_FROM = 7;  // at 6 rows two units at once (`few`) measured faster than chunks of 3 (Wide)
 
 template <class Op>
 constexpr int chunk_rows() { return (15 - 2 * Op::WEIGHTS) / 2; }  // 2 * (N + WEIGHTS) + 1 <= 16 registers
 
+// `next`: the first of `lines` lines (of the next slice) this part asks for, spread over its pairs (a countdown,
+// not a division per pair: that cost more than the prefetch saved)
 template <class Op, int N>
 void slice_part(const typename Op::X* x, const typename Op::W* const* units, float* sums, long k, long p0, long p1,
-                long ahead) {
+                const char* next, long lines) {
     V::R acc[2][N];
     for (int r = 0; r < 2; r++)
         for (int i = 0; i < N; i++) acc[r][i] = V::load(sums + (i * 2 + r) * V::L);
+    long every = lines ? (p1 - p0 + lines - 1) / lines : p1 - p0 + 1, wait = 0;
     for (long p = p0; p < p1; p++) {
-        if (ahead)
-            for (int r = 0; r < 2; r++)
-                _mm_prefetch((const char*)(units[r] + p * Op::STEP * LANES) + ahead, _MM_HINT_T0);
+        if (--wait <= 0) {
+            if (lines-- > 0) _mm_prefetch(next, _MM_HINT_T0);  // past the weight's end: a hint, never a fault
+            next += LINE;
+            wait = every;
+        }
         Op::template step<N, 2>(acc, x, units, k, p);
     }
     for (int r = 0; r < 2; r++)
@@ -185,8 +194,7 @@ void slice_part(const typename Op::X* x, const typename Op::W* const* units, flo
 }
 
 template <class Op, typename Y>
-void sliced(const typename Op::X* x, const typename Op::W* w, const Y* bias, Y* y, long n, long k, long o,
-            long ahead) {
+void sliced(const typename Op::X* x, const typename Op::W* w, const Y* bias, Y* y, long n, long k, long o) {
     long blocks = o / LANES, pairs = k / Op::STEP;
     long chunks = (n + chunk_rows<Op>() - 1) / chunk_rows<Op>();
 #pragma omp parallel
@@ -203,9 +211,12 @@ void sliced(const typename Op::X* x, const typename Op::W* w, const Y* bias, Y* 
                     long start = n * c / chunks, end = n * (c + 1) / chunks;
                     const typename Op::X* part = x + start * k;
                     float* s = sums.data() + start * LANES;
-                    long on = c ? 0 : ahead;  // the first chunk reads the slice from memory
+                    // the next slice follows this one in memory (after a block's last: the thread's next block)
+                    long first = SLICE * c / chunks, last = SLICE * (c + 1) / chunks;
+                    const char* next = (const char*)(units[0] + p1 * Op::STEP * LANES) + first * LINE;
                     switch (end - start) {
-#define CASE(N) case N: if constexpr (N <= chunk_rows<Op>()) slice_part<Op, N>(part, units, s, k, p0, p1, on); break;
+#define CASE(N) case N: if constexpr (N <= chunk_rows<Op>()) slice_part<Op, N>(part, units, s, k, p0, p1, next, \
+                                                                                last - first); break;
                         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6)
 #undef CASE
                     }
@@ -224,7 +235,7 @@ void sliced(const typename Op::X* x, const typename Op::W* w, const Y* bias, Y* 
 template <class Op, typename Y>
 void product(const typename Op::X* x, const typename Op::W* w, const Y* bias, Y* y, long n, long k, long o,
              long ahead) {
-    if (V::REGISTERS == 16 && n >= SLICED_FROM) return sliced<Op>(x, w, bias, y, n, k, o, ahead);
+    if (V::REGISTERS == 16 && n >= SLICED_FROM) return sliced<Op>(x, w, bias, y, n, k, o);
     switch (n) {
 #define CASE(N) case N: few<Op, N>(x, w, bias, y, k, o, ahead); return;
         CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) CASE(9)
