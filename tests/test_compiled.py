@@ -118,6 +118,24 @@ def test_a_verify_is_one_graph_per_width_whatever_it_drafted():
     assert counters["stats"]["unique_graphs"] - before == 1
 
 
+@torch.inference_mode()
+def test_a_forward_no_compiled_width_takes_sees_only_the_static_cache_s_tokens():
+    """Where the compiled verify lost its probe (no widths: the pair's faster kernels can make it so) or a prompt is
+    wider than every width, the forward runs eager on the static cache: given that cache's mask and positions, as
+    the compiled verify is, each row sees the tokens held and none of the unwritten slots (the row-invariant
+    attention reads a missing mask as causal over every slot). The tiny pair as loaded: tuned kernels, that
+    attention, a compiled step."""
+    pair = load_spec(PairSpec("tiny", "tiny", draft_quant="none", step="compiled"))
+    target = pair.target
+    target.verify_widths = ()
+    ids = torch.tensor([prompt_ids(20, 60, seed=2)])
+    for n in (6, 12):  # prompts past CATCH_UP (read in one forward), then a verify of 5
+        static, dynamic = prefilled(target, ids[:, :n]), prefilled(target, ids[:, :n], static=False)
+        assert isinstance(static, StaticKV) and not isinstance(dynamic, StaticKV)
+        a, b = forward(target, ids[:, n:n + 5], static, 5).logits, forward(target, ids[:, n:n + 5], dynamic, 5).logits
+        torch.testing.assert_close(a, b, **CLOSE)
+
+
 def test_a_dropped_run_gives_its_buffers_back():
     """At most a few sets of static buffers exist per model: a graph is specialised to their addresses."""
     model = with_compiled_step(synthetic_pair(None, MINI[1], device=str(TEST_DEVICE)).target, sizes=(16, 64))

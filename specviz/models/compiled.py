@@ -159,7 +159,7 @@ class CompiledForward:
         if not kw and width is not None and cache.length + width <= cache.pool.sizes[-1]:
             return self.padded(input_ids, cache, width, logits_to_keep, (mask, positions))
         cache.reserve(n)
-        if tree:
+        if tree or not kw:  # a static cache's mask and positions, as the compiled verify's (`padded`)
             kw |= self.verify_inputs(cache, n, n, mask, positions)
         out = self.eager(input_ids, **{self.cache_arg: cache.hf}, use_cache=True, logits_to_keep=logits_to_keep, **kw)
         cache.length += n
