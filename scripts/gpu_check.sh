@@ -20,6 +20,10 @@
 #                   break them)
 #   profile         where a round's time goes (scripts/gpu_profile.py): the compiled steps' kernels and the gaps
 #                   between them, a round's parts, runtime calls and Python (cProfile), inductor options A/B
+#   invariant       the row-invariant verify on Triton (issue 73): tests/test_triton_rows.py on CUDA, `specviz rows`
+#                   (17 rows, the 7B shape, bf16: every row's logits and K/V against the one-token steps), and
+#                   `specviz costs` with the eager step (the target on the Triton kernels: T1 against the bound,
+#                   T(n)/T1, c, the loop at full acceptance) (~6 min)
 #   serve           `specviz serve` on the 0.5B -> 7B shapes on the device, a race asked through gradio_client from
 #                   each of two threads one after the other (scripts/gpu_serve.py): both lanes to the end, the
 #                   result kept (needs the serve wheels: bash scripts/gpu_wheels.sh serve)
@@ -60,6 +64,16 @@ tests() {  # $1: dtype
     tests/test_tree_round.py tests/test_compiled.py tests/test_synthetic.py tests/test_cuda.py
 }
 
+invariant() {
+  local small=${SPECVIZ_GPU_CHECK_SMALL:-}
+  local draft=${small:+synthetic:mini-draft}; draft=${draft:-synthetic:qwen2.5-0.5b}
+  local target=${small:+synthetic:mini-target}; target=${target:-synthetic:qwen2.5-7b}
+  pytests bfloat16 triton_rows tests/test_triton_rows.py || return 1
+  timeout "${SPECVIZ_GPU_CHECK_TIMEOUT:-540}" "$python" -m specviz.commands.rows rows --draft "$draft" --target "$target" \
+    --device "$device" --dtype bfloat16 --width 17 --tokens 64 --json "$OUT/rows_bf16.json" 2>&1 | tee "$OUT/rows.log"
+  SPECVIZ_GPU_CHECK_STEPS=eager costs "$target" costs_invariant_bf16
+}
+
 serve() {
   local small=${SPECVIZ_GPU_CHECK_SMALL:-}
   local draft=${small:+synthetic:mini-draft}; draft=${draft:-synthetic:qwen2.5-0.5b}
@@ -86,6 +100,7 @@ for stage in "$@"; do
     profile) timeout "${SPECVIZ_GPU_CHECK_TIMEOUT:-540}" "$python" scripts/gpu_profile.py --out "$OUT" --device "$device" \
       ${SPECVIZ_GPU_CHECK_SMALL:+--draft synthetic:mini-draft --target synthetic:mini-target} --budget-s "${SPECVIZ_GPU_PROFILE_BUDGET:-300}" \
       --parts "${SPECVIZ_GPU_PROFILE_PARTS:-steps,round,variants}" 2>&1 | tee "$OUT/profile.log" || status=1 ;;
+    invariant) invariant || status=1 ;;
     serve) serve || status=1 ;;
     *) echo "unknown stage $stage"; status=2 ;;
   esac

@@ -15,6 +15,11 @@ from types import SimpleNamespace  # noqa: E402
 import pytest  # noqa: E402
 import torch  # noqa: E402
 
+# Without a GPU the Triton kernels (specviz/kernels/triton_rows.py) run on CPU tensors in Triton's interpreter, a
+# switch Triton reads once, when it is imported (by specviz's modules, below)
+if not torch.cuda.is_available():
+    os.environ.setdefault("TRITON_INTERPRET", "1")
+
 from specviz.models.tiny import tiny_pair  # noqa: E402
 
 ALL_THREADS = torch.get_num_threads()

@@ -93,10 +93,7 @@ def cmd_costs(args) -> int:
     return 0 if not any("error" in r for r in report["steps"].values()) else 1
 
 
-if __name__ == "__main__":  # where the app's packages are missing: this command alone, its errors as they come
-    import argparse
+if __name__ == "__main__":  # where the app's packages are missing (a lent GPU): this command alone
+    from specviz.commands import run_alone
 
-    parser = argparse.ArgumentParser(prog="specviz")
-    register(parser.add_subparsers(dest="command", required=True))
-    parsed = parser.parse_args()
-    sys.exit(parsed.func(parsed))
+    sys.exit(run_alone(register))

@@ -13,6 +13,7 @@ invariant verify is bit-identical and its greedy text is the target alone's.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import asdict, dataclass
 
 from specviz.engine import DecodeConfig
@@ -75,7 +76,6 @@ def table(w: Way) -> str:
 
 def cmd_rows(args) -> int:
     from specviz.bench.machine import run_meta
-    from specviz.kernels.rows import ROWS
     from specviz.models import encode_prompt, load_spec
     from specviz.settings.errors import InputError
 
@@ -86,8 +86,9 @@ def cmd_rows(args) -> int:
     if pair.not_invariant is not None:
         print(f"This target's verify is not row-invariant here: {pair.not_invariant}.")
     ids = encode_prompt(pair.tokenizer, args.prompt)
-    ways = [way(pair, ids, args.width, args.tokens, a) for a in ((ROWS, "sdpa") if pair.not_invariant is None
-                                                                  else (pair.target.config._attn_implementation,))]
+    own = pair.target.config._attn_implementation  # (the invariant one: the CPU's or the GPU's)
+    ways = [way(pair, ids, args.width, args.tokens, a) for a in ((own, "sdpa") if pair.not_invariant is None
+                                                                  else (own,))]
     for w in ways:
         print(table(w))
     if args.json:
@@ -100,3 +101,9 @@ def cmd_rows(args) -> int:
     invariant = ways[0]
     return 0 if pair.not_invariant is None and not any(invariant.rows["logits"]) and not any(invariant.rows["kv"]) \
         and invariant.identical_text else 1
+
+
+if __name__ == "__main__":  # where the app's packages are missing (a lent GPU): this command alone
+    from specviz.commands import run_alone
+
+    sys.exit(run_alone(register))

@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from specviz.kernels import pages, rows, w4a8
+from specviz.models import invariant_gpu
 from specviz.models.draft.lean import fused_step
 from specviz.models.draft.quantized import DraftQuant, quantize_linear
 from specviz.models.kernels import Tuning, tune, w4a8_products
@@ -66,9 +67,11 @@ def with_target(pair, quant: str = "none", kernels: str = "tuned", status: Calla
         release_unused_codes(target)  # (a 4-bit target: the packing of the kernel its plan uses)
         name = f"{name} [tuned kernels]"
     why = variant_reason(pair, tuning) if invariant else "it was not asked for (--no-invariant)"
-    if why is None:
+    if why is None and tunable(pair.device):
         rows.register()
         target.config._attn_implementation = rows.ROWS  # (a copy's own config: the loaded model keeps SDPA)
+    elif why is None:  # a GPU: the copy on Triton's row-invariant kernels
+        target, name = invariant_gpu.invariant(target), f"{name} [row-invariant kernels]"
     elif invariant:
         status(f"The target's verify is not made row-invariant here: {why}; greedy speculation may then part from "
                "the target alone at a near-tie.")
@@ -77,9 +80,11 @@ def with_target(pair, quant: str = "none", kernels: str = "tuned", status: Calla
 
 def variant_reason(pair, tuning: Tuning | None) -> str | None:
     """Why the target's verify rows cannot be computed as its one-token steps are here (None: they can): every
-    linear on an invariant kernel (`kernels.INVARIANT`) and attention a row at a time (`kernels.rows`)."""
+    linear on an invariant kernel (`kernels.INVARIANT`) and attention a row at a time (`kernels.rows`); on a GPU,
+    the Triton kernels (`invariant_gpu`)."""
     if not tunable(pair.device):
-        return f"on {pair.device.type} the loaded model's own kernels run (cuBLAS, SDPA), not specviz's CPU kernels"
+        why = invariant_gpu.missing(pair.target, pair.device, pair.dtype)
+        return None if why is None else f"on {pair.device.type} the loaded model's own kernels run: {why}"
     if tuning is None:
         return "its kernels are torch's own (--kernels plain)"
     if tuning.variant:  # (an int8 target's, or an int4 one's without the int4 x 8-bit kernel)

@@ -1,0 +1,220 @@
+"""The target's verify row-invariant on a GPU: kernels in Triton whose every row sums in one order at any row count.
+
+On CUDA the loaded model runs on cuBLAS and SDPA, which choose their blocking (split-K, the number of key blocks)
+from the shape, so a verify of K + 1 rows adds a row's terms in another order than a one-token step does, and a
+bf16 near-tie flips a greedy token. These three kernels fix the order by construction (the method of
+thinking-machines' batch_invariant_ops: one configuration for every row count, no split-K, a row reduced alone):
+
+- `linear`: out = x W^T (+ bias). Each program owns a tile of `BLOCK_M` rows x `BLOCK_N` outputs and walks the
+  inputs in steps of `BLOCK_K` from the first to the last, adding each step's `tl.dot` to one float32 tile; a row is
+  alone in its tile row, padded with zero rows, so its sums run in the same order whether it came with 0 or 16
+  others (the blocks depend on the weight's shape, never on the row count);
+- `rms_norm`: one program a row: its squares summed by one `tl.sum` over a block of the row's width;
+- `attend`: one program a (head, query row): its keys in blocks of `KEYS` slots from slot 0, each block's scores
+  and weighted values reduced by `tl.sum`, blocks folded in by the online softmax in slot order. A row whose seen
+  keys are slots 0 .. p (a chain's verify, a one-token step) sums alike at every row count: the blocks hold the same
+  keys, and a block past its last key is all masked, which adds exact zeros and multiplies by exactly 1. A tree's
+  node whose ancestors leave gaps in the slots is not promised so.
+
+Everything accumulates in float32 (bf16 widened exactly), bf16 rounded once at the end. On CPU tensors the same
+kernels run in Triton's interpreter (numpy), which is how their logic is tested where no GPU is lent; the numbers
+a GPU's tensor cores give differ from the interpreter's, the order property does not.
+"""
+
+from __future__ import annotations
+
+import functools
+
+import torch
+
+from specviz.kernels.rows import allowed_keys  # the CPU's attention reads a mask the same way
+
+try:
+    import triton
+    import triton.language as tl
+except ImportError:  # (the kernels are then unavailable, said by `missing`; annotations stay strings)
+    triton = tl = None
+jit = triton.jit if triton is not None else (lambda fn: fn)
+
+# one configuration for every row count (the property); per GPU they may be tuned per weight shape, never per rows
+BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 64
+KEYS = 64  # key slots per attention block
+MAX_ROWS = 256  # the widest verify taken, as the CPU's `rows.MAX_ROWS`
+ROWS = "specviz_triton_rows"  # the attention implementation's name in transformers' registry
+DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+
+
+def missing(device: torch.device) -> str | None:
+    """Why these kernels cannot run on `device` in this process (None: they can): on a GPU Triton compiles them; on
+    CPU tensors only its interpreter runs them, a switch read when Triton is imported (TRITON_INTERPRET=1: tests)."""
+    if triton is None:
+        return "Triton is not installed (pip install 'specviz[gpu]')"
+    if device.type not in ("cuda", "cpu"):
+        return f"Triton's kernels run on CUDA GPUs, not {device.type}"
+    if device.type == "cpu" and not interpreting():
+        return "on a CPU Triton's kernels run only in its interpreter (TRITON_INTERPRET=1), a test's tool"
+    return None
+
+
+@functools.cache  # once per process, device and dtype
+def failed(device: torch.device, dtype: torch.dtype) -> str | None:
+    """The kernels run once on small inputs against torch's own ops: why they cannot serve here (a compile that
+    fails on this GPU or Triton, numbers off), or None."""
+    gen = torch.Generator().manual_seed(0)
+    x, w, g = (torch.randn(*shape, generator=gen).to(device, dtype) for shape in ((3, 96), (40, 96), (96,)))
+    q, k, v = (torch.randn(1, 2, n, 16, generator=gen).to(device, dtype) for n in (3, 9, 9))
+    tol = 1e-4 if dtype == torch.float32 else 5e-2
+    try:
+        attended = attend(q, k, v, None, 0.25).transpose(1, 2)
+        expect = torch.nn.functional.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), scale=0.25,
+            attn_mask=torch.ones(3, 9, dtype=torch.bool, device=device).tril(6))
+        checks = {"linear": (linear(x, w), x.float() @ w.float().T),
+                  "rms_norm": (rms_norm(x, g, 1e-6), g.float() * x.float() * torch.rsqrt(x.float().pow(2).mean(-1,
+                                                                                         keepdim=True) + 1e-6)),
+                  "attention": (attended, expect)}
+        off = [name for name, (got, ref) in checks.items() if not torch.allclose(got.float(), ref, atol=tol, rtol=tol)]
+    except Exception as e:  # (Triton's compile errors are of many types)
+        return f"the Triton kernels failed to run here ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+    return f"the Triton kernels' {', '.join(off)} disagreed with torch's here" if off else None
+
+
+@jit
+def _linear(x, w, b, out, M, N, K, sxm, swn, som, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
+            EXPLICIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    rm = tl.program_id(0) * BM + tl.arange(0, BM)
+    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rk = tl.arange(0, BK)
+    acc = tl.zeros((BM, BN), dtype=tl.float32)
+    for k0 in range(0, K, BK):  # the inputs in order, one tile step at a time: no split-K
+        kk = k0 + rk
+        a = tl.load(x + rm[:, None] * sxm + kk[None, :], mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
+        wt = tl.load(w + rn[None, :] * swn + kk[:, None], mask=(rn[None, :] < N) & (kk[:, None] < K), other=0.0)
+        if EXPLICIT:  # (the interpreter's tl.dot is numpy's matmul: its sums depend on a row's place in the tile)
+            acc += tl.sum(a.to(tl.float32)[:, :, None] * wt.to(tl.float32)[None, :, :], axis=1)
+        else:
+            acc = tl.dot(a, wt, acc, input_precision=PRECISION)
+    if HAS_BIAS:
+        acc += tl.load(b + rn, mask=rn < N, other=0.0).to(tl.float32)[None, :]
+    tl.store(out + rm[:, None] * som + rn[None, :], acc.to(out.dtype.element_ty),
+             mask=(rm[:, None] < M) & (rn[None, :] < N))
+
+
+@jit
+def _rms_norm(x, w, out, N, sx, so, eps, BLOCK: tl.constexpr):
+    row = tl.program_id(0)
+    cols = tl.arange(0, BLOCK)
+    v = tl.load(x + row * sx + cols, mask=cols < N, other=0.0).to(tl.float32)
+    h = v * (1.0 / tl.sqrt(tl.sum(v * v, axis=0) / N + eps))
+    # transformers' RMSNorm: the weight times the normalised row rounded to the input's dtype
+    g = tl.load(w + cols, mask=cols < N, other=0.0).to(tl.float32)
+    y = g * h.to(x.dtype.element_ty).to(tl.float32)
+    tl.store(out + row * so + cols, y.to(out.dtype.element_ty), mask=cols < N)
+
+
+@jit
+def _attend(q, k, v, allowed, out, group, n, slots, scale, sqh, sqn, skh, sks, soh, son,
+            HAS_MASK: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
+    head, row = tl.program_id(0), tl.program_id(1)
+    kv = head // group
+    d = tl.arange(0, D)
+    query = tl.load(q + head * sqh + row * sqn + d).to(tl.float32)
+    last = slots - n + row  # a causal row's last key
+    hi = slots if HAS_MASK else last + 1
+    m = tl.full((), -1.0e30, tl.float32)  # finite: a first block with no key seen must not make exp(nan)
+    total = tl.zeros((), tl.float32)
+    acc = tl.zeros((D,), tl.float32)
+    for s0 in range(0, hi, BLOCK):
+        s = s0 + tl.arange(0, BLOCK)
+        if HAS_MASK:
+            seen = tl.load(allowed + row * slots + s, mask=s < slots, other=0) != 0
+        else:
+            seen = s <= last
+        keys = tl.load(k + kv * skh + s[:, None] * sks + d[None, :], mask=seen[:, None], other=0.0).to(tl.float32)
+        vals = tl.load(v + kv * skh + s[:, None] * sks + d[None, :], mask=seen[:, None], other=0.0).to(tl.float32)
+        scores = tl.where(seen, tl.sum(keys * query[None, :], axis=1) * scale, float("-inf"))
+        top = tl.maximum(m, tl.max(scores, axis=0))
+        alpha = tl.exp(m - top)
+        p = tl.exp(scores - top)
+        total = total * alpha + tl.sum(p, axis=0)
+        acc = acc * alpha + tl.sum(p[:, None] * vals, axis=0)
+        m = top
+    tl.store(out + row * son + head * soh + d, (acc / total).to(out.dtype.element_ty))
+
+
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """x [..., in] times weight [out, in] (nn.Linear's layout, read where it lies) plus bias: [..., out]."""
+    rows = x.reshape(-1, x.shape[-1])
+    if rows.stride(-1) != 1:
+        rows = rows.contiguous()
+    if weight.stride(-1) != 1:
+        weight = weight.contiguous()
+    (m, k), n = rows.shape, weight.shape[0]
+    out = torch.empty(m, n, dtype=x.dtype, device=x.device)
+    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
+    _linear[grid](
+        rows, weight, bias if bias is not None else weight, out, m, n, k, rows.stride(0), weight.stride(0),
+        out.stride(0), HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
+        EXPLICIT=interpreting(), BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K)
+    return out.view(*x.shape[:-1], n)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    """transformers' RMSNorm (Llama, Qwen2): each row alone."""
+    rows = x.reshape(-1, x.shape[-1]).contiguous()
+    out = torch.empty_like(rows)
+    _rms_norm[(rows.shape[0],)](
+        rows, weight, out, rows.shape[1], rows.stride(0), out.stride(0), eps,
+        BLOCK=triton.next_power_of_2(rows.shape[1]))
+    return out.view(x.shape)
+
+
+def interpreting() -> bool:
+    """Is Triton running kernels in its interpreter (numpy, CPU tensors) in this process?"""
+    return triton is not None and bool(triton.knobs.runtime.interpret)
+
+
+def takes(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> bool:
+    """Does `attend` serve this call (one sequence, a power-of-two head size, rows within `MAX_ROWS`, no soft cap
+    or sliding window, a cache holding keys before the rows)? A prompt read into an empty cache is not taken."""
+    n, slots, d = query.shape[2], key.shape[2], query.shape[-1]
+    return (query.shape[0] == 1 and d & (d - 1) == 0 and query.dtype in DTYPES and query.dtype == key.dtype
+            and slots > n and n <= MAX_ROWS and kwargs.get("softcap") is None
+            and kwargs.get("sliding_window") is None)
+
+
+def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed: torch.Tensor | None,
+           scale: float) -> torch.Tensor:
+    """query [1, heads, n, d], key/value [1, kv_heads, slots, d], allowed [n, slots] bytes or None (causal)
+    -> [1, n, heads, d], as `rows.attend`."""
+    _, heads, n, d = query.shape
+    kv_heads, slots = key.shape[1], key.shape[2]
+    q, k, v = (t[0].contiguous() for t in (query, key, value))
+    out = torch.empty(1, n, heads, d, dtype=query.dtype, device=query.device)
+    _attend[(heads, n)](
+        q, k, v, allowed if allowed is not None else q, out, heads // kv_heads, n, slots, scale,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), out.stride(2), out.stride(1),
+        HAS_MASK=allowed is not None, D=d, BLOCK=KEYS)
+    return out
+
+
+def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
+              **kwargs) -> tuple[torch.Tensor, None]:
+    """transformers' attention-function signature: `attend` for a verify or a step; SDPA for a prompt read into an
+    empty cache and whatever `takes` refuses (as `rows.attention` on a CPU)."""
+    if not takes(query, key, kwargs):
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    return attend(query, key, value, allowed_keys(attention_mask, query.shape[2], key.shape[2]), scale), None
+
+
+def register() -> None:
+    """`ROWS` in transformers' registries: this attention, given SDPA's masks (None where causal needs none)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
+
+    AttentionInterface.register(ROWS, attention)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(ROWS, sdpa_mask)
