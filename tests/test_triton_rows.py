@@ -207,3 +207,25 @@ def test_a_target_not_on_the_cpus_kernels_is_put_on_the_triton_ones_where_they_s
     monkeypatch.setattr(triton_rows, "missing", lambda device: "Triton is not installed (pip install 'specviz[gpu]')")
     plain, _ = target_module.with_target(pair, invariant=True)
     assert plain.target is pair.target and "Triton is not installed" in plain.not_invariant
+
+
+def test_where_a_compiled_step_wins_on_a_gpu_the_triton_copy_is_what_compiles(tmp_path):
+    """`steps.with_steps` (`--step auto`, the probe's verdict faked): the target's compiled step is made from the
+    copy on the Triton kernels, so the pair stays row-invariant; a target on the loaded model's kernels (the
+    control) is made from the loaded one and says it is not."""
+    from specviz.models import PairSpec
+    from specviz.models.compiled import is_compiled
+    from specviz.models.invariant_gpu import on_triton
+    from specviz.models.step_timing import StepTimes
+    from specviz.models.steps import InUse, Probe, with_steps
+
+    loaded = replace(tiny_pair(), not_invariant=None)
+    probe = Probe(lambda *a: StepTimes(eager_s=0.010, compiled_s=0.004, compile_s=1.0),
+                  lambda compiled, ids, wide: InUse(0.004, 0.006 if wide else None), tmp_path)
+    spec = PairSpec("tiny", "tiny", device="cpu", step="auto")
+    on_gpu_kernels = with_steps(loaded, replace(loaded, target=invariant(loaded.target)), spec, probe=probe)
+    assert is_compiled(on_gpu_kernels.target) and on_triton(on_gpu_kernels.target)
+    assert on_gpu_kernels.not_invariant is None
+    control = with_steps(loaded, loaded, spec, probe=probe)
+    assert is_compiled(control.target) and not on_triton(control.target)
+    assert "runs compiled" in control.not_invariant

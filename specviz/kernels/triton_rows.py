@@ -35,6 +35,9 @@ try:
 except ImportError:  # (the kernels are then unavailable, said by `missing`; annotations stay strings)
     triton = tl = None
 jit = triton.jit if triton is not None else (lambda fn: fn)
+# the interpreter (numpy, CPU tensors) or compiled kernels: fixed when Triton is imported (TRITON_INTERPRET), read once
+# here so a compiled step's trace reads a constant
+INTERPRETED = triton is not None and bool(triton.knobs.runtime.interpret)
 
 # one configuration for every row count (the property); per GPU they may be tuned per weight shape, never per rows
 BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 64
@@ -155,7 +158,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     _linear[grid](
         rows, weight, bias if bias is not None else weight, out, m, n, k, rows.stride(0), weight.stride(0),
         out.stride(0), HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        EXPLICIT=interpreting(), BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K)
+        EXPLICIT=INTERPRETED, BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K)
     return out.view(*x.shape[:-1], n)
 
 
@@ -171,7 +174,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
 
 def interpreting() -> bool:
     """Is Triton running kernels in its interpreter (numpy, CPU tensors) in this process?"""
-    return triton is not None and bool(triton.knobs.runtime.interpret)
+    return INTERPRETED
 
 
 def takes(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> bool:

@@ -79,6 +79,12 @@ def missing(model: nn.Module, device: torch.device, dtype: torch.dtype) -> str |
     return None
 
 
+def on_triton(model: nn.Module | None) -> bool:
+    """Is `model` a copy made by `invariant` (its attention the Triton one)?"""
+    config = getattr(model, "config", None)
+    return getattr(config, "_attn_implementation", None) == triton_rows.ROWS
+
+
 @torch.no_grad()
 def invariant(model: nn.Module) -> nn.Module:
     """A copy of `model` (its weights shared) with every linear and RMSNorm on the Triton kernels and attention

@@ -25,6 +25,7 @@ import torch
 from torch import nn
 
 from specviz.models.compiled import SIZES, VERIFY_WIDTHS, with_compiled_step
+from specviz.models.invariant_gpu import on_triton
 from specviz.models.step_timing import (FLAT_FLOOR, STEP_MARGIN, StepTimes, consecutive_step, measure_step, time_step,
                                         wide_forward)
 from specviz.models.kernel_table import KernelKey, kept_or_measured, table_path
@@ -218,6 +219,8 @@ def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Call
             continue
         plain = getattr(eager, role)
         target = role == "target"  # (a target verifies: its verify may run compiled too)
+        if on_triton(plain):  # a GPU's target on the Triton kernels: that copy compiles, its rows in their one order
+            model = plain
         compiled = with_compiled_step(model, sizes or SIZES, wide=wide_model(model, plain) if target else None,
                                       widths=VERIFY_WIDTHS if target else ())
         if spec.step == "compiled":
@@ -231,7 +234,7 @@ def with_steps(loaded: ModelPair, eager: ModelPair, spec: PairSpec, status: Call
         return eager
     names = {f"{role}_name": f"{getattr(eager, f'{role}_name')} [compiled step]" for role in chosen}
     variant = {"not_invariant": "its one-token step runs compiled (torch.compile's own kernels)"} \
-        if "target" in chosen else {}
+        if "target" in chosen and not on_triton(eager.target) else {}
     return replace(eager, **chosen, **names, **variant, eager_steps=eager)
 
 
