@@ -229,3 +229,31 @@ def test_where_a_compiled_step_wins_on_a_gpu_the_triton_copy_is_what_compiles(tm
     control = with_steps(loaded, loaded, spec, probe=probe)
     assert is_compiled(control.target) and not on_triton(control.target)
     assert "runs compiled" in control.not_invariant
+
+
+def test_the_triton_copys_projections_fuse_for_a_gpus_compiled_step_and_change_no_bit(monkeypatch):
+    """`fused.fuse_projections` (what a GPU's compiled step does to its copy) on the Triton copy: q/k/v and gate/up
+    as one product each on the same kernel, a 9-row forward's logits the unfused copy's bit for bit; the control,
+    the fused products on torch's F.linear, are not."""
+    import copy
+
+    import specviz.models.fused as fused
+    from specviz.compat import forward
+    from specviz.models.fused import fuse_projections
+
+    model = tiny_model(0, 95).to(dtype=torch.bfloat16)
+    fast = invariant(model)
+    ids = torch.tensor([list(range(3, 12))])
+
+    def logits(m):
+        return forward(m, ids, None, 9).logits
+
+    unfused = logits(fast)
+    fused_copy = copy.deepcopy(fast, memo={id(t): t for t in fast.parameters()})
+    assert fuse_projections(fused_copy) == 2 * model.config.num_hidden_layers
+    assert torch.equal(logits(fused_copy), unfused)
+    control = copy.deepcopy(fast, memo={id(t): t for t in fast.parameters()})
+    product_of = fused.product_of
+    monkeypatch.setattr(fused, "product_of", lambda linears: F.linear if product_of(linears) else None)
+    fuse_projections(control)
+    assert not torch.equal(logits(control), unfused)

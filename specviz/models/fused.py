@@ -11,13 +11,19 @@ loaded projections' weights become views into it, so the weights are still held 
 Only the structure transformers' Llama-family layers share is touched (`q_proj`/`k_proj`/`v_proj` read the same
 input in the attention's forward; the MLP is down(act(gate(x)) · up(x))): the attention's own forward still runs,
 its three projections handed their parts of the one product (`Given`). A layer of another shape is left as it is.
+A target on the GPU's row-invariant kernels (`invariant_gpu`) fuses onto the same kernel, changing no bit.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from specviz.kernels import triton_rows
+from specviz.models.invariant_gpu import RowsLinear
 
 
 class Given(nn.Module):
@@ -60,10 +66,19 @@ def fused_weight(linears: list[nn.Linear]) -> tuple[nn.Parameter, nn.Parameter |
     return weight, bias
 
 
+def product_of(linears: list[nn.Module]) -> Callable | None:
+    """The product a fused weight is multiplied with: torch's for nn.Linear projections, the Triton kernel for those
+    on it (`invariant_gpu.RowsLinear`: each output sums over the inputs alone, so the fused product's outputs are
+    the separate products' bit for bit); None for a mix or anything else."""
+    kinds = {type(m) for m in linears}
+    return {frozenset({nn.Linear}): F.linear, frozenset({RowsLinear}): triton_rows.linear}.get(frozenset(kinds))
+
+
 def fuse_attention(attn: nn.Module) -> bool:
     names = ("q_proj", "k_proj", "v_proj")
     linears = [getattr(attn, n, None) for n in names]
-    if not all(isinstance(m, nn.Linear) for m in linears) or len({m.bias is None for m in linears}) > 1:
+    product = product_of(linears)
+    if product is None or len({m.bias is None for m in linears}) > 1:
         return False
     attn.qkv_weight, attn.qkv_bias = fused_weight(linears)
     givens = [Given() for _ in linears]
@@ -73,7 +88,7 @@ def fuse_attention(attn: nn.Module) -> bool:
     layer_forward = attn.forward
 
     def forward(hidden_states, *args, **kwargs):
-        parts = F.linear(hidden_states, attn.qkv_weight, attn.qkv_bias).split(sizes, dim=-1)
+        parts = product(hidden_states, attn.qkv_weight, attn.qkv_bias).split(sizes, dim=-1)
         for given, part in zip(givens, parts):
             given.value = part
         try:
@@ -88,14 +103,15 @@ def fuse_attention(attn: nn.Module) -> bool:
 
 def fuse_mlp(mlp: nn.Module) -> bool:
     linears = [getattr(mlp, n, None) for n in ("gate_proj", "up_proj")]
-    if not all(isinstance(m, nn.Linear) and m.bias is None for m in linears) or not hasattr(mlp, "act_fn") \
-            or not isinstance(getattr(mlp, "down_proj", None), nn.Linear):
+    product = product_of(linears)
+    if product is None or any(m.bias is not None for m in linears) or not hasattr(mlp, "act_fn") \
+            or product_of([getattr(mlp, "down_proj", None)]) is None:
         return False
     mlp.gate_up_weight, _ = fused_weight(linears)
     del mlp.gate_proj, mlp.up_proj
 
     def forward(x):
-        gate, up = F.linear(x, mlp.gate_up_weight).chunk(2, dim=-1)
+        gate, up = product(x, mlp.gate_up_weight).chunk(2, dim=-1)
         return mlp.down_proj(mlp.act_fn(gate) * up)
 
     mlp.forward = forward
