@@ -75,6 +75,23 @@ def test_every_row_of_the_linear_sums_alike_for_1_to_17_rows_and_a_split_k_mutan
 
 
 @pytest.mark.parametrize("device", DEVICES)
+def test_tiles_of_every_width_give_each_output_the_same_bits_and_fill_the_gpu(device, monkeypatch):
+    """`block_n` picks a weight's tile width by its outputs and the GPU (so q/k/v fused and apart may differ): an
+    output's sums do not depend on it; and the width chosen gives each multiprocessor two tiles where it can."""
+    x, w = values(9, 200, device=device, dtype=torch.bfloat16), values(96, 200, device=device, dtype=torch.bfloat16,
+                                                                       seed=1)
+    by_width = {}
+    for width in triton_rows.BLOCK_NS:
+        monkeypatch.setattr(triton_rows, "block_n", lambda outputs, dev, width=width: width)
+        by_width[width] = triton_rows.linear(x, w)
+    assert all(torch.equal(got, by_width[64]) for got in by_width.values())
+    monkeypatch.undo()
+    monkeypatch.setattr(triton_rows, "multiprocessors", lambda dev: 132)  # an H100's or H200's
+    widths = {n: triton_rows.block_n(n, torch.device(device)) for n in (152064, 37888, 18944, 4608, 3584, 512)}
+    assert widths == {152064: 64, 37888: 64, 18944: 64, 4608: 16, 3584: 16, 512: 16}
+
+
+@pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_rms_norm_is_transformers_and_each_row_alone(device, dtype):
     from transformers.models.qwen2.modeling_qwen2 import Qwen2RMSNorm

@@ -5,10 +5,10 @@ from the shape, so a verify of K + 1 rows adds a row's terms in another order th
 bf16 near-tie flips a greedy token. These three kernels fix the order by construction (the method of
 thinking-machines' batch_invariant_ops: one configuration for every row count, no split-K, a row reduced alone):
 
-- `linear`: out = x W^T (+ bias). Each program owns a tile of `BLOCK_M` rows x `BLOCK_N` outputs and walks the
+- `linear`: out = x W^T (+ bias). Each program owns a tile of `BLOCK_M` rows x `block_n` outputs and walks the
   inputs in steps of `BLOCK_K` from the first to the last, adding each step's `tl.dot` to one float32 tile; a row is
   alone in its tile row, padded with zero rows, so its sums run in the same order whether it came with 0 or 16
-  others (the blocks depend on the weight's shape, never on the row count);
+  others (the tiles depend on the weight's shape and the GPU, never on the row count);
 - `rms_norm`: one program a row: its squares summed by one `tl.sum` over a block of the row's width;
 - `attend`: one program a (head, query row): its keys in blocks of `KEYS` slots from slot 0, each block's scores
   and weighted values reduced by `tl.sum`, blocks folded in by the online softmax in slot order. A row whose seen
@@ -39,8 +39,11 @@ jit = triton.jit if triton is not None else (lambda fn: fn)
 # here so a compiled step's trace reads a constant
 INTERPRETED = triton is not None and bool(triton.knobs.runtime.interpret)
 
-# one configuration for every row count (the property); per GPU they may be tuned per weight shape, never per rows
-BLOCK_M, BLOCK_N, BLOCK_K = 16, 64, 64
+# one configuration for every row count (the property): the tile's rows and inputs fixed, its outputs chosen per
+# weight shape and GPU (`block_n`), never per row count
+BLOCK_M, BLOCK_K = 16, 64
+BLOCK_NS = (64, 32, 16)  # outputs a tile, widest first
+WAVES = 2  # tiles of one product per streaming multiprocessor, at least, where a narrower tile gives them
 KEYS = 64  # key slots per attention block
 MAX_ROWS = 256  # the widest verify taken, as the CPU's `rows.MAX_ROWS`
 ROWS = "specviz_triton_rows"  # the attention implementation's name in transformers' registry
@@ -145,6 +148,20 @@ def _attend(q, k, v, allowed, out, group, n, slots, scale, sqh, sqn, skh, sks, s
     tl.store(out + row * son + head * soh + d, (acc / total).to(out.dtype.element_ty))
 
 
+@functools.cache
+def multiprocessors(device: torch.device) -> int:
+    """The GPU's streaming multiprocessors (1 on a CPU: the interpreter has no such thing)."""
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 1
+
+
+def block_n(outputs: int, device: torch.device) -> int:
+    """A weight's outputs a tile: the widest that still gives every multiprocessor `WAVES` tiles (a one-token step
+    streams the weight from all of them: without split-K, a narrow weight needs narrow tiles to fill the GPU), else
+    the narrowest. A function of the weight's shape and the GPU only, so every row count gets the same tiles."""
+    fill = WAVES * multiprocessors(device)
+    return next((b for b in BLOCK_NS if -(-outputs // b) >= fill), BLOCK_NS[-1])
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """x [..., in] times weight [out, in] (nn.Linear's layout, read where it lies) plus bias: [..., out]."""
     rows = x.reshape(-1, x.shape[-1])
@@ -154,11 +171,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         weight = weight.contiguous()
     (m, k), n = rows.shape, weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, BLOCK_N))
+    tile = block_n(n, x.device)
+    grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, tile))
     _linear[grid](
         rows, weight, bias if bias is not None else weight, out, m, n, k, rows.stride(0), weight.stride(0),
         out.stride(0), HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        EXPLICIT=INTERPRETED, BM=BLOCK_M, BN=BLOCK_N, BK=BLOCK_K)
+        EXPLICIT=INTERPRETED, BM=BLOCK_M, BN=tile, BK=BLOCK_K)
     return out.view(*x.shape[:-1], n)
 
 
