@@ -274,3 +274,30 @@ def test_the_triton_copys_projections_fuse_for_a_gpus_compiled_step_and_change_n
     monkeypatch.setattr(fused, "product_of", lambda linears: F.linear if product_of(linears) else None)
     fuse_projections(control)
     assert not torch.equal(logits(control), unfused)
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA GPU")
+REAL = ("synthetic:qwen2.5-0.5b", "synthetic:qwen2.5-7b")  # the issue's shapes, random weights (~16 GB in bf16)
+
+
+@CUDA
+@pytest.mark.parametrize("step", ["eager", "compiled"])
+def test_on_cuda_the_7b_shapes_verify_is_its_steps_for_1_to_17_rows_and_greedy_speculation_is_the_target_alone(step):
+    """The real shapes as a run loads them (`load_spec`, bf16, the invariant verify on by default): every verify
+    width 1-17 against that many one-token steps, logits and K/V Δ 0 (eager), and greedy speculation at K = 8 the
+    target alone's text over 64 tokens (random weights: near-ties are many), with the step eager and compiled."""
+    from specviz.engine import DecodeConfig, SamplingParams, autoregressive_generate, speculative_generate
+    from specviz.models import PairSpec, load_spec
+    from specviz.models.synthetic import prompt_ids
+
+    pair = load_spec(PairSpec(*REAL, device="cuda", dtype="bfloat16", step=step))
+    assert pair.not_invariant is None
+    ids = prompt_ids(40, 151_000)
+    if step == "eager":
+        for width in range(1, WIDEST + 1):
+            check = row_check(pair.target, ids, width)
+            assert check.identical, (width, check.logits, check.kv)
+    config = DecodeConfig(k=8, max_new_tokens=64, adaptive="fixed", sampling=SamplingParams(0.0))
+    alone = [s.token.id for s in autoregressive_generate(pair, ids, config)]
+    spec = [t for r in speculative_generate(pair, ids, config) for t in r.new_token_ids]
+    assert spec[:len(alone)] == alone
