@@ -70,7 +70,7 @@ invariant() {
   local target=${small:+synthetic:mini-target}; target=${target:-synthetic:qwen2.5-7b}
   pytests bfloat16 triton_rows tests/test_triton_rows.py || return 1
   timeout "${SPECVIZ_GPU_CHECK_TIMEOUT:-540}" "$python" -m specviz.commands.rows rows --draft "$draft" --target "$target" \
-    --device "$device" --dtype bfloat16 --width 17 --tokens 64 --json "$OUT/rows_bf16.json" 2>&1 | tee "$OUT/rows.log"
+    --device "$device" --dtype bfloat16 --step eager --width 17 --tokens 64 --json "$OUT/rows_bf16.json" 2>&1 | tee "$OUT/rows.log"
   SPECVIZ_GPU_CHECK_STEPS=eager costs "$target" costs_invariant_bf16
 }
 
