@@ -4,6 +4,7 @@
 # failing mode recorded while the next runs), and leaves at most 8 files under $OUT in all. The plan, inside 30
 # minutes of GPU time with a machine's start (a few minutes) per call:
 #   here, once:  bash scripts/gpu_wheels.sh                  (the wheels that machine lacks, into .whl/)
+#   here, too:   python scripts/triton_compile.py --arch 90   (the Triton kernels compile for the GPU: no GPU needed)
 #   call 1:      carry [".whl"], command "bash scripts/gpu_check.sh costs"          (~6 min: two compiles, the curve)
 #   call 2:      "bash scripts/gpu_check.sh tests-float32 race"                     (~5 min)
 #   call 3:      "bash scripts/gpu_check.sh tests-bfloat16"                         (~4 min)

@@ -41,7 +41,8 @@ INTERPRETED = triton is not None and bool(triton.knobs.runtime.interpret)
 
 # one configuration for every row count (the property): the tile's rows and inputs fixed, its outputs chosen per
 # weight shape and GPU (`block_n`), never per row count
-BLOCK_M, BLOCK_K = 16, 64
+BLOCK_M = 16
+BLOCK_K = {torch.bfloat16: 64, torch.float16: 64, torch.float32: 32}  # inputs a step (float32's 64 spilled on sm_90)
 BLOCK_NS = (64, 32, 16)  # outputs a tile, widest first
 WAVES = 2  # tiles of one product per streaming multiprocessor, at least, where a narrower tile gives them
 KEYS = 64  # key slots per attention block
@@ -176,7 +177,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
     _linear[grid](
         rows, weight, bias if bias is not None else weight, out, m, n, k, rows.stride(0), weight.stride(0),
         out.stride(0), HAS_BIAS=bias is not None, PRECISION="ieee" if x.dtype == torch.float32 else "tf32",
-        EXPLICIT=INTERPRETED, BM=BLOCK_M, BN=tile, BK=BLOCK_K)
+        EXPLICIT=INTERPRETED, BM=BLOCK_M, BN=tile, BK=BLOCK_K[x.dtype])
     return out.view(*x.shape[:-1], n)
 
 
