@@ -163,8 +163,10 @@ def block_n(outputs: int, device: torch.device) -> int:
     return next((b for b in BLOCK_NS if -(-outputs // b) >= fill), BLOCK_NS[-1])
 
 
-def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """x [..., in] times weight [out, in] (nn.Linear's layout, read where it lies) plus bias: [..., out]."""
+def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, tile: int | None = None
+           ) -> torch.Tensor:
+    """x [..., in] times weight [out, in] (nn.Linear's layout, read where it lies) plus bias: [..., out]; `tile`:
+    the weight's `block_n`, given by a module that knows it (a compiled step's trace then reads a constant)."""
     rows = x.reshape(-1, x.shape[-1])
     if rows.stride(-1) != 1:
         rows = rows.contiguous()
@@ -172,7 +174,7 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = No
         weight = weight.contiguous()
     (m, k), n = rows.shape, weight.shape[0]
     out = torch.empty(m, n, dtype=x.dtype, device=x.device)
-    tile = block_n(n, x.device)
+    tile = tile or block_n(n, x.device)
     grid = (triton.cdiv(m, BLOCK_M), triton.cdiv(n, tile))
     _linear[grid](
         rows, weight, bias if bias is not None else weight, out, m, n, k, rows.stride(0), weight.stride(0),

@@ -16,6 +16,7 @@ A target on the GPU's row-invariant kernels (`invariant_gpu`) fuses onto the sam
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 
 import torch
@@ -74,6 +75,13 @@ def product_of(linears: list[nn.Module]) -> Callable | None:
     return {frozenset({nn.Linear}): F.linear, frozenset({RowsLinear}): triton_rows.linear}.get(frozenset(kinds))
 
 
+def bound(product: Callable, weight: torch.Tensor) -> Callable:
+    """`product` for `weight`: the Triton kernel with the weight's tile width fixed here, outside a compiled trace."""
+    if product is not triton_rows.linear:
+        return product
+    return functools.partial(product, tile=triton_rows.block_n(weight.shape[0], weight.device))
+
+
 def fuse_attention(attn: nn.Module) -> bool:
     names = ("q_proj", "k_proj", "v_proj")
     linears = [getattr(attn, n, None) for n in names]
@@ -81,6 +89,7 @@ def fuse_attention(attn: nn.Module) -> bool:
     if product is None or len({m.bias is None for m in linears}) > 1:
         return False
     attn.qkv_weight, attn.qkv_bias = fused_weight(linears)
+    product = bound(product, attn.qkv_weight)
     givens = [Given() for _ in linears]
     for name, given in zip(names, givens):
         setattr(attn, name, given)
@@ -108,6 +117,7 @@ def fuse_mlp(mlp: nn.Module) -> bool:
             or product_of([getattr(mlp, "down_proj", None)]) is None:
         return False
     mlp.gate_up_weight, _ = fused_weight(linears)
+    product = bound(product, mlp.gate_up_weight)
     del mlp.gate_proj, mlp.up_proj
 
     def forward(x):

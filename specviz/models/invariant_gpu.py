@@ -26,9 +26,10 @@ class RowsLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.weight, self.bias = linear.weight, linear.bias
+        self.tile = triton_rows.block_n(self.out_features, self.weight.device)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return triton_rows.linear(x, self.weight, self.bias)
+        return triton_rows.linear(x, self.weight, self.bias, self.tile)
 
 
 class RowsNorm(nn.Module):
