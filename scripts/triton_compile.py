@@ -43,7 +43,7 @@ class Launch:
         if self.kernel == "rms_norm":
             sig["eps"] = "fp32"
         if self.kernel == "attend":
-            sig |= {"allowed": "*u8", "scale": "fp32"}
+            sig |= {"allowed": "*u8", "ends": "*i32", "scale": "fp32"}
         return sig | {k: "constexpr" for k in self.constexprs}
 
 

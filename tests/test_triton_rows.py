@@ -131,7 +131,8 @@ def test_attention_is_sdpa_to_rounding_with_grouped_heads(device, dtype):
 def test_a_verifys_attention_rows_are_the_one_token_steps_for_1_to_17_rows(device, dtype):
     """Row i of an n-row verify whose cache ends at slot p + n sees keys 0 .. p + i, as the one-token step at
     p + i does with a cache that ends there; also with the verify's keys past a block's end (p = 60, 64-slot
-    blocks) and with transformers' boolean mask handed in (a static cache's) at 1, 9 and 17 rows."""
+    blocks) and with transformers' boolean mask handed in at 1, 9 and 17 rows, over a static cache's buffer longer
+    than what it holds (200 slots)."""
     p = 60
     q = values(1, 4, WIDEST, 64, device=device, dtype=dtype)
     k, v = (values(1, 2, p + WIDEST, 64, device=device, dtype=dtype, seed=s) for s in (1, 2))
@@ -139,11 +140,17 @@ def test_a_verifys_attention_rows_are_the_one_token_steps_for_1_to_17_rows(devic
              for i in range(WIDEST)]
     for n in range(1, WIDEST + 1):
         slots = p + n
-        masks = (None, triton_rows.allowed_keys(causal_mask(n, slots).to(device), n, slots)) if n in (1, 9, 17) \
-            else (None,)
-        for allowed in masks:
-            rows = triton_rows.attend(q[:, :, :n], k[:, :, :slots], v[:, :, :slots], allowed, 0.125)[0]
-            assert all(torch.equal(rows[i], steps[i]) for i in range(n)), (n, allowed is None)
+        rows = triton_rows.attend(q[:, :, :n], k[:, :, :slots], v[:, :, :slots], None, 0.125)[0]
+        assert all(torch.equal(rows[i], steps[i]) for i in range(n)), n
+        if n in (1, 9, 17):  # a static cache: its buffer's slots past p + n unwritten (NaN here), the mask says so
+            buffer = 200
+            kb, vb = (torch.cat([t[:, :, :slots], torch.full((1, 2, buffer - slots, 64), float("nan"), device=device,
+                                                              dtype=dtype)], 2) for t in (k, v))
+            mask = torch.zeros(1, 1, n, buffer, dtype=torch.bool)
+            mask[..., :slots] = causal_mask(n, slots)
+            allowed = triton_rows.allowed_keys(mask.to(device), n, buffer)
+            rows = triton_rows.attend(q[:, :, :n], kb, vb, allowed, 0.125)[0]
+            assert all(torch.equal(rows[i], steps[i]) for i in range(n)), (n, "masked")
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -190,6 +197,8 @@ def test_what_the_kernels_do_not_serve_is_said_in_one_sentence():
     assert "Conv1D" in missing(gpt2, torch.device("cpu"), torch.float32)
     odd = tiny_model(0, 95, hidden=48)  # heads of 12
     assert "12 wide" in missing(odd, torch.device("cpu"), torch.float32)
+    model.config.layer_types = ["sliding_attention"] * model.config.num_hidden_layers  # (Mistral's, Qwen2's option)
+    assert "slides a window" in missing(model, torch.device("cpu"), torch.float32)
 
 
 @pytest.mark.parametrize("device", DEVICES)
@@ -200,7 +209,8 @@ def test_kernels_that_fail_or_disagree_on_a_machine_are_said_and_not_used(device
     assert probe(torch.device(device), torch.bfloat16) is None
     good = triton_rows.linear
     monkeypatch.setattr(triton_rows, "linear", lambda x, w, b=None: good(x, w, b) * 1.5)
-    assert probe(torch.device(device), torch.bfloat16) == "the Triton kernels' linear disagreed with torch's here"
+    assert probe(torch.device(device), torch.bfloat16) == ("the Triton kernels' linear, linear with bias disagreed "
+                                                           "with torch's here")
 
     def raising(*args, **kwargs):
         raise RuntimeError("PTX not supported\nmore")

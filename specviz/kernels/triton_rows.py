@@ -16,9 +16,11 @@ thinking-machines' batch_invariant_ops: one configuration for every row count, n
   keys, and a block past its last key is all masked, which adds exact zeros and multiplies by exactly 1. A tree's
   node whose ancestors leave gaps in the slots is not promised so.
 
-Everything accumulates in float32 (bf16 widened exactly), bf16 rounded once at the end. On CPU tensors the same
-kernels run in Triton's interpreter (numpy), which is how their logic is tested where no GPU is lent; the numbers
-a GPU's tensor cores give differ from the interpreter's, the order property does not.
+Sums are float32 (bf16 widened exactly; inside a tensor core's `mma` its own fixed way, the same for every row),
+bf16 rounded once at the end. On CPU tensors the same kernels run in Triton's interpreter (numpy), which is how
+their logic (tiles, loops, masks, order) is tested where no GPU is lent; there the linear's tile product is an
+explicit sum, since the interpreter's `tl.dot` is numpy's matmul, so the tensor-core path is compiled for the
+GPU's architecture (scripts/triton_compile.py) but runs only on a GPU.
 """
 
 from __future__ import annotations
@@ -63,24 +65,37 @@ def missing(device: torch.device) -> str | None:
     return None
 
 
+def probes(device: torch.device, dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Each kernel's configurations a target launches (with and without bias or a mask, heads of 64 and 128) on small
+    inputs, beside torch's own result: name -> (the kernel's, torch's)."""
+    gen = torch.Generator().manual_seed(0)
+
+    def rand(*shape):
+        return torch.randn(*shape, generator=gen).to(device, dtype)
+
+    x, w, b, g = rand(3, 96), rand(40, 96), rand(40), rand(96)
+    found = {"linear": (linear(x, w), x.float() @ w.float().T),
+             "linear with bias": (linear(x, w, b), x.float() @ w.float().T + b.float()),
+             "rms_norm": (rms_norm(x, g, 1e-6), g.float() * x.float() * torch.rsqrt(
+                 x.float().pow(2).mean(-1, keepdim=True) + 1e-6))}
+    mask = torch.ones(3, 9, dtype=torch.bool, device=device).tril(6)
+    for d in (64, 128):
+        q, k, v = rand(1, 2, 3, d), rand(1, 2, 9, d), rand(1, 2, 9, d)
+        expect = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), scale=0.125,
+                                                                  attn_mask=mask)
+        found[f"attention ({d})"] = (attend(q, k, v, None, 0.125).transpose(1, 2), expect)
+        found[f"attention ({d}, masked)"] = (attend(q, k, v, mask.to(torch.uint8), 0.125).transpose(1, 2), expect)
+    return found
+
+
 @functools.cache  # once per process, device and dtype
 def failed(device: torch.device, dtype: torch.dtype) -> str | None:
-    """The kernels run once on small inputs against torch's own ops: why they cannot serve here (a compile that
-    fails on this GPU or Triton, numbers off), or None."""
-    gen = torch.Generator().manual_seed(0)
-    x, w, g = (torch.randn(*shape, generator=gen).to(device, dtype) for shape in ((3, 96), (40, 96), (96,)))
-    q, k, v = (torch.randn(1, 2, n, 16, generator=gen).to(device, dtype) for n in (3, 9, 9))
+    """The kernels run once (`probes`) against torch's own ops: why they cannot serve here (a compile that fails on
+    this GPU or Triton, numbers off), or None."""
     tol = 1e-4 if dtype == torch.float32 else 5e-2
     try:
-        attended = attend(q, k, v, None, 0.25).transpose(1, 2)
-        expect = torch.nn.functional.scaled_dot_product_attention(
-            q.float(), k.float(), v.float(), scale=0.25,
-            attn_mask=torch.ones(3, 9, dtype=torch.bool, device=device).tril(6))
-        checks = {"linear": (linear(x, w), x.float() @ w.float().T),
-                  "rms_norm": (rms_norm(x, g, 1e-6), g.float() * x.float() * torch.rsqrt(x.float().pow(2).mean(-1,
-                                                                                         keepdim=True) + 1e-6)),
-                  "attention": (attended, expect)}
-        off = [name for name, (got, ref) in checks.items() if not torch.allclose(got.float(), ref, atol=tol, rtol=tol)]
+        off = [name for name, (got, ref) in probes(device, dtype).items()
+               if not torch.allclose(got.float(), ref, atol=tol, rtol=tol)]
     except Exception as e:  # (Triton's compile errors are of many types)
         return f"the Triton kernels failed to run here ({type(e).__name__}: {str(e).splitlines()[0][:160]})"
     return f"the Triton kernels' {', '.join(off)} disagreed with torch's here" if off else None
@@ -89,8 +104,8 @@ def failed(device: torch.device, dtype: torch.dtype) -> str | None:
 @jit
 def _linear(x, w, b, out, M, N, K, sxm, swn, som, HAS_BIAS: tl.constexpr, PRECISION: tl.constexpr,
             EXPLICIT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
-    rm = tl.program_id(0) * BM + tl.arange(0, BM)
-    rn = tl.program_id(1) * BN + tl.arange(0, BN)
+    rm = (tl.program_id(0) * BM + tl.arange(0, BM)).to(tl.int64)  # (a 256k x 8k head's offsets pass 2**31)
+    rn = (tl.program_id(1) * BN + tl.arange(0, BN)).to(tl.int64)
     rk = tl.arange(0, BK)
     acc = tl.zeros((BM, BN), dtype=tl.float32)
     for k0 in range(0, K, BK):  # the inputs in order, one tile step at a time: no split-K
@@ -120,14 +135,17 @@ def _rms_norm(x, w, out, N, sx, so, eps, BLOCK: tl.constexpr):
 
 
 @jit
-def _attend(q, k, v, allowed, out, group, n, slots, scale, sqh, sqn, skh, sks, soh, son,
+def _attend(q, k, v, allowed, ends, out, group, n, slots, scale, sqh, sqn, skh, sks, soh, son,
             HAS_MASK: tl.constexpr, D: tl.constexpr, BLOCK: tl.constexpr):
     head, row = tl.program_id(0), tl.program_id(1)
     kv = head // group
     d = tl.arange(0, D)
     query = tl.load(q + head * sqh + row * sqn + d).to(tl.float32)
     last = slots - n + row  # a causal row's last key
-    hi = slots if HAS_MASK else last + 1
+    if HAS_MASK:  # past the last key the row sees: a static cache's buffer is longer than what it holds
+        hi = tl.load(ends + row)
+    else:
+        hi = last + 1
     m = tl.full((), -1.0e30, tl.float32)  # finite: a first block with no key seen must not make exp(nan)
     total = tl.zeros((), tl.float32)
     acc = tl.zeros((D,), tl.float32)
@@ -200,7 +218,8 @@ def interpreting() -> bool:
 
 def takes(query: torch.Tensor, key: torch.Tensor, kwargs: dict) -> bool:
     """Does `attend` serve this call (one sequence, a power-of-two head size, rows within `MAX_ROWS`, no soft cap
-    or sliding window, a cache holding keys before the rows)? A prompt read into an empty cache is not taken."""
+    or sliding window, a cache holding keys before the rows)? A prompt read into an empty dynamic cache is not taken
+    (a static cache's buffer is longer than its prompt: there a prompt is, alike in both lanes)."""
     n, slots, d = query.shape[2], key.shape[2], query.shape[-1]
     return (query.shape[0] == 1 and d & (d - 1) == 0 and query.dtype in DTYPES and query.dtype == key.dtype
             and slots > n and n <= MAX_ROWS and kwargs.get("softcap") is None
@@ -215,8 +234,10 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed:
     kv_heads, slots = key.shape[1], key.shape[2]
     q, k, v = (t[0].contiguous() for t in (query, key, value))
     out = torch.empty(1, n, heads, d, dtype=query.dtype, device=query.device)
+    ends = None if allowed is None else (slots - allowed.flip(-1).to(torch.int32).argmax(-1)).to(torch.int32)
     _attend[(heads, n)](
-        q, k, v, allowed if allowed is not None else q, out, heads // kv_heads, n, slots, scale,
+        q, k, v, allowed if allowed is not None else q, ends if ends is not None else q, out, heads // kv_heads, n,
+        slots, scale,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1), out.stride(2), out.stride(1),
         HAS_MASK=allowed is not None, D=d, BLOCK=KEYS)
     return out

@@ -74,6 +74,9 @@ def missing(model: nn.Module, device: torch.device, dtype: torch.dtype) -> str |
     if kinds:
         return f"no row-invariant kernel serves its {', '.join(kinds)} layers"
     config = model.config.get_text_config()
+    if "sliding_attention" in (getattr(config, "layer_types", None) or ()) or (
+            getattr(config, "sliding_window", None) and getattr(config, "use_sliding_window", True)):
+        return "its attention slides a window (the Triton attention reads every key a row sees)"
     head = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     if head & (head - 1):
         return f"its attention heads are {head} wide (the Triton attention takes powers of two)"
