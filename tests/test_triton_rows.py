@@ -47,12 +47,17 @@ def values(*shape, device, dtype, scale=1.0, seed=0) -> torch.Tensor:
     return (scale * torch.randn(*shape, generator=gen)).to(device, dtype)
 
 
+def operands(device, dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """17 rows of 200 inputs, a weight of 96 outputs and its bias: shapes that fill no tile evenly."""
+    x = values(WIDEST, 200, device=device, dtype=dtype)
+    return x, values(96, 200, device=device, dtype=dtype, scale=0.07, seed=1), values(96, device=device, dtype=dtype,
+                                                                                     seed=2)
+
+
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_the_linear_is_torchs_product_to_rounding_with_and_without_bias(device, dtype):
-    x, w, b = (values(WIDEST, 200, device=device, dtype=dtype), values(96, 200, device=device, dtype=dtype,
-                                                                         scale=0.07, seed=1),
-               values(96, device=device, dtype=dtype, seed=2))
+    x, w, b = operands(device, dtype)
     for bias in (None, b):
         ref = F.linear(x.float(), w.float(), None if bias is None else bias.float())
         got = triton_rows.linear(x, w, bias)
@@ -66,10 +71,8 @@ def test_the_linear_is_torchs_product_to_rounding_with_and_without_bias(device, 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_every_row_of_the_linear_sums_alike_for_1_to_17_rows_and_a_split_k_mutant_is_caught(device, dtype):
-    """Shapes that fill no tile evenly (inputs 200 = 3 steps of 64 and a part, 96 outputs = 1.5 tiles)."""
-    x, w, b = (values(WIDEST, 200, device=device, dtype=dtype), values(96, 200, device=device, dtype=dtype,
-                                                                         scale=0.07, seed=1),
-               values(96, device=device, dtype=dtype, seed=2))
+    """Shapes that fill no tile evenly (inputs 200: steps of 64 or 32 and a part; 96 outputs: 1.5 tiles of 64)."""
+    x, w, b = operands(device, dtype)
     assert rows_that_differ(triton_rows.linear, x, w, b) == []
     assert rows_that_differ(split_k_at_9, x, w, b) == [9]  # the control: another order of the same sums
 

@@ -9,16 +9,17 @@ attends each (head, row) over the keys it sees in one order that depends on noth
 with specviz's few-row linear (`streamed`, the same property) the verify's rows and the K/V they write are the
 one-token steps', bit for bit.
 
-`attention` has transformers' attention-function signature; `register` adds it as the implementation
-`ROWS` (`models.target` switches a target to it). A forward reading a prompt into an empty cache (both lanes read
-it alike) or wider than `MAX_ROWS` goes to torch's SDPA, as does anything the kernel does not take (another
-device, dtype or head size, a batch, a soft cap).
+`attention` has transformers' attention-function signature (`attention_of`, which the GPU's kernels share);
+`register` adds it as the implementation `ROWS` (`models.target` switches a target to it). A forward reading a
+prompt into an empty cache (both lanes read it alike) or wider than `MAX_ROWS` goes to torch's SDPA, as does
+anything the kernel does not take (another device, dtype or head size, a batch, a soft cap).
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -83,23 +84,36 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed:
     return out
 
 
-def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
-              **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature: each row alone (`rows.cpp`) for a verify or a step; SDPA for a
-    prompt read into an empty cache and whatever the kernel does not take."""
-    if not takes(query, key, kwargs):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+def attention_of(serves: Callable[[torch.Tensor, torch.Tensor, dict], bool], kernel: Callable) -> Callable:
+    """transformers' attention-function signature over a kernel of `attend`'s signature: the kernel for a verify or
+    a step where `serves` says it takes the call; SDPA for a prompt read into an empty cache and the rest. This
+    module's `attention` (`rows.cpp`) and the GPU's (`triton_rows`)."""
+    def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
+                  **kwargs) -> tuple[torch.Tensor, None]:
+        if not serves(query, key, kwargs):
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return attend(query, key, value, allowed_keys(attention_mask, query.shape[2], key.shape[2]), scale), None
+            return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                          scaling=scaling, **kwargs)
+        scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+        return kernel(query, key, value, allowed_keys(attention_mask, query.shape[2], key.shape[2]), scale), None
+
+    return attention
 
 
-def register() -> None:
-    """`ROWS` in transformers' registries: this attention, given SDPA's masks (None where causal needs none)."""
+attention = attention_of(takes, attend)  # each row alone (`rows.cpp`)
+
+
+def register_as(name: str, function: Callable) -> None:
+    """`function` as attention implementation `name` in transformers' registries, given SDPA's masks (None where
+    causal needs none)."""
     from transformers import AttentionInterface
     from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
-    AttentionInterface.register(ROWS, attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(ROWS, sdpa_mask)
+    AttentionInterface.register(name, function)
+    ALL_MASK_ATTENTION_FUNCTIONS.register(name, sdpa_mask)
+
+
+def register() -> None:
+    """`ROWS` in transformers' registries: this module's attention."""
+    register_as(ROWS, attention)

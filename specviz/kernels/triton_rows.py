@@ -29,7 +29,7 @@ import functools
 
 import torch
 
-from specviz.kernels.rows import allowed_keys  # the CPU's attention reads a mask the same way
+from specviz.kernels.rows import allowed_keys, attention_of, register_as  # (a mask read as on a CPU)
 
 try:
     import triton
@@ -243,23 +243,7 @@ def attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, allowed:
     return out
 
 
-def attention(module, query, key, value, attention_mask, dropout: float = 0.0, scaling: float | None = None,
-              **kwargs) -> tuple[torch.Tensor, None]:
-    """transformers' attention-function signature: `attend` for a verify or a step; SDPA for a prompt read into an
-    empty cache and whatever `takes` refuses (as `rows.attention` on a CPU)."""
-    if not takes(query, key, kwargs):
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
-
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
-    return attend(query, key, value, allowed_keys(attention_mask, query.shape[2], key.shape[2]), scale), None
-
-
 def register() -> None:
-    """`ROWS` in transformers' registries: this attention, given SDPA's masks (None where causal needs none)."""
-    from transformers import AttentionInterface
-    from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
-
-    AttentionInterface.register(ROWS, attention)
-    ALL_MASK_ATTENTION_FUNCTIONS.register(ROWS, sdpa_mask)
+    """`ROWS` in transformers' registries: `attend` for a verify or a step, SDPA for a prompt read into an empty
+    cache and whatever `takes` refuses (`rows.attention_of`, as on a CPU)."""
+    register_as(ROWS, attention_of(takes, attend))
