@@ -200,6 +200,9 @@ def test_what_the_kernels_do_not_serve_is_said_in_one_sentence():
     assert "Conv1D" in missing(gpt2, torch.device("cpu"), torch.float32)
     odd = tiny_model(0, 95, hidden=48)  # heads of 12
     assert "12 wide" in missing(odd, torch.device("cpu"), torch.float32)
+    model.hf_device_map = {"model.layers.0": 0, "model.layers.1": 1}  # (--device-map auto over two GPUs)
+    assert "several devices" in missing(model, torch.device("cpu"), torch.float32)
+    del model.hf_device_map
     model.config.layer_types = ["sliding_attention"] * model.config.num_hidden_layers  # (Mistral's, Qwen2's option)
     assert "slides a window" in missing(model, torch.device("cpu"), torch.float32)
 
@@ -234,6 +237,8 @@ def test_a_target_not_on_the_cpus_kernels_is_put_on_the_triton_ones_where_they_s
     assert tuning is None and served.not_invariant is None
     assert served.target_name.endswith("[row-invariant kernels]")
     assert isinstance(served.target.lm_head, RowsLinear) and served.target.lm_head.weight is pair.target.lm_head.weight
+    plain, _ = target_module.with_target(pair, kernels="plain", invariant=True)  # (torch's own kernels, asked for)
+    assert plain.target is pair.target and "--kernels plain" in plain.not_invariant
     monkeypatch.setattr(triton_rows, "missing", lambda device: "Triton is not installed (pip install 'specviz[gpu]')")
     plain, _ = target_module.with_target(pair, invariant=True)
     assert plain.target is pair.target and "Triton is not installed" in plain.not_invariant

@@ -70,6 +70,8 @@ def missing(model: nn.Module, device: torch.device, dtype: torch.dtype) -> str |
     why = triton_rows.failed(device, dtype)
     if why is not None:
         return why
+    if len(set((getattr(model, "hf_device_map", None) or {}).values())) > 1:
+        return "it is spread over several devices (--device-map), which the Triton copy does not follow"
     kinds = unserved(model)
     if kinds:
         return f"no row-invariant kernel serves its {', '.join(kinds)} layers"

@@ -66,7 +66,7 @@ def with_target(pair, quant: str = "none", kernels: str = "tuned", status: Calla
         target, tuning = tune(target, status=status, invariant=invariant, **tune_kw)
         release_unused_codes(target)  # (a 4-bit target: the packing of the kernel its plan uses)
         name = f"{name} [tuned kernels]"
-    why = variant_reason(pair, tuning) if invariant else "it was not asked for (--no-invariant)"
+    why = variant_reason(pair, tuning, kernels) if invariant else "it was not asked for (--no-invariant)"
     if why is None and tunable(pair.device):
         rows.register()
         target.config._attn_implementation = rows.ROWS  # (a copy's own config: the loaded model keeps SDPA)
@@ -78,12 +78,13 @@ def with_target(pair, quant: str = "none", kernels: str = "tuned", status: Calla
     return replace(pair, target=target, target_name=name, not_invariant=why), tuning
 
 
-def variant_reason(pair, tuning: Tuning | None) -> str | None:
+def variant_reason(pair, tuning: Tuning | None, kernels: str = "tuned") -> str | None:
     """Why the target's verify rows cannot be computed as its one-token steps are here (None: they can): every
     linear on an invariant kernel (`kernels.INVARIANT`) and attention a row at a time (`kernels.rows`); on a GPU,
     the Triton kernels (`invariant_gpu`)."""
     if not tunable(pair.device):
-        why = invariant_gpu.missing(pair.target, pair.device, pair.dtype)
+        why = "--kernels plain asked for them" if kernels != "tuned" else invariant_gpu.missing(pair.target,
+                                                                                                 pair.device, pair.dtype)
         return None if why is None else f"on {pair.device.type} the loaded model's own kernels run: {why}"
     if tuning is None:
         return "its kernels are torch's own (--kernels plain)"
