@@ -12,9 +12,9 @@ thinking-machines' batch_invariant_ops: one configuration for every row count, n
 - `rms_norm`: one program a row: its squares summed by one `tl.sum` over a block of the row's width;
 - `attend`: one program a (head, query row): its keys in blocks of `KEYS` slots from slot 0, each block's scores
   and weighted values reduced by `tl.sum`, blocks folded in by the online softmax in slot order. A row whose seen
-  keys are slots 0 .. p (a chain's verify, a one-token step) sums alike at every row count: the blocks hold the same
-  keys, and a block past its last key is all masked, which adds exact zeros and multiplies by exactly 1. A tree's
-  node whose ancestors leave gaps in the slots is not promised so.
+  keys are slots 0 .. p (a chain's verify, a one-token step) sums alike at every row count: it stops at the block
+  holding slot p (however far the cache goes on), the blocks hold the same keys, and a block's slots past p are
+  masked, adding exact zeros. A tree's node whose ancestors leave gaps in the slots is not promised so.
 
 Sums are float32 (bf16 widened exactly; inside a tensor core's `mma` its own fixed way, the same for every row),
 bf16 rounded once at the end. On CPU tensors the same kernels run in Triton's interpreter (numpy), which is how
