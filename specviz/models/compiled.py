@@ -24,7 +24,6 @@ the model as it runs, in both lanes.
 
 from __future__ import annotations
 
-import copy
 import logging
 from dataclasses import dataclass
 
@@ -32,6 +31,7 @@ import torch
 from torch import nn
 from transformers.modeling_outputs import CausalLMOutputWithPast
 
+from specviz.models.copies import shared_copy
 from specviz.models.fused import fuse_projections
 from specviz.compat import cache_keyword
 from specviz.models.static_cache import MAX_LEN, SIZES, StaticKV, StaticPool, chain_mask, static_mask  # noqa: F401
@@ -104,7 +104,7 @@ def with_compiled_step(model: nn.Module, sizes: tuple[int, ...] = SIZES, wide: n
     (default: the model's own forward): given the same model on tuned kernels, the prompt runs where it is
     fastest, not on the kernels as loaded."""
     param = next(model.parameters())
-    fast = copy.deepcopy(model, memo={id(t): t for t in [*model.parameters(), *model.buffers()]})
+    fast = shared_copy(model)
     if param.device.type == "cuda":  # a GPU's step is bound by its count of kernels (`fused`); a CPU's tuned
         fuse_projections(fast)       # kernels serve each projection as loaded
     # each model's shape and cache size is a graph of its own: past torch's default of 8 per function (the draft

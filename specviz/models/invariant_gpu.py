@@ -11,11 +11,11 @@ kernels run, as before.
 
 from __future__ import annotations
 
-import copy
 
 import torch
 from torch import nn
 
+from specviz.models.copies import swapped
 from specviz.kernels import triton_rows
 
 
@@ -95,13 +95,7 @@ def on_triton(model: nn.Module | None) -> bool:
 def invariant(model: nn.Module) -> nn.Module:
     """A copy of `model` (its weights shared) with every linear and RMSNorm on the Triton kernels and attention
     `triton_rows.ROWS`; check `missing` first."""
-    fast = copy.deepcopy(model, memo={id(t): t for t in [*model.parameters(), *model.buffers()]})
-    for parent in list(fast.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
-                setattr(parent, name, RowsLinear(child))
-            elif is_norm(child):
-                setattr(parent, name, RowsNorm(child))
+    fast = swapped(model, lambda m: RowsLinear(m) if type(m) is nn.Linear else RowsNorm(m) if is_norm(m) else None)
     triton_rows.register()
     fast.config._attn_implementation = triton_rows.ROWS  # (the copy's own config: the loaded model keeps SDPA)
     return fast.eval()

@@ -32,7 +32,6 @@ version, dtype, the model's shapes) and re-measured when any of these change.
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
+from specviz.models.copies import shared_copy
 from specviz.kernels import amx, streamed, w4a8
 from specviz.models.draft.quantized import DENSE_ABOVE, Int4Linear, Int8Linear, QuantLinear
 from specviz.models.kernel_table import Costs, KernelKey, kept_or_measured, table_costs, table_path
@@ -243,7 +243,7 @@ def tune(model: nn.Module, *, max_rows: int = MAX_PAD_ROWS, timer: Timer = time_
     so the table is the same either way). `exclude`: kernels planned on nowhere (the same table)."""
     device = next(model.parameters()).device
     # copy the module tree only: every tensor stays shared with the original
-    fast = copy.deepcopy(model, memo={id(t): t for t in [*model.parameters(), *model.buffers()]})
+    fast = shared_copy(model)
     found = sites(fast)
     if not found:
         return fast, Tuning({}, {}, True, None)

@@ -11,7 +11,6 @@ engine such as llama.cpp runs, and there speculation with this pair loses. Racin
 
 from __future__ import annotations
 
-import copy
 import logging
 from collections.abc import Callable
 from dataclasses import replace
@@ -19,6 +18,7 @@ from dataclasses import replace
 import torch
 from torch import nn
 
+from specviz.models.copies import swapped
 from specviz.kernels import pages, rows, w4a8
 from specviz.models import invariant_gpu
 from specviz.models.draft.lean import fused_step
@@ -38,12 +38,8 @@ def tunable(device: torch.device) -> bool:
 def quantize_target(model: nn.Module, quant: DraftQuant) -> nn.Module:
     """A copy of a causal LM with every linear (the head too) in weight-only int4/int8, for every number of rows:
     no dense fallback, so the prompt, the one-token steps and the verifies all use the same weights."""
-    fast = copy.deepcopy(model, memo={id(t): t for t in [*model.parameters(), *model.buffers()]})
-    for parent in list(fast.modules()):
-        for name, child in list(parent.named_children()):
-            if type(child) is nn.Linear:
-                setattr(parent, name, quantize_linear(child, quant.bits, quant.group_size, keep_dense=False))
-    return fast.eval()
+    return swapped(model, lambda m: quantize_linear(m, quant.bits, quant.group_size, keep_dense=False)
+                   if type(m) is nn.Linear else None).eval()
 
 
 def with_target(pair, quant: str = "none", kernels: str = "tuned", status: Callable[[str], None] = log.info,
